@@ -1,0 +1,7 @@
+"""nvblaslt's binding generator: cublasLt.h -> pure-ctypes Python modules.
+
+Run ``python -m codegen --help``. The pipeline is sources (find the pinned NVIDIA
+headers) -> parse (pycparser AST -> model) -> render (jinja2 template).
+"""
+
+__version__ = "1.0.0"

@@ -1,0 +1,3 @@
+/* nvblaslt stub: bfloat16 storage type. */
+#pragma once
+typedef struct { unsigned short x; } __nv_bfloat16;
