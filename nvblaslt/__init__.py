@@ -1,0 +1,36 @@
+"""nvblaslt: fused cuBLASLt GEMM epilogs and descriptor-level cuBLASLt from pure Python.
+
+High level: ``matmul``, ``Matmul`` and ``MatmulEpilog`` work on any GPU array (DLPack or
+``__cuda_array_interface__``). Low level: ``nvblaslt.lt`` is the whole generated C API,
+and ``Handle``/``MatmulDesc``/``MatrixLayout``/``MatmulPreference`` own descriptors with
+typed attributes. libcublasLt is loaded on first use.
+"""
+
+from ._descriptors import (
+    Algorithm,
+    Handle,
+    HeuristicResult,
+    MatmulDesc,
+    MatmulPreference,
+    MatrixLayout,
+    heuristics,
+)
+from ._errors import (
+    CublasLtError,
+    CudaError,
+    LibraryNotFoundError,
+    NvblasltError,
+    NvblasltTypeError,
+    NvblasltValueError,
+)
+from ._loader import Library, library, load
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "lt":  # loads the library: deferred so that `import nvblaslt` stays cheap
+        import importlib
+
+        return importlib.import_module("nvblaslt.lt")
+    raise AttributeError(f"module 'nvblaslt' has no attribute {name!r}")

@@ -1,0 +1,231 @@
+"""Pythonic owners of cuBLASLt descriptors: Handle, MatmulDesc, MatrixLayout,
+MatmulPreference, Algorithm and heuristic results.
+
+Each owns one C object, exposes typed attribute ``get``/``set`` (by enum member or by
+name, e.g. ``desc.set("EPILOGUE_AUX_LD", 256)``) and frees it deterministically:
+``close()``, ``with``, or when collected (``weakref.finalize``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+
+from . import _cuda
+from ._attributes import attribute_size, get_attribute, set_attribute
+from ._errors import NvblasltTypeError, NvblasltValueError
+from ._loader import Library, library
+
+
+def _destroy(destroy, handle: int) -> None:
+    destroy(handle)
+
+
+class _Owned:
+    """Owns one C handle; ``_destroy_name`` is the cuBLASLt function that frees it."""
+
+    _destroy_name: str
+
+    def __init__(self, lib: Library, handle: int):
+        self.lib = lib
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, _destroy, getattr(lib, self._destroy_name), handle)
+
+    @property
+    def handle(self) -> int:
+        if not self._finalizer.alive:
+            raise NvblasltValueError(f"{type(self).__name__} was closed")
+        return self._handle
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Descriptor(_Owned):
+    """A descriptor with typed attributes from the generated table."""
+
+    _attribute_enum: str
+
+    def _member(self, attribute):
+        enum_type = getattr(self.lib.api, self._attribute_enum)
+        if isinstance(attribute, str):
+            try:
+                return enum_type[attribute.upper()]
+            except KeyError:
+                raise NvblasltValueError(
+                    f"attribute: {attribute!r} is not a member of {enum_type.__name__}; "
+                    f"known: {', '.join(enum_type.__members__)}"
+                ) from None
+        if not isinstance(attribute, enum_type):
+            raise NvblasltTypeError(f"attribute: expected a {enum_type.__name__} member or its name, got {attribute!r}")
+        return attribute
+
+    def set(self, attribute, value) -> None:
+        set_attribute(self.lib, self.handle, self._member(attribute), value)
+
+    def get(self, attribute):
+        return get_attribute(self.lib, self.handle, self._member(attribute))
+
+    def size(self, attribute) -> int:
+        """Bytes the library reports for the attribute's value."""
+        return attribute_size(self.lib, self.handle, self._member(attribute))
+
+    def attributes(self) -> dict[str, object]:
+        """Every attribute's current value, by name (a debugging aid)."""
+        enum_type = getattr(self.lib.api, self._attribute_enum)
+        return {m.name: self.get(m) for m in self.lib.api.ATTRIBUTES[enum_type][2]}
+
+    def __repr__(self) -> str:
+        state = "closed" if not self._finalizer.alive else f"0x{self._handle:x}"
+        return f"<{type(self).__name__} {state}>"
+
+
+def _create(create, *args) -> int:
+    handle = ctypes.c_void_p()
+    create(ctypes.byref(handle), *args)
+    return handle.value
+
+
+class MatmulDesc(_Descriptor):
+    """``cublasLtMatmulDesc_t``: compute type, scale type, transposes, epilogue…"""
+
+    _attribute_enum = "cublasLtMatmulDescAttributes_t"
+    _destroy_name = "cublasLtMatmulDescDestroy"
+
+    def __init__(self, compute_type: int, scale_type: int, *, lib: Library | None = None):
+        lib = lib or library()
+        super().__init__(lib, _create(lib.cublasLtMatmulDescCreate, compute_type, scale_type))
+
+
+class MatrixLayout(_Descriptor):
+    """``cublasLtMatrixLayout_t``: type, rows, cols, leading dimension, order, batch."""
+
+    _attribute_enum = "cublasLtMatrixLayoutAttribute_t"
+    _destroy_name = "cublasLtMatrixLayoutDestroy"
+
+    def __init__(self, data_type: int, rows: int, cols: int, ld: int, *, order: int | None = None,
+                 batch_count: int = 1, batch_stride: int = 0, lib: Library | None = None):
+        lib = lib or library()
+        super().__init__(lib, _create(lib.cublasLtMatrixLayoutCreate, data_type, rows, cols, ld))
+        if order is not None:
+            self.set("ORDER", int(order))
+        if batch_count != 1:
+            self.set("BATCH_COUNT", batch_count)
+            self.set("STRIDED_BATCH_OFFSET", batch_stride)
+
+
+class MatmulPreference(_Descriptor):
+    """``cublasLtMatmulPreference_t``: what the heuristics may return (workspace, alignment…)."""
+
+    _attribute_enum = "cublasLtMatmulPreferenceAttributes_t"
+    _destroy_name = "cublasLtMatmulPreferenceDestroy"
+
+    def __init__(self, *, max_workspace_bytes: int | None = None, lib: Library | None = None):
+        lib = lib or library()
+        super().__init__(lib, _create(lib.cublasLtMatmulPreferenceCreate))
+        if max_workspace_bytes is not None:
+            self.set("MAX_WORKSPACE_BYTES", max_workspace_bytes)
+
+
+class Handle(_Owned):
+    """``cublasLtHandle_t`` for one device. Use ``Handle.for_device()``: one per (thread, device)."""
+
+    _destroy_name = "cublasLtDestroy"
+    _per_thread = threading.local()
+
+    def __init__(self, device: int, *, lib: Library | None = None):
+        lib = lib or library()
+        self.device = device
+        super().__init__(lib, _create(lib.cublasLtCreate))
+
+    @classmethod
+    def for_device(cls, device: int | None = None) -> Handle:
+        """This thread's handle for ``device`` (default: the current device), created once."""
+        if device is None:
+            device = _cuda.current_device()
+        handles = cls._per_thread.__dict__.setdefault("handles", {})
+        handle = handles.get(device)
+        if handle is None:
+            handle = handles[device] = cls(device)
+        return handle
+
+
+class Algorithm:
+    """A ``cublasLtMatmulAlgo_t`` (64 bytes, copied by value) with typed config attributes."""
+
+    def __init__(self, algo, lib: Library | None = None):
+        self.lib = lib or library()
+        self.algo = algo
+
+    def _member(self, attribute, enum_name):
+        enum_type = getattr(self.lib.api, enum_name)
+        return enum_type[attribute.upper()] if isinstance(attribute, str) else attribute
+
+    def get(self, attribute):
+        """A config attribute (``ID``, ``TILE_ID``, ``STAGES_ID``, ``SPLITK_NUM``, …)."""
+        member = self._member(attribute, "cublasLtMatmulAlgoConfigAttributes_t")
+        return get_attribute(self.lib, ctypes.byref(self.algo), member)
+
+    def set(self, attribute, value) -> None:
+        member = self._member(attribute, "cublasLtMatmulAlgoConfigAttributes_t")
+        set_attribute(self.lib, ctypes.byref(self.algo), member, value)
+
+    def capability(self, attribute):
+        """A capability of this algorithm id (``TILE_IDS``, ``STAGES_IDS``, ``EPILOGUE_MASK``, …)."""
+        member = self._member(attribute, "cublasLtMatmulAlgoCapAttributes_t")
+        return get_attribute(self.lib, ctypes.byref(self.algo), member)
+
+    @property
+    def id(self) -> int:
+        return self.get("ID")
+
+    @property
+    def tile(self) -> str:
+        return self.lib.api.cublasLtMatmulTile_t(self.get("TILE_ID")).name.removeprefix("TILE_")
+
+    @property
+    def stages(self) -> str:
+        return self.lib.api.cublasLtMatmulStages_t(self.get("STAGES_ID")).name.removeprefix("STAGES_")
+
+    def config(self) -> dict[str, object]:
+        enum_type = self.lib.api.cublasLtMatmulAlgoConfigAttributes_t
+        return {m.name: self.get(m) for m in self.lib.api.ATTRIBUTES[enum_type][2]}
+
+    def __repr__(self) -> str:
+        return f"<Algorithm id={self.id} tile={self.tile} stages={self.stages}>"
+
+
+class HeuristicResult:
+    """One algorithm the heuristics proposed, with its workspace and estimated waves."""
+
+    def __init__(self, result, lib: Library):
+        self.algorithm = Algorithm(result.algo, lib)
+        self.workspace_size = int(result.workspaceSize)
+        self.waves = float(result.wavesCount)
+
+    @property
+    def algo_id(self) -> int:
+        return self.algorithm.id
+
+    def __repr__(self) -> str:
+        a = self.algorithm
+        return (f"<HeuristicResult id={a.id} tile={a.tile} stages={a.stages} "
+                f"workspace={self.workspace_size} waves={self.waves:.2f}>")
+
+
+def heuristics(handle: Handle, desc: MatmulDesc, a: MatrixLayout, b: MatrixLayout, c: MatrixLayout,
+               d: MatrixLayout, preference: MatmulPreference, count: int = 8) -> list[HeuristicResult]:
+    """``cublasLtMatmulAlgoGetHeuristic``: up to ``count`` algorithms, best first."""
+    lib = handle.lib
+    results = (lib.api.cublasLtMatmulHeuristicResult_t * count)()
+    returned = ctypes.c_int()
+    lib.cublasLtMatmulAlgoGetHeuristic(handle.handle, desc.handle, a.handle, b.handle, c.handle, d.handle,
+                                       preference.handle, count, results, ctypes.byref(returned))
+    return [HeuristicResult(results[i], lib) for i in range(returned.value)]

@@ -1,0 +1,57 @@
+"""The exceptions nvblaslt raises. Every one derives from NvblasltError."""
+
+from __future__ import annotations
+
+# Why a status most often comes back, and what to do; shown after the library's own text.
+_STATUS_HINTS = {
+    "CUBLAS_STATUS_NOT_INITIALIZED": "no usable CUDA GPU or driver was found by cuBLASLt",
+    "CUBLAS_STATUS_NOT_SUPPORTED": "this combination of types, layouts, epilog and GPU has no kernel",
+    "CUBLAS_STATUS_INVALID_VALUE": "an argument or attribute value (or its size) is out of range",
+    "CUBLAS_STATUS_ARCH_MISMATCH": "the GPU's architecture lacks a feature this call needs",
+}
+
+LOG_HINT = "For the library's own log set CUBLASLT_LOG_LEVEL=5 (or call nvblaslt.set_log_level(5))"
+
+
+class NvblasltError(Exception):
+    """Base class of every error nvblaslt raises."""
+
+
+class NvblasltValueError(NvblasltError, ValueError):
+    """An argument has the right type but a value nvblaslt cannot use."""
+
+
+class NvblasltTypeError(NvblasltError, TypeError):
+    """An argument is of a type nvblaslt cannot use."""
+
+
+class LibraryNotFoundError(NvblasltError, OSError):
+    """libcublasLt could not be found or has no bindings module."""
+
+
+class CudaError(NvblasltError, RuntimeError):
+    """A CUDA runtime call (through cuda-bindings) failed."""
+
+
+class CublasLtError(NvblasltError, RuntimeError):
+    """A cuBLASLt call returned a status other than CUBLAS_STATUS_SUCCESS.
+
+    ``status`` is the numeric status, ``status_name`` its name (``CUBLAS_STATUS_…``),
+    ``library_message`` the library's own description and ``function`` the C function.
+    """
+
+    def __init__(self, function: str, status: int, status_name: str, library_message: str):
+        self.function = function
+        self.status = status
+        self.status_name = status_name
+        self.library_message = library_message
+        hint = _STATUS_HINTS.get(status_name)
+        text = f"{function} returned {status_name} ({status}): {library_message}"
+        if hint:
+            text += f"; usually {hint}"
+        super().__init__(f"{text}. {LOG_HINT}")
+
+
+def argument_error(cls: type[NvblasltError], argument: str, given: object, expected: str) -> NvblasltError:
+    """An error naming the argument, what was given and what was expected."""
+    return cls(f"{argument}: expected {expected}, got {given}")

@@ -1,0 +1,141 @@
+"""Find libcublasLt, load it, and bind the generated module that matches its version."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import os
+import pkgutil
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from ._errors import CublasLtError, LibraryNotFoundError
+
+ENV_LIBRARY = "NVBLASLT_LIBRARY"
+
+
+def available_modules() -> dict[int, str]:
+    """{cuBLAS major version: generated module name} for the committed bindings."""
+    from . import _generated
+
+    found = {}
+    for info in pkgutil.iter_modules(_generated.__path__):
+        if info.name.startswith("cublaslt_"):
+            found[int(info.name.split("_")[1])] = f"{_generated.__name__}.{info.name}"
+    return found
+
+
+@dataclass
+class Library:
+    """One loaded libcublasLt with its bindings: ``lib.cublasLtMatmul(...)``, ``lib.api.<enum>``."""
+
+    path: str
+    found_via: str
+    version: int  # cublasLtGetVersion(): 130100 for 13.1.0
+    api: ModuleType  # the generated module for this major version
+    cdll: ctypes.CDLL = field(repr=False)
+    missing: list[str] = field(default_factory=list)  # declared in the header, not exported
+
+    @property
+    def version_tuple(self) -> tuple[int, int, int]:
+        return self.version // 10000, self.version // 100 % 100, self.version % 100
+
+    def __getattr__(self, name: str):
+        if name in self.missing:
+            raise AttributeError(
+                f"{name} is declared by the cuBLAS {'.'.join(map(str, self.api.CUBLAS_VERSION))} headers "
+                f"but not exported by {self.path} (cuBLASLt {'.'.join(map(str, self.version_tuple))})"
+            )
+        raise AttributeError(name)
+
+    def status_name(self, status: int) -> str:
+        return self.cublasLtGetStatusName(status).decode()
+
+    def status_string(self, status: int) -> str:
+        return self.cublasLtGetStatusString(status).decode()
+
+
+def _status_checker(library: Library, name: str):
+    def check(status, func, args):
+        if status:
+            raise CublasLtError(name, status, library.status_name(status), library.status_string(status))
+        return status
+    return check
+
+
+def _find() -> tuple[str, str]:
+    """(path, how it was found)."""
+    override = os.environ.get(ENV_LIBRARY)
+    if override:
+        return override, f"${ENV_LIBRARY}"
+    try:
+        import cuda.pathfinder
+    except ImportError as exc:
+        raise LibraryNotFoundError(
+            f"libcublasLt: cuda-pathfinder is not installed ({exc}); "
+            f"`pip install cuda-pathfinder`, or set {ENV_LIBRARY}=/path/to/libcublasLt.so"
+        ) from exc
+    try:
+        loaded = cuda.pathfinder.load_nvidia_dynamic_lib("cublasLt")
+    except Exception as exc:  # pathfinder's own error says what it searched
+        raise LibraryNotFoundError(
+            "libcublasLt was not found. Searched: "
+            f"${ENV_LIBRARY} (unset), then cuda-pathfinder (NVIDIA wheels in site-packages, conda, "
+            f"the system loader, CUDA_HOME/CUDA_PATH), which said: {exc}. "
+            "Fix: `pip install nvblaslt[cu13]` (or [cu12]), or point "
+            f"{ENV_LIBRARY} at a libcublasLt.so"
+        ) from exc
+    return loaded.abs_path, f"cuda-pathfinder ({loaded.found_via})"
+
+
+def load(path: str | None = None) -> Library:
+    """Load a libcublasLt (``path``, or found as ``library()`` finds it) and bind it."""
+    found_via = "explicit path"
+    if path is None:
+        path, found_via = _find()
+    try:
+        cdll = ctypes.CDLL(path)
+    except OSError as exc:
+        raise LibraryNotFoundError(f"libcublasLt at {path} (from {found_via}) could not be loaded: {exc}") from exc
+    get_version = cdll.cublasLtGetVersion
+    get_version.restype, get_version.argtypes = ctypes.c_size_t, []
+    version = get_version()
+    modules = available_modules()
+    major = version // 10000
+    if major not in modules:
+        raise LibraryNotFoundError(
+            f"{path} (from {found_via}) is cuBLASLt {version}, major {major}, but nvblaslt has bindings "
+            f"only for majors {sorted(modules)}. Either install a supported cuBLAS "
+            f"(`pip install nvblaslt[cu13]`), or generate bindings for it: "
+            f"`python -m codegen --header <its include dir> --out nvblaslt/_generated/cublaslt_{major}.py`"
+        )
+    api = importlib.import_module(modules[major])
+    library = Library(path, found_via, version, api, cdll)
+    for name, (restype, returns_status, argtypes, _params, prototype) in api.FUNCTIONS.items():
+        try:
+            func = getattr(cdll, name)
+        except AttributeError:
+            library.missing.append(name)
+            continue
+        func.restype, func.argtypes = restype, argtypes
+        if returns_status:
+            func.errcheck = _status_checker(library, name)
+        func.__doc__ = prototype
+        object.__setattr__(library, name, func)
+    return library
+
+
+_lock = threading.Lock()
+
+
+@functools.cache
+def _default() -> Library:
+    return load()
+
+
+def library() -> Library:
+    """The process-wide libcublasLt, loaded on first use."""
+    with _lock:
+        return _default()
