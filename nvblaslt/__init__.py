@@ -23,7 +23,11 @@ from ._errors import (
     NvblasltTypeError,
     NvblasltValueError,
 )
+from ._epilogs import MatmulEpilog
 from ._loader import Library, library, load
+from ._matmul import Matmul, MatmulPlanPreferences, clear_plan_cache, matmul
+from ._memory import DeviceArray
+from ._logging import set_log_level
 
 __version__ = "0.1.0"
 

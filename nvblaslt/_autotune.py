@@ -1,0 +1,43 @@
+"""Time a plan's algorithms with CUDA events, flushing L2 between runs so that every run
+reads its operands from device memory as a real workload would."""
+
+from __future__ import annotations
+
+import statistics
+
+from cuda.bindings import runtime as cudart
+
+from . import _cuda
+from ._memory import DeviceBuffer
+
+
+def _l2_flush_buffer(device: int) -> DeviceBuffer:
+    props = _cuda.device_properties(device)
+    return DeviceBuffer(max(2 * props.l2CacheSize, 1 << 20), 0)
+
+
+def time_algorithms(plan, stream: int, iterations: int):
+    """[(HeuristicResult, median ms)] for every planned algorithm, fastest first."""
+    flush = _l2_flush_buffer(plan._device)
+    start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
+    stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
+    timings = []
+    try:
+        for candidate in plan.algorithms:
+            plan._select(candidate)
+            plan.execute(stream=stream)  # warm-up: module load, first-launch costs
+            samples = []
+            for _ in range(max(1, iterations)):
+                _cuda.check(cudart.cudaMemsetAsync(flush.pointer, 0, flush.size, stream), "cudaMemsetAsync")
+                _cuda.check(cudart.cudaEventRecord(start, stream), "cudaEventRecord")
+                plan.execute(stream=stream)
+                _cuda.check(cudart.cudaEventRecord(stop, stream), "cudaEventRecord")
+                _cuda.check(cudart.cudaEventSynchronize(stop), "cudaEventSynchronize")
+                samples.append(_cuda.check(cudart.cudaEventElapsedTime(start, stop), "cudaEventElapsedTime"))
+            timings.append((candidate, statistics.median(samples)))
+    finally:
+        cudart.cudaEventDestroy(start)
+        cudart.cudaEventDestroy(stop)
+        flush.release()
+    timings.sort(key=lambda pair: pair[1])
+    return timings

@@ -1,0 +1,454 @@
+"""``Matmul`` and ``matmul``: D = epilog(alpha · A @ B + beta · C) on any GPU array.
+
+The path of one call, top to bottom: read operands (``_operands``), check them and derive
+the cuBLASLt layouts (``_problem``), plan once (descriptors, epilog attributes, heuristics,
+workspace), then execute with every ctypes argument prebuilt (``Matmul.execute``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from cuda.bindings import runtime as cudart
+
+from . import _cuda, _memory, _operands
+from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
+from ._epilogs import SPECS, MatmulEpilog, as_epilog, gelu_aux_ld, relu_aux_ld_bytes
+from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
+from ._loader import library
+from ._problem import Problem, check_bias, check_gelu_aux, check_out, check_relu_aux
+from ._streams import current_stream, stream_handle
+
+DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
+DEFAULT_LIMIT = 8
+
+
+@dataclass
+class MatmulPlanPreferences:
+    """What the heuristics may return. ``limit``: how many algorithms to ask for (autotune times them)."""
+
+    limit: int = DEFAULT_LIMIT
+    max_waves_count: float = 0.0
+    reduction_scheme_mask: int | None = None
+    numerical_impl_mask: int | None = None
+    workspace_limit: int = DEFAULT_WORKSPACE
+
+
+def _preferences(value) -> MatmulPlanPreferences:
+    if value is None:
+        return MatmulPlanPreferences()
+    if isinstance(value, MatmulPlanPreferences):
+        return value
+    if isinstance(value, dict):
+        unknown = set(value) - set(MatmulPlanPreferences.__dataclass_fields__)
+        if unknown:
+            raise NvblasltValueError(f"preferences: unknown keys {sorted(unknown)}; known: "
+                                     f"{sorted(MatmulPlanPreferences.__dataclass_fields__)}")
+        return MatmulPlanPreferences(**value)
+    raise NvblasltTypeError(f"preferences: expected a dict or MatmulPlanPreferences, got {type(value).__name__}")
+
+
+def _scalar(value, name: str, ctype):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not (hasattr(value, "__float__") and not hasattr(value, "__len__")):
+            raise NvblasltTypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}")
+    return ctype(float(value))
+
+
+class Matmul:
+    """A planned matrix multiplication, executed as often as needed.
+
+    ``Matmul(a, b, c=None, *, alpha=1.0, beta=None, compute_type=None, result_type=None,
+    quantization_scales=None, stream=None)``, then ``plan(epilog=…, epilog_inputs=…)``,
+    optionally ``autotune()``, then ``execute()`` — which returns D, or ``(D, aux)`` for
+    epilogs with auxiliary outputs. Operands are any GPU arrays; results are in ``a``'s
+    framework. Use as a context manager, or call ``free()``, to release the plan.
+    """
+
+    def __init__(self, a, b, c=None, *, alpha=1.0, beta=None, compute_type=None, result_type=None,
+                 quantization_scales=None, stream=None):
+        self._lib = library()
+        kind = _operands.kind_of(a)
+        self._stream = stream_handle(stream) if stream is not None else None
+        read_stream = self._stream if self._stream is not None else _default_stream(kind)
+        ops = [_operands.read(x, name, read_stream) if x is not None else None
+               for x, name in ((a, "a"), (b, "b"), (c, "c"))]
+        self._setup(*ops, alpha=alpha, beta=beta, compute_type=compute_type, result_type=result_type,
+                    quantization_scales=quantization_scales)
+
+    @classmethod
+    def _from_operands(cls, a, b, c, *, stream, **options) -> Matmul:
+        self = cls.__new__(cls)
+        self._lib = library()
+        self._stream = stream
+        self._setup(a, b, c, **options)
+        return self
+
+    def _setup(self, a, b, c, *, alpha, beta, compute_type, result_type, quantization_scales):
+        self.problem = Problem(self._lib, a, b, c, compute_type=compute_type, result_type=result_type)
+        self._kind = a.kind
+        self._device = a.device
+        if self._stream is None:
+            self._stream = _default_stream(self._kind, self._device)
+        self._scale_ctype = ctypes.c_double if self.problem.scale_type_name == "CUDA_R_64F" else ctypes.c_float
+        if beta is not None and c is None:
+            raise NvblasltValueError("beta: given without c; pass c (the matrix beta scales) or drop beta")
+        self._alpha = _scalar(alpha, "alpha", self._scale_ctype)
+        self._beta = _scalar(0.0 if c is None else (1.0 if beta is None else beta), "beta", self._scale_ctype)
+        self._operands = {"a": a, "b": b, "c": c}
+        self._scales = self.problem.quantization_scales(quantization_scales, self._stream)
+        self._planned = False
+        self._freed = False
+        self._workspace = None
+        self.algorithms: list[HeuristicResult] = []
+
+    # ---- planning ----------------------------------------------------------------------------
+    def plan(self, *, epilog=None, epilog_inputs=None, preferences=None, stream=None) -> list[HeuristicResult]:
+        """Build the descriptors for ``epilog`` and ask the heuristics for algorithms (best first)."""
+        self._check_alive()
+        if stream is not None:
+            self._stream = stream_handle(stream)
+        lib, problem = self._lib, self.problem
+        epilog = as_epilog(epilog)
+        spec = SPECS[epilog]
+        inputs = self._read_epilog_inputs(spec, epilog, epilog_inputs)
+        prefs = _preferences(preferences)
+
+        desc = MatmulDesc(getattr(lib.api, problem.compute_type_name), getattr(lib.api, problem.scale_type_name),
+                          lib=lib)
+        desc.set("TRANSA", problem.a.trans)
+        desc.set("TRANSB", problem.b.trans)
+        desc.set("EPILOGUE", int(epilog))
+        if self._scales is not None:
+            desc.set("A_SCALE_POINTER", self._scales.pointer)
+            desc.set("B_SCALE_POINTER", self._scales.pointer + 4)
+        self._configure_epilog(desc, spec, inputs)
+        layouts = [self._layout(m) for m in (problem.a, problem.b, problem.c, problem.d)]
+        preference = MatmulPreference(max_workspace_bytes=prefs.workspace_limit, lib=lib)
+        for name, operand in (("A", self._operands["a"]), ("B", self._operands["b"]),
+                              ("C", self._operands["c"])):
+            preference.set(f"MIN_ALIGNMENT_{name}_BYTES", operand.alignment if operand is not None else 256)
+        preference.set("MIN_ALIGNMENT_D_BYTES", 256)
+        if prefs.max_waves_count:
+            preference.set("MAX_WAVES_COUNT", prefs.max_waves_count)
+        if prefs.reduction_scheme_mask is not None:
+            preference.set("REDUCTION_SCHEME_MASK", prefs.reduction_scheme_mask)
+        if prefs.numerical_impl_mask is not None:
+            preference.set("IMPL_MASK", prefs.numerical_impl_mask)
+
+        handle = Handle.for_device(self._device)
+        algorithms = heuristics(handle, desc, *layouts, preference, count=max(1, prefs.limit))
+        if not algorithms:
+            raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", int(lib.api.CUBLAS_STATUS_NOT_SUPPORTED),
+                                "CUBLAS_STATUS_NOT_SUPPORTED",
+                                f"no algorithm for {problem.describe()} with epilog {epilog.name}")
+        self._release_plan()
+        self._handle, self._desc, self._layouts, self._preference = handle, desc, layouts, preference
+        self.epilog, self._spec, self._epilog_inputs = epilog, spec, inputs
+        self.algorithms = algorithms
+        workspace = max(r.workspace_size for r in algorithms)
+        self._workspace = _memory.DeviceBuffer(workspace, 0) if workspace else None
+        self._select(algorithms[0])
+        self._planned = True
+        return algorithms
+
+    def _layout(self, matrix) -> MatrixLayout:
+        return MatrixLayout(getattr(self._lib.api, matrix.dtype.cuda), matrix.rows, matrix.cols, matrix.ld,
+                            batch_count=self.problem.batch_count, batch_stride=matrix.batch_stride, lib=self._lib)
+
+    def _read_epilog_inputs(self, spec, epilog, epilog_inputs) -> dict:
+        given = dict(epilog_inputs or {})
+        if not isinstance(epilog_inputs, (dict, type(None))):
+            raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
+        missing = [k for k in spec.inputs if k not in given]
+        unknown = [k for k in given if k not in spec.inputs]
+        if missing or unknown:
+            raise NvblasltValueError(
+                f"epilog_inputs: {epilog.name} takes {list(spec.inputs) or 'no inputs'}"
+                + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else "")
+            )
+        if spec.aux_input and self.problem.k == 1:
+            raise NvblasltValueError(f"a, b: {epilog.name} with K=1 is refused (cuBLASLt reads out of bounds "
+                                     f"there); got K=1")
+        inputs = {}
+        for key in spec.inputs:
+            inputs[key] = _operands.read(given[key], f"epilog_inputs['{key}']", self._stream)
+        self._check_epilog_inputs(inputs)
+        return inputs
+
+    def _check_epilog_inputs(self, inputs: dict) -> None:
+        problem = self.problem
+        for key, op in inputs.items():
+            if op.device != self._device:
+                raise NvblasltValueError(f"epilog_inputs['{key}']: on GPU {op.device}, but the operands are on "
+                                         f"GPU {self._device}")
+            if key == "bias":
+                check_bias(op, problem)
+            elif key == "relu_aux":
+                check_relu_aux(op, problem)
+            else:
+                check_gelu_aux(op, problem)
+
+    def _configure_epilog(self, desc: MatmulDesc, spec, inputs: dict) -> None:
+        problem, api = self.problem, self._lib.api
+        batched = problem.batch_count > 1
+        if spec.bias_input:
+            bias = inputs["bias"]
+            desc.set("BIAS_POINTER", bias.ptr)
+            desc.set("BIAS_DATA_TYPE", int(getattr(api, bias.dtype.cuda)))
+            if batched:
+                desc.set("BIAS_BATCH_STRIDE", bias.strides[0] if len(bias.shape) == 2 else 0)
+        if spec.bias_output:
+            desc.set("BIAS_DATA_TYPE", int(getattr(api, problem.bias_output_dtype.cuda)))
+            if batched:
+                desc.set("BIAS_BATCH_STRIDE", self._bias_output_length(spec))
+        aux = spec.aux_input or spec.aux_output
+        if aux == "relu_aux":
+            ld_bytes = inputs["relu_aux"].strides[-1] if spec.aux_input else relu_aux_ld_bytes(problem.m)
+            desc.set("EPILOGUE_AUX_LD", ld_bytes * 8)
+            if batched:
+                desc.set("EPILOGUE_AUX_BATCH_STRIDE", ld_bytes * 8 * problem.n)
+        elif aux == "gelu_aux":
+            ld = inputs["gelu_aux"].strides[-1] if spec.aux_input else gelu_aux_ld(problem.m)
+            desc.set("EPILOGUE_AUX_LD", ld)
+            if batched:
+                desc.set("EPILOGUE_AUX_BATCH_STRIDE", ld * problem.n)
+        if spec.aux_input:
+            desc.set("EPILOGUE_AUX_POINTER", inputs[spec.aux_input].ptr)
+
+    def _bias_output_length(self, spec) -> int:
+        return self.problem.m if spec.bias_output_length == "m" else self.problem.n
+
+    def _select(self, result: HeuristicResult) -> None:
+        """Prebuild every ctypes argument of cublasLtMatmul that does not change per call."""
+        self.algorithm = result
+        self._algo = result.algorithm.algo
+        ws = self._workspace
+        self._workspace_pointer = ctypes.c_void_p(ws.pointer if ws and result.workspace_size else None)
+        self._workspace_size = ctypes.c_size_t(ws.size if ws and result.workspace_size else 0)
+        self._rebuild_arguments()
+
+    def _rebuild_arguments(self) -> None:
+        a, b, c = (self._operands[k] for k in "abc")
+        layouts = self._layouts
+        self._matmul = self._lib.cublasLtMatmul
+        self._args_head = (ctypes.c_void_p(self._handle.handle), ctypes.c_void_p(self._desc.handle),
+                           ctypes.byref(self._alpha), ctypes.c_void_p(a.ptr), ctypes.c_void_p(layouts[0].handle),
+                           ctypes.c_void_p(b.ptr), ctypes.c_void_p(layouts[1].handle), ctypes.byref(self._beta))
+        self._c_pointer = ctypes.c_void_p(c.ptr) if c is not None else None
+        self._c_layout = ctypes.c_void_p(layouts[2].handle)
+        self._d_layout = ctypes.c_void_p(layouts[3].handle)
+        self._args_tail = (ctypes.byref(self._algo), self._workspace_pointer, self._workspace_size)
+
+    # ---- autotuning ----------------------------------------------------------------------------
+    def autotune(self, *, iterations: int = 5, stream=None) -> list[tuple[HeuristicResult, float]]:
+        """Time every planned algorithm (median of ``iterations``, L2 flushed before each run) and
+        keep the fastest. Returns ``[(algorithm, milliseconds)]``, fastest first."""
+        from ._autotune import time_algorithms
+
+        self._check_planned()
+        stream_h = stream_handle(stream) if stream is not None else self._stream
+        timings = time_algorithms(self, stream_h, iterations)
+        self._select(timings[0][0])
+        return timings
+
+    # ---- execution -----------------------------------------------------------------------------
+    def execute(self, *, stream=None, out=None, algorithm: HeuristicResult | None = None):
+        """Run the planned multiplication. Returns D, or ``(D, aux)`` when the epilog has auxiliary
+        outputs (``relu_aux``, ``gelu_aux``, ``drelu_bgrad``, ``dgelu_bgrad``, ``bgrada``, ``bgradb``)."""
+        if not self._planned:
+            self._check_planned()
+        stream_h = self._stream if stream is None else stream_handle(stream)
+        if algorithm is not None:
+            self._select(algorithm)
+        problem = self.problem
+        if out is None:
+            d, d_pointer = self._empty(problem.batch, problem.m, problem.n, problem.m, problem.d.dtype, stream_h)
+        else:
+            d_op = _operands.read(out, "out", stream_h)
+            others = [self._operands["a"], self._operands["b"], *self._epilog_inputs.values()]
+            check_out(d_op, problem, self._operands["c"], others)
+            d, d_pointer = out, d_op.ptr
+        aux = self._epilog_outputs(stream_h) if self._spec.outputs else None
+        c_pointer = self._c_pointer if self._c_pointer is not None else d_pointer
+        self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout, *self._args_tail,
+                     stream_h)
+        if aux is None:
+            return d if out is not None else _memory.to_framework(self._kind, d)
+        result = d if out is not None else _memory.to_framework(self._kind, d)
+        return result, {k: _memory.to_framework(self._kind, v) for k, v in aux.items()}
+
+    def _empty(self, batch, rows, cols, ld, dtype, stream_h):
+        return _memory.empty(self._kind, batch, rows, cols, ld, dtype, self._device, stream_h,
+                             current_stream(self._kind, self._device) if self._kind in ("cupy", "torch") else stream_h)
+
+    def _epilog_outputs(self, stream_h) -> dict:
+        """Fresh aux outputs, their pointers set on the descriptor for this call."""
+        problem, spec, outputs = self.problem, self._spec, {}
+        if spec.aux_output == "relu_aux":
+            ld = relu_aux_ld_bytes(problem.m)
+            outputs["relu_aux"], pointer = self._empty(problem.batch, ld, problem.n, ld, problem.relu_aux_dtype,
+                                                       stream_h)
+            self._desc.set("EPILOGUE_AUX_POINTER", pointer)
+        elif spec.aux_output == "gelu_aux":
+            ld = gelu_aux_ld(problem.m)
+            outputs["gelu_aux"], pointer = self._empty(problem.batch, ld, problem.n, ld, problem.d.dtype, stream_h)
+            self._desc.set("EPILOGUE_AUX_POINTER", pointer)
+        if spec.bias_output:
+            length = self._bias_output_length(spec)
+            vector, pointer = self._empty(problem.batch, length, 1, length, problem.bias_output_dtype, stream_h)
+            outputs[spec.bias_output] = vector[..., 0]
+            self._desc.set("BIAS_POINTER", pointer)
+        return outputs
+
+    # ---- operands ---------------------------------------------------------------------------------
+    def reset_operands(self, a=None, b=None, c=None, *, alpha=None, beta=None, epilog_inputs=None, stream=None):
+        """Point the plan at new arrays of the same shapes, dtypes, strides, device and alignment."""
+        self._check_planned()
+        stream_h = self._stream if stream is None else stream_handle(stream)
+        for name, new in (("a", a), ("b", b), ("c", c)):
+            if new is None:
+                continue
+            old = self._operands[name]
+            if old is None:
+                raise NvblasltValueError(f"{name}: the plan was made without {name}; make a new Matmul")
+            op = _operands.read(new, name, stream_h)
+            _require_same(name, old, op)
+            self._operands[name] = op
+        if epilog_inputs:
+            unknown = [k for k in epilog_inputs if k not in self._epilog_inputs]
+            if unknown:
+                raise NvblasltValueError(f"epilog_inputs: {self.epilog.name} takes "
+                                         f"{list(self._epilog_inputs)}; unknown {unknown}")
+            for key, value in epilog_inputs.items():
+                op = _operands.read(value, f"epilog_inputs['{key}']", stream_h)
+                _require_same(f"epilog_inputs['{key}']", self._epilog_inputs[key], op)
+                self._epilog_inputs[key] = op
+            self._configure_epilog(self._desc, self._spec, self._epilog_inputs)
+        if alpha is not None:
+            self._alpha.value = _scalar(alpha, "alpha", self._scale_ctype).value
+        if beta is not None:
+            if self._operands["c"] is None:
+                raise NvblasltValueError("beta: the plan has no c for beta to scale")
+            self._beta.value = _scalar(beta, "beta", self._scale_ctype).value
+        self._rebuild_arguments()
+
+    def _set_pointers(self, a, b, c, inputs: dict, alpha, beta) -> None:
+        """Fast rebinding for the cached function form: the cache key already matched every check."""
+        self._operands["a"], self._operands["b"], self._operands["c"] = a, b, c
+        if inputs:
+            self._epilog_inputs = inputs
+            self._configure_epilog(self._desc, self._spec, inputs)
+        self._alpha.value = alpha
+        self._beta.value = beta
+        self._rebuild_arguments()
+
+    # ---- lifetime --------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._freed:
+            raise NvblasltValueError("this Matmul was freed; make a new one")
+
+    def _check_planned(self) -> None:
+        self._check_alive()
+        if not self._planned:
+            raise NvblasltValueError("execute/autotune/reset_operands: call plan() first")
+
+    def _release_plan(self) -> None:
+        for owned in (getattr(self, "_desc", None), getattr(self, "_preference", None),
+                      *getattr(self, "_layouts", ())):
+            if owned is not None:
+                owned.close()
+        if self._workspace is not None:
+            self._workspace.release()
+            self._workspace = None
+
+    def free(self) -> None:
+        """Release descriptors and workspace now; the object cannot be used afterwards."""
+        if not self._freed:
+            self._release_plan()
+            if self._scales is not None:
+                self._scales.release()
+            self._planned = False
+            self._freed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else (self.epilog.name if self._planned else "not planned")
+        return f"<Matmul {self.problem.describe()} {state}>"
+
+
+def _default_stream(kind: str, device: int | None = None) -> int:
+    if kind in ("cupy", "torch"):
+        return current_stream(kind, device if device is not None else _cuda.current_device())
+    return 0
+
+
+def _require_same(name: str, old, new) -> None:
+    for what in ("shape", "strides", "dtype", "device"):
+        if getattr(old, what) != getattr(new, what):
+            raise NvblasltValueError(f"{name}: the plan was made for {what} {getattr(old, what)}, got "
+                                     f"{getattr(new, what)}; make a new Matmul for a different problem")
+    if new.alignment < old.alignment:
+        raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but the "
+                                 f"plan's algorithms assume {old.alignment}; make a new Matmul")
+
+
+# ---- the function form, with a per-thread cache of plans ------------------------------------------
+_CACHE_SIZE = 64
+_local = threading.local()
+
+
+def _signature(op) -> tuple | None:
+    return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment)
+
+
+def matmul(a, b, c=None, *, alpha=1.0, beta=None, epilog=None, epilog_inputs=None, out=None, compute_type=None,
+           result_type=None, quantization_scales=None, preferences=None, stream=None):
+    """D = epilog(alpha · a @ b + beta · c) in one call; returns D or ``(D, aux)``.
+
+    Plans are cached per thread, keyed on shapes, strides, dtypes, alignment, device and
+    epilog, so repeated calls with like operands do not re-plan. See ``Matmul`` for the
+    arguments; ``a`` is (…, M, K), ``b`` is (…, K, N), ``c`` and the result (…, M, N)."""
+    kind = _operands.kind_of(a)
+    stream_h = stream_handle(stream) if stream is not None else _default_stream(kind)
+    a_op = _operands.read(a, "a", stream_h)
+    b_op = _operands.read(b, "b", stream_h)
+    c_op = _operands.read(c, "c", stream_h) if c is not None else None
+    epilog = as_epilog(epilog)
+    if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
+        raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
+    inputs = {k: _operands.read(v, f"epilog_inputs['{k}']", stream_h) for k, v in (epilog_inputs or {}).items()}
+    key = (epilog, _signature(a_op), _signature(b_op), _signature(c_op),
+           tuple((k, _signature(v)) for k, v in sorted(inputs.items())),
+           compute_type, result_type, quantization_scales is not None, beta is None)
+    cache = _local.__dict__.setdefault("plans", OrderedDict())
+    plan = cache.get(key)
+    if plan is None or quantization_scales is not None:
+        plan = Matmul._from_operands(a_op, b_op, c_op, stream=stream_h, alpha=alpha, beta=beta,
+                                     compute_type=compute_type, result_type=result_type,
+                                     quantization_scales=quantization_scales)
+        plan.plan(epilog=epilog, epilog_inputs=epilog_inputs, preferences=preferences)
+        if quantization_scales is None:
+            cache[key] = plan
+            if len(cache) > _CACHE_SIZE:
+                cache.popitem(last=False)[1].free()
+    else:
+        cache.move_to_end(key)
+        plan._set_pointers(a_op, b_op, c_op, inputs, float(alpha),
+                           0.0 if c_op is None else (1.0 if beta is None else float(beta)))
+    return plan.execute(stream=stream_h, out=out)
+
+
+def clear_plan_cache() -> None:
+    """Free this thread's cached plans (the function form's)."""
+    cache = _local.__dict__.get("plans")
+    while cache:
+        cache.popitem()[1].free()

@@ -1,0 +1,149 @@
+"""Device memory: results in the caller's framework, nvblaslt's own array type, workspace.
+
+Results are column-major per matrix (cuBLASLt's native order, so the bias runs along rows
+of D as the epilogs define it): an (..., M, N) array with strides (..., 1, M).
+CuPy and PyTorch results come from their own pools on their current stream; every other
+caller gets memory from cuda-bindings' stream-ordered allocator in a ``DeviceArray``,
+handed to JAX or Numba zero-copy.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import weakref
+
+from cuda.bindings import runtime as cudart
+
+from . import _cuda, _dlpack
+from ._dtypes import DType
+
+
+def _free_async(pointer: int, stream: int) -> None:
+    if cudart.cudaFreeAsync(pointer, stream)[0] != _cuda.SUCCESS:
+        cudart.cudaFree(pointer)  # the stream is gone: free synchronously
+
+
+class DeviceBuffer:
+    """Raw device memory from ``cudaMallocAsync``, freed stream-ordered when released."""
+
+    __slots__ = ("pointer", "size", "_finalizer", "__weakref__")
+
+    def __init__(self, size: int, stream: int = 0):
+        self.size = size
+        self.pointer = _cuda.check(cudart.cudaMallocAsync(max(size, 1), stream), "cudaMallocAsync") if size else 0
+        self._finalizer = weakref.finalize(self, _free_async, self.pointer, stream) if size else None
+
+    def release(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+class DeviceArray:
+    """nvblaslt's own GPU array: a strided view of a DeviceBuffer, exporting DLPack and CAI."""
+
+    def __init__(self, buffer: DeviceBuffer, shape, strides, dtype: DType, device: int, stream: int = 0):
+        self.buffer = buffer
+        self.shape = tuple(shape)
+        self.strides_elements = tuple(strides)
+        self.dtype = dtype
+        self.device = device
+        self._stream = stream
+
+    @property
+    def ptr(self) -> int:
+        return self.buffer.pointer
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return _dlpack.KDL_CUDA, self.device
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        # Our work was queued on self._stream; a consumer on another stream waits for it.
+        if stream not in (None, -1) and stream != (self._stream or 1):
+            _wait(self._stream, 0 if stream in (1, 2) else stream)
+        return _dlpack.export(self.ptr, self.shape, self.strides_elements, self.dtype.dlpack, self.device, self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.typestr or f"|V{self.dtype.itemsize}",
+            "data": (self.ptr, False),
+            "strides": tuple(s * self.dtype.itemsize for s in self.strides_elements),
+            "version": 3,
+            "stream": self._stream or 1,
+        }
+
+    def __repr__(self) -> str:
+        return f"<nvblaslt.DeviceArray shape={self.shape} dtype={self.dtype.name} device={self.device}>"
+
+
+def _wait(producer: int, consumer: int) -> None:
+    """Make ``consumer`` wait for the work queued so far on ``producer``."""
+    if producer == consumer:
+        return
+    event = _cuda.check(cudart.cudaEventCreateWithFlags(cudart.cudaEventDisableTiming), "cudaEventCreate")
+    _cuda.check(cudart.cudaEventRecord(event, producer), "cudaEventRecord")
+    _cuda.check(cudart.cudaStreamWaitEvent(consumer, event, 0), "cudaStreamWaitEvent")
+    _cuda.check(cudart.cudaEventDestroy(event), "cudaEventDestroy")
+
+
+def column_major(batch: tuple[int, ...], rows: int, cols: int, ld: int) -> tuple[tuple, tuple]:
+    """(shape, element strides) of batch x rows x cols matrices stored column-major with ``ld``."""
+    if batch:
+        return (*batch, rows, cols), (ld * cols, 1, ld)
+    return (rows, cols), (1, ld)
+
+
+def _torch_dtype(torch, dtype: DType):
+    return getattr(torch, dtype.name)
+
+
+def empty(kind: str, batch: tuple[int, ...], rows: int, cols: int, ld: int, dtype: DType, device: int,
+          stream: int, framework_stream: int):
+    """A column-major (..., rows, cols) array with leading dimension ``ld``, in ``kind``'s framework,
+    for work on ``stream``; ``framework_stream`` is the framework's current stream, whose pool
+    allocates. Returns (array, device pointer)."""
+    if kind == "torch":
+        torch = sys.modules["torch"]
+        base = torch.empty((*batch, cols, ld), dtype=_torch_dtype(torch, dtype), device=torch.device("cuda", device))
+        if stream != framework_stream:  # keep the pool from reusing it before our stream is done
+            base.record_stream(torch.cuda.ExternalStream(stream or 0, device=device))
+        array = base[..., :rows].transpose(-1, -2)
+        return array, array.data_ptr()
+    if kind == "cupy" and dtype.typestr is not None:
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device):
+            if stream != framework_stream:  # CuPy's pool keeps blocks per stream: allocate on ours
+                with cupy.cuda.ExternalStream(stream):
+                    base = cupy.empty((*batch, cols, ld), dtype=dtype.name)
+            else:
+                base = cupy.empty((*batch, cols, ld), dtype=dtype.name)
+        array = base[..., :rows].swapaxes(-1, -2)
+        return array, array.data.ptr
+    shape, strides = column_major(batch, rows, cols, ld)
+    buffer = DeviceBuffer(max(math.prod(batch), 1) * ld * cols * dtype.itemsize, stream)
+    return DeviceArray(buffer, shape, strides, dtype, device, stream), buffer.pointer
+
+
+def to_framework(kind: str, array):
+    """Hand a DeviceArray to the caller's framework, zero-copy."""
+    if not isinstance(array, DeviceArray):
+        return array
+    if kind == "jax":
+        import jax.dlpack
+
+        return jax.dlpack.from_dlpack(array)
+    if kind == "numba":
+        import numba.cuda
+
+        return numba.cuda.as_cuda_array(array)
+    return array

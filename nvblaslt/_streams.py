@@ -1,0 +1,43 @@
+"""Streams as plain integer handles, whatever object the caller holds."""
+
+from __future__ import annotations
+
+import sys
+
+from ._errors import NvblasltTypeError
+
+
+def stream_handle(stream) -> int:
+    """The ``cudaStream_t`` of ``stream``: an int, anything with ``__cuda_stream__`` (cuda.core),
+    a CuPy or PyTorch stream, or a cuda.bindings stream object."""
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        _version, handle = protocol() if callable(protocol) else protocol
+        return int(handle)
+    for attribute in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        handle = getattr(stream, attribute, None)
+        if isinstance(handle, int):
+            return handle
+    getptr = getattr(stream, "getPtr", None)  # cuda.bindings CUstream / cudaStream_t
+    if getptr is not None:
+        return int(getptr())
+    raise NvblasltTypeError(
+        f"stream: expected an int handle, an object with __cuda_stream__, or a CuPy/PyTorch/cuda.bindings "
+        f"stream, got {type(stream).__name__}"
+    )
+
+
+def current_stream(kind: str, device: int) -> int:
+    """The stream the caller's framework is working on now (legacy default stream: 0)."""
+    if kind == "cupy":
+        return sys.modules["cupy"].cuda.get_current_stream().ptr
+    if kind == "torch":
+        return sys.modules["torch"].cuda.current_stream(device).cuda_stream
+    return 0
+
+
+def dlpack_stream(handle: int) -> int:
+    """The DLPack ``stream=`` value for a handle: 1 names the legacy default stream, 0 is not allowed."""
+    return handle or 1

@@ -1,0 +1,45 @@
+"""Stand-in GPU arrays for CPU tests: they export real DLPack capsules or a CAI dict over fake
+device pointers. nvblaslt must read (and refuse) them without touching the memory."""
+
+from __future__ import annotations
+
+from nvblaslt import _dlpack, _dtypes
+
+
+class FakeDLPack:
+    def __init__(self, shape, strides=None, dtype="float32", ptr=0x7F0000000000, device=0, device_type=2,
+                 versioned=True):
+        self.shape = tuple(shape)
+        if strides is None:
+            strides, step = [], 1
+            for n in reversed(self.shape):
+                strides.insert(0, step)
+                step *= max(n, 1)
+        self.strides = tuple(strides)
+        self.dtype = _dtypes.BY_NAME[dtype]
+        self.ptr, self.device, self.device_type = ptr, device, device_type
+        self.streams = []
+
+    def __dlpack_device__(self):
+        return self.device_type, self.device
+
+    def __dlpack__(self, *, stream=None, max_version=None):
+        self.streams.append(stream)
+        return _dlpack.export(self.ptr, self.shape, self.strides, self.dtype.dlpack, self.device, self)
+
+    @property
+    def T(self):
+        return FakeDLPack(self.shape[::-1], self.strides[::-1], self.dtype.name, self.ptr, self.device)
+
+
+def fortran(shape, dtype="float32", ptr=0x7F0000000000):
+    """A column-major matrix (or batch of them)."""
+    rows, cols = shape[-2:]
+    strides = (1, rows) if len(shape) == 2 else (rows * cols, 1, rows)
+    return FakeDLPack(shape, strides, dtype, ptr)
+
+
+class FakeCAI:
+    def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000, mask=None, stream=None, readonly=False):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, readonly),
+                                         "strides": strides, "version": 3, "mask": mask, "stream": stream}

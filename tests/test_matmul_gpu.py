@@ -1,0 +1,256 @@
+"""The matmul layer on a GPU, against float64 references on fresh random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import nvblaslt
+from nvblaslt import CublasLtError, Matmul, MatmulEpilog, matmul
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2, "float64": 1e-12}
+RNG = np.random.default_rng()
+
+
+def host(x) -> np.ndarray:
+    """float64 copy of any array nvblaslt returns (torch, CuPy, JAX, DeviceArray)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64).cpu().numpy()
+    if hasattr(x, "get"):
+        return x.get().astype(np.float64)
+    if type(x).__module__.startswith("jax"):
+        return np.asarray(x, dtype=np.float64)
+    return host(torch.from_dlpack(x))
+
+
+def rand(shape, dtype, layout="row", scale=1.0):
+    """A fresh random torch tensor of logical ``shape``, stored row- or column-major."""
+    stored = shape if layout == "row" else (*shape[:-2], shape[-1], shape[-2])
+    t = torch.from_numpy(RNG.standard_normal(stored) * scale).to(getattr(torch, dtype)).cuda()
+    return t if layout == "row" else t.transpose(-1, -2)
+
+
+def rel_error(out, ref) -> float:
+    out = np.asarray(out, dtype=np.float64)
+    assert np.isfinite(out).all(), "NaN or Inf in the result"
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def gelu(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def gelu_grad(x):
+    inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
+    t = np.tanh(inner)
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t**2) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x**2)
+
+
+def unpack_relu_mask(mask: np.ndarray, m: int) -> np.ndarray:
+    """(…, ld_bytes, N) bitmask -> (…, M, N) booleans; bit r%8 of byte r//8 is row r."""
+    bits = np.unpackbits(mask.astype(np.uint8), axis=-2, bitorder="little")
+    return bits[..., :m, :].astype(bool)
+
+
+M, N, K, B = 96, 48, 40, 3
+FORWARD = ["DEFAULT", "RELU", "RELU_AUX", "BIAS", "RELU_BIAS", "RELU_AUX_BIAS", "GELU", "GELU_AUX", "GELU_BIAS",
+           "GELU_AUX_BIAS"]
+
+
+def forward_reference(name, a, b, bias):
+    z = host(a) @ host(b)
+    if "BIAS" in name:
+        z = z + host(bias)[..., :, None]
+    if "RELU" in name:
+        return np.maximum(z, 0), z
+    if "GELU" in name:
+        return gelu(z), z
+    return z, z
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["2d", "batched"])
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", FORWARD)
+def test_forward_epilogs(name, dtype, layout, batched):
+    batch = (B,) if batched else ()
+    a, b = rand((*batch, M, K), dtype, layout), rand((*batch, K, N), dtype, layout)
+    bias = rand((*batch, M), dtype) if "BIAS" in name else None
+    inputs = {"bias": bias} if bias is not None else None
+    result = matmul(a, b, epilog=MatmulEpilog[name], epilog_inputs=inputs)
+    expected, preactivation = forward_reference(name, a, b, bias)
+    if "AUX" in name:
+        d, aux = result
+        assert list(aux) == (["relu_aux"] if "RELU" in name else ["gelu_aux"])
+        if "RELU" in name:
+            mask = unpack_relu_mask(host(aux["relu_aux"]), M)
+            decided = np.abs(preactivation) > 1e-2 * np.abs(preactivation).max()
+            assert (mask == (preactivation > 0))[decided].all()
+        else:
+            assert rel_error(host(aux["gelu_aux"])[..., :M, :], preactivation) < TOL[dtype]
+    else:
+        d = result
+    assert isinstance(d, torch.Tensor) and d.shape == (*batch, M, N) and str(d.dtype) == f"torch.{dtype}"
+    assert rel_error(host(d), expected) < TOL[dtype]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["2d", "batched"])
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("activation", ["RELU", "GELU"])
+@pytest.mark.parametrize("bgrad", [False, True], ids=["plain", "bgrad"])
+def test_backward_epilogs_round_trip(activation, bgrad, dtype, layout, batched):
+    """Forward *_AUX_BIAS makes the aux; backward D*/D*_BGRAD consumes it as is."""
+    batch = (B,) if batched else ()
+    x, w = rand((*batch, M, K), dtype, layout), rand((*batch, K, N), dtype, layout)
+    bias = rand((*batch, M), dtype)
+    _, aux = matmul(x, w, epilog=f"{activation}_AUX_BIAS", epilog_inputs={"bias": bias})
+    key = "relu_aux" if activation == "RELU" else "gelu_aux"
+    g1, g2 = rand((*batch, M, K), dtype, layout), rand((*batch, K, N), dtype, layout)
+    name = f"D{activation}" + ("_BGRAD" if bgrad else "")
+    result = matmul(g1, g2, epilog=name, epilog_inputs={key: aux[key]})
+    d, outputs = result if bgrad else (result, {})
+    z = host(x) @ host(w) + host(bias)[..., :, None]
+    grad = host(g1) @ host(g2)
+    # the epilog sees the pre-activation as stored (in dtype), so take the derivative from that
+    stored = host(aux[key])[..., :M, :] if key == "gelu_aux" else z
+    expected = grad * (stored > 0) if activation == "RELU" else grad * gelu_grad(stored)
+    if activation == "RELU":
+        decided = np.abs(z) > 1e-2 * np.abs(z).max()
+        expected = np.where(decided, expected, host(d))  # a sign at ~0 may round either way
+    assert rel_error(host(d), expected) < 3 * TOL[dtype]
+    if bgrad:
+        assert list(outputs) == [f"d{activation.lower()}_bgrad"]
+        assert rel_error(host(outputs[f"d{activation.lower()}_bgrad"]), expected.sum(axis=-1)) < 3 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("which", ["BGRADA", "BGRADB"])
+def test_bias_gradient_epilogs(which, dtype):
+    """BGRADA sums A over K (length M); BGRADB sums B over K (length N) — cuBLASLt's definitions."""
+    layouts = {"BGRADA": ("row", "col"), "BGRADB": ("row", "col")}[which]
+    a, b = rand((M, K), dtype, layouts[0]), rand((K, N), dtype, layouts[1])
+    try:
+        d, aux = matmul(a, b, epilog=which)
+    except CublasLtError as error:
+        pytest.fail(f"{which} {dtype}: {error}")
+    expected = host(a).sum(axis=1) if which == "BGRADA" else host(b).sum(axis=0)
+    assert list(aux) == [which.lower()]
+    assert rel_error(host(aux[which.lower()]), expected) < 3 * TOL[dtype]
+    assert rel_error(host(d), host(a) @ host(b)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_alpha_beta_with_c(dtype):
+    a, b = rand((M, K), dtype), rand((K, N), dtype)
+    c = rand((M, N), dtype, "col")
+    d = matmul(a, b, c, alpha=0.5, beta=-2.0)
+    assert rel_error(host(d), 0.5 * host(a) @ host(b) - 2.0 * host(c)) < TOL[dtype]
+    mm = Matmul(a, b, c, alpha=0.5, beta=-2.0)
+    mm.plan()
+    out = mm.execute(out=c)  # in place: D is C
+    assert out is c
+    mm.free()
+
+
+def test_tf32_compute_is_selectable():
+    a, b = rand((256, 512), "float32"), rand((512, 128), "float32")
+    exact = rel_error(host(matmul(a, b)), host(a) @ host(b))
+    fast = rel_error(host(matmul(a, b, compute_type="tf32")), host(a) @ host(b))
+    assert exact < 1e-5 and 1e-5 < fast < 3e-3
+
+
+def test_fp8_with_scales():
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    if fp8 is None:
+        pytest.skip("this torch has no float8")
+    a = (torch.randn(128, 64, device="cuda") * 4).to(fp8)  # row-major A, column-major B: the TN layout fp8 needs
+    b = (torch.randn(96, 64, device="cuda") * 4).to(fp8).t()
+    d = matmul(a, b, quantization_scales={"a": 0.5, "b": 0.25}, result_type="float32")
+    ref = host(a.to(torch.float32)) @ host(b.to(torch.float32)) * 0.125
+    assert d.dtype == torch.float32 and rel_error(host(d), ref) < 1e-5
+
+
+def test_cupy_torch_jax_and_protocol_results_come_back_in_kind():
+    cupy = pytest.importorskip("cupy")
+    a, b = cupy.asarray(RNG.standard_normal((M, K)), dtype=cupy.float32), cupy.asarray(
+        RNG.standard_normal((K, N)), dtype=cupy.float32)
+    bias = cupy.asarray(RNG.standard_normal(M), dtype=cupy.float32)
+    d, aux = matmul(a, b, epilog=MatmulEpilog.RELU_AUX_BIAS, epilog_inputs={"bias": bias})
+    assert isinstance(d, cupy.ndarray) and isinstance(aux["relu_aux"], cupy.ndarray)
+    assert aux["relu_aux"].dtype == cupy.int8
+    assert rel_error(d.get(), np.maximum(a.get() @ b.get() + bias.get()[:, None], 0)) < 1e-5
+    jax = pytest.importorskip("jax")
+    ja, jb = jax.numpy.asarray(a.get()), jax.numpy.asarray(b.get())
+    jd = matmul(ja, jb, epilog="RELU")
+    assert isinstance(jd, jax.Array)
+    assert rel_error(np.asarray(jd), np.maximum(a.get() @ b.get(), 0)) < 1e-5
+
+    class Protocol:  # only the CUDA Array Interface: no framework behind it
+        def __init__(self, array):
+            self.__cuda_array_interface__ = array.__cuda_array_interface__
+            self._keep = array
+
+    pd = matmul(Protocol(a), Protocol(b))
+    assert isinstance(pd, nvblaslt.DeviceArray)
+    assert hasattr(pd, "__dlpack__") and hasattr(pd, "__cuda_array_interface__")
+    assert rel_error(cupy.asarray(pd).get(), a.get() @ b.get()) < 1e-5
+
+
+def test_non_default_stream_and_out():
+    stream = torch.cuda.Stream()
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    out = torch.full((N, M), float("nan"), device="cuda").t()  # poisoned, column-major
+    with torch.cuda.stream(stream):
+        result = matmul(a, b, out=out, stream=stream)
+    stream.synchronize()
+    assert result is out
+    assert rel_error(host(out), host(a) @ host(b)) < 1e-5
+
+
+def test_stateful_reexecute_after_in_place_change_and_reset_operands():
+    a, b = rand((M, K), "float16"), rand((K, N), "float16")
+    bias = rand((M,), "float16")
+    with Matmul(a, b) as mm:
+        algorithms = mm.plan(epilog=MatmulEpilog.RELU_BIAS, epilog_inputs={"bias": bias})
+        assert algorithms and algorithms[0].workspace_size >= 0
+        first = mm.execute()
+        a.copy_(rand((M, K), "float16"))  # same memory, new values
+        second = mm.execute()
+        ref = np.maximum(host(a) @ host(b) + host(bias)[:, None], 0)
+        assert rel_error(host(second), ref) < 5e-3 and not torch.equal(first, second)
+        a2, bias2 = rand((M, K), "float16"), rand((M,), "float16")
+        mm.reset_operands(a=a2, epilog_inputs={"bias": bias2})
+        ref2 = np.maximum(host(a2) @ host(b) + host(bias2)[:, None], 0)
+        assert rel_error(host(mm.execute()), ref2) < 5e-3
+        timings = mm.autotune(iterations=3)
+        assert len(timings) == len(algorithms) and timings[0][1] <= timings[-1][1]
+        assert rel_error(host(mm.execute()), ref2) < 5e-3
+    with pytest.raises(nvblaslt.NvblasltValueError, match="freed"):
+        mm.execute()
+
+
+def test_descriptor_level_heuristics_caps_and_config():
+    lib = nvblaslt.library()
+    api = lib.api
+    handle = nvblaslt.Handle.for_device(0)
+    with nvblaslt.MatmulDesc(api.CUBLAS_COMPUTE_32F, api.CUDA_R_32F) as desc, \
+            nvblaslt.MatrixLayout(api.CUDA_R_16F, 1024, 512, 1024) as la, \
+            nvblaslt.MatrixLayout(api.CUDA_R_16F, 512, 256, 512) as lb, \
+            nvblaslt.MatrixLayout(api.CUDA_R_16F, 1024, 256, 1024) as lc, \
+            nvblaslt.MatmulPreference(max_workspace_bytes=1 << 25) as pref:
+        results = nvblaslt.heuristics(handle, desc, la, lb, lc, lc, pref, count=4)
+    assert results
+    algo = results[0].algorithm
+    assert algo.id >= 0 and algo.tile and algo.stages
+    tiles = algo.capability("TILE_IDS")
+    assert isinstance(tiles, list) and all(isinstance(t, int) for t in tiles)
+    assert algo.capability("EPILOGUE_MASK") & api.CUBLASLT_EPILOGUE_RELU_BIAS
+    config = algo.config()
+    algo.set("SPLITK_NUM", config["SPLITK_NUM"])
+    assert algo.get("SPLITK_NUM") == config["SPLITK_NUM"]
