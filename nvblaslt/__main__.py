@@ -42,17 +42,17 @@ def info() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # the benchmark parses its own options
+        from ._bench import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m nvblaslt")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="library path and version, bindings module, driver and GPUs")
-    bench = commands.add_parser("bench", help="benchmarks on the GPU (see nvblaslt/_bench.py)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    if args.command == "info":
-        return info()
-    from ._bench import main as bench_main
-
-    return bench_main(args.rest)
+    commands.add_parser("bench", help="benchmarks on the GPU: python -m nvblaslt bench --help")
+    parser.parse_args(argv)
+    return info()
 
 
 if __name__ == "__main__":

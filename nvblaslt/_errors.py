@@ -40,15 +40,16 @@ class CublasLtError(NvblasltError, RuntimeError):
     ``library_message`` the library's own description and ``function`` the C function.
     """
 
-    def __init__(self, function: str, status: int, status_name: str, library_message: str):
+    def __init__(self, function: str, status: int, status_name: str, library_message: str, hint: str = ""):
         self.function = function
         self.status = status
         self.status_name = status_name
         self.library_message = library_message
-        hint = _STATUS_HINTS.get(status_name)
         text = f"{function} returned {status_name} ({status}): {library_message}"
         if hint:
-            text += f"; usually {hint}"
+            text += f"; {hint}"
+        elif status_name in _STATUS_HINTS:
+            text += f"; usually {_STATUS_HINTS[status_name]}"
         super().__init__(f"{text}. {LOG_HINT}")
 
 

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from cuda.bindings import runtime as cudart
 
-from . import _cuda, _memory, _operands
+from . import _cuda, _memory, _operands, _streams
 from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
 from ._epilogs import SPECS, MatmulEpilog, as_epilog, gelu_aux_ld, relu_aux_ld_bytes
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
 from ._loader import library
-from ._problem import Problem, check_bias, check_gelu_aux, check_out, check_relu_aux
-from ._streams import current_stream, stream_handle
+from ._problem import Problem, check_bias, check_gelu_aux, check_out, check_relu_aux, unsupported_hint
+from ._streams import stream_handle
 
 DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
 DEFAULT_LIMIT = 8
@@ -124,7 +125,7 @@ class Matmul:
         desc.set("EPILOGUE", int(epilog))
         if self._scales is not None:
             desc.set("A_SCALE_POINTER", self._scales.pointer)
-            desc.set("B_SCALE_POINTER", self._scales.pointer + 4)
+            desc.set("B_SCALE_POINTER", self._scales.pointer + 256)
         self._configure_epilog(desc, spec, inputs)
         layouts = [self._layout(m) for m in (problem.a, problem.b, problem.c, problem.d)]
         preference = MatmulPreference(max_workspace_bytes=prefs.workspace_limit, lib=lib)
@@ -140,20 +141,59 @@ class Matmul:
             preference.set("IMPL_MASK", prefs.numerical_impl_mask)
 
         handle = Handle.for_device(self._device)
-        algorithms = heuristics(handle, desc, *layouts, preference, count=max(1, prefs.limit))
+        try:
+            algorithms = heuristics(handle, desc, *layouts, preference, count=max(1, prefs.limit))
+        except CublasLtError as error:
+            if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
+                raise
+            algorithms = []
         if not algorithms:
-            raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", int(lib.api.CUBLAS_STATUS_NOT_SUPPORTED),
-                                "CUBLAS_STATUS_NOT_SUPPORTED",
-                                f"no algorithm for {problem.describe()} with epilog {epilog.name}")
+            status = int(lib.api.CUBLAS_STATUS_NOT_SUPPORTED)
+            raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, lib.status_name(status),
+                                lib.status_string(status), unsupported_hint(problem, epilog))
         self._release_plan()
         self._handle, self._desc, self._layouts, self._preference = handle, desc, layouts, preference
         self.epilog, self._spec, self._epilog_inputs = epilog, spec, inputs
         self.algorithms = algorithms
         workspace = max(r.workspace_size for r in algorithms)
         self._workspace = _memory.DeviceBuffer(workspace, 0) if workspace else None
+        self._prepare_outputs()
+        self._input_setters = {key: self._pointer_setter("BIAS_POINTER" if key == "bias" else "EPILOGUE_AUX_POINTER")
+                               for key in inputs}
         self._select(algorithms[0])
         self._planned = True
         return algorithms
+
+    def _prepare_outputs(self) -> None:
+        """Everything execute() needs to make its outputs, built once."""
+        problem, spec, kind, device = self.problem, self._spec, self._kind, self._device
+        self._framework_stream = _streams.current_stream_getter(kind, device)
+        self._alloc_d = _memory.allocator(kind, problem.batch, problem.m, problem.n, problem.m, problem.d.dtype,
+                                          device)
+        self._alloc_aux = []  # (key, allocator, pointer setter, is a vector)
+        if spec.aux_output:
+            relu = spec.aux_output == "relu_aux"
+            ld = relu_aux_ld_bytes(problem.m) if relu else gelu_aux_ld(problem.m)
+            dtype = problem.relu_aux_dtype if relu else problem.d.dtype
+            allocate = _memory.allocator(kind, problem.batch, ld, problem.n, ld, dtype, device)
+            self._alloc_aux.append((spec.aux_output, allocate, self._pointer_setter("EPILOGUE_AUX_POINTER"), False))
+        if spec.bias_output:
+            length = self._bias_output_length(spec)
+            allocate = _memory.allocator(kind, problem.batch, length, 1, length, problem.bias_output_dtype, device)
+            self._alloc_aux.append((spec.bias_output, allocate, self._pointer_setter("BIAS_POINTER"), True))
+        self._last_out = None
+
+    def _pointer_setter(self, attribute: str):
+        """set(pointer) for one pointer attribute of the plan's MatmulDesc, its ctypes call prebuilt."""
+        lib = self._lib
+        member = lib.api.cublasLtMatmulDescAttributes_t[attribute]
+        setter, handle, value = lib.cublasLtMatmulDescSetAttribute, ctypes.c_void_p(self._desc.handle), ctypes.c_void_p()
+        reference, size = ctypes.byref(value), ctypes.sizeof(value)
+
+        def set_pointer(pointer: int) -> None:
+            value.value = pointer
+            setter(handle, member, reference, size)
+        return set_pointer
 
     def _layout(self, matrix) -> MatrixLayout:
         return MatrixLayout(getattr(self._lib.api, matrix.dtype.cuda), matrix.rows, matrix.cols, matrix.ld,
@@ -235,9 +275,11 @@ class Matmul:
         a, b, c = (self._operands[k] for k in "abc")
         layouts = self._layouts
         self._matmul = self._lib.cublasLtMatmul
+        # A, B and C pointers are mutable ctypes objects: new operands update them in place.
+        self._a_pointer, self._b_pointer = ctypes.c_void_p(a.ptr), ctypes.c_void_p(b.ptr)
         self._args_head = (ctypes.c_void_p(self._handle.handle), ctypes.c_void_p(self._desc.handle),
-                           ctypes.byref(self._alpha), ctypes.c_void_p(a.ptr), ctypes.c_void_p(layouts[0].handle),
-                           ctypes.c_void_p(b.ptr), ctypes.c_void_p(layouts[1].handle), ctypes.byref(self._beta))
+                           ctypes.byref(self._alpha), self._a_pointer, ctypes.c_void_p(layouts[0].handle),
+                           self._b_pointer, ctypes.c_void_p(layouts[1].handle), ctypes.byref(self._beta))
         self._c_pointer = ctypes.c_void_p(c.ptr) if c is not None else None
         self._c_layout = ctypes.c_void_p(layouts[2].handle)
         self._d_layout = ctypes.c_void_p(layouts[3].handle)
@@ -264,45 +306,42 @@ class Matmul:
         stream_h = self._stream if stream is None else stream_handle(stream)
         if algorithm is not None:
             self._select(algorithm)
-        problem = self.problem
+        framework_stream = self._framework_stream()
         if out is None:
-            d, d_pointer = self._empty(problem.batch, problem.m, problem.n, problem.m, problem.d.dtype, stream_h)
+            d, d_pointer = self._alloc_d(stream_h, framework_stream)
         else:
-            d_op = _operands.read(out, "out", stream_h)
-            others = [self._operands["a"], self._operands["b"], *self._epilog_inputs.values()]
-            check_out(d_op, problem, self._operands["c"], others)
-            d, d_pointer = out, d_op.ptr
-        aux = self._epilog_outputs(stream_h) if self._spec.outputs else None
+            d, d_pointer = out, self._out_pointer(out, stream_h)
+        aux = None
+        if self._alloc_aux:
+            aux = {}
+            for key, allocate, set_pointer, is_vector in self._alloc_aux:
+                array, pointer = allocate(stream_h, framework_stream)
+                set_pointer(pointer)
+                aux[key] = array[..., 0] if is_vector else array
         c_pointer = self._c_pointer if self._c_pointer is not None else d_pointer
         self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout, *self._args_tail,
                      stream_h)
+        kind = self._kind
+        if out is None and kind not in ("cupy", "torch"):
+            d = _memory.to_framework(kind, d)
         if aux is None:
-            return d if out is not None else _memory.to_framework(self._kind, d)
-        result = d if out is not None else _memory.to_framework(self._kind, d)
-        return result, {k: _memory.to_framework(self._kind, v) for k, v in aux.items()}
+            return d
+        if kind not in ("cupy", "torch"):
+            aux = {k: _memory.to_framework(kind, v) for k, v in aux.items()}
+        return d, aux
 
-    def _empty(self, batch, rows, cols, ld, dtype, stream_h):
-        return _memory.empty(self._kind, batch, rows, cols, ld, dtype, self._device, stream_h,
-                             current_stream(self._kind, self._device) if self._kind in ("cupy", "torch") else stream_h)
-
-    def _epilog_outputs(self, stream_h) -> dict:
-        """Fresh aux outputs, their pointers set on the descriptor for this call."""
-        problem, spec, outputs = self.problem, self._spec, {}
-        if spec.aux_output == "relu_aux":
-            ld = relu_aux_ld_bytes(problem.m)
-            outputs["relu_aux"], pointer = self._empty(problem.batch, ld, problem.n, ld, problem.relu_aux_dtype,
-                                                       stream_h)
-            self._desc.set("EPILOGUE_AUX_POINTER", pointer)
-        elif spec.aux_output == "gelu_aux":
-            ld = gelu_aux_ld(problem.m)
-            outputs["gelu_aux"], pointer = self._empty(problem.batch, ld, problem.n, ld, problem.d.dtype, stream_h)
-            self._desc.set("EPILOGUE_AUX_POINTER", pointer)
-        if spec.bias_output:
-            length = self._bias_output_length(spec)
-            vector, pointer = self._empty(problem.batch, length, 1, length, problem.bias_output_dtype, stream_h)
-            outputs[spec.bias_output] = vector[..., 0]
-            self._desc.set("BIAS_POINTER", pointer)
-        return outputs
+    def _out_pointer(self, out, stream_h: int) -> int:
+        """Check ``out=`` once per array: the same object with the same fingerprint is not re-read."""
+        last = self._last_out
+        if last is not None and last[0]() is out and last[1] == _operands.fingerprint(out, self._kind):
+            return last[2]
+        d_op = _operands.read(out, "out", stream_h)
+        others = [self._operands["a"], self._operands["b"], *self._epilog_inputs.values()]
+        check_out(d_op, self.problem, self._operands["c"], others)
+        fingerprint = _operands.fingerprint(out, self._kind)
+        if fingerprint is not None:
+            self._last_out = (weakref.ref(out), fingerprint, d_op.ptr)
+        return d_op.ptr
 
     # ---- operands ---------------------------------------------------------------------------------
     def reset_operands(self, a=None, b=None, c=None, *, alpha=None, beta=None, epilog_inputs=None, stream=None):
@@ -338,13 +377,17 @@ class Matmul:
 
     def _set_pointers(self, a, b, c, inputs: dict, alpha, beta) -> None:
         """Fast rebinding for the cached function form: the cache key already matched every check."""
-        self._operands["a"], self._operands["b"], self._operands["c"] = a, b, c
-        if inputs:
-            self._epilog_inputs = inputs
-            self._configure_epilog(self._desc, self._spec, inputs)
+        operands = self._operands
+        operands["a"], operands["b"], operands["c"] = a, b, c
+        self._a_pointer.value, self._b_pointer.value = a.ptr, b.ptr
+        if c is not None:
+            self._c_pointer.value = c.ptr
+        for key, op in inputs.items():
+            if op.ptr != self._epilog_inputs[key].ptr:
+                self._input_setters[key](op.ptr)
+            self._epilog_inputs[key] = op
         self._alpha.value = alpha
         self._beta.value = beta
-        self._rebuild_arguments()
 
     # ---- lifetime --------------------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -387,7 +430,7 @@ class Matmul:
 
 def _default_stream(kind: str, device: int | None = None) -> int:
     if kind in ("cupy", "torch"):
-        return current_stream(kind, device if device is not None else _cuda.current_device())
+        return _streams.current_stream(kind, device if device is not None else _cuda.current_device())
     return 0
 
 
@@ -418,15 +461,18 @@ def matmul(a, b, c=None, *, alpha=1.0, beta=None, epilog=None, epilog_inputs=Non
     epilog, so repeated calls with like operands do not re-plan. See ``Matmul`` for the
     arguments; ``a`` is (…, M, K), ``b`` is (…, K, N), ``c`` and the result (…, M, N)."""
     kind = _operands.kind_of(a)
-    stream_h = stream_handle(stream) if stream is not None else _default_stream(kind)
-    a_op = _operands.read(a, "a", stream_h)
-    b_op = _operands.read(b, "b", stream_h)
-    c_op = _operands.read(c, "c", stream_h) if c is not None else None
+    framework_stream = _default_stream(kind)
+    stream_h = stream_handle(stream) if stream is not None else framework_stream
+    # On the framework's own stream no handshake is needed, so arrays seen before are not re-exported.
+    read = _operands.read_cached if stream_h == framework_stream else _operands.read
+    a_op = read(a, "a", stream_h)
+    b_op = read(b, "b", stream_h)
+    c_op = read(c, "c", stream_h) if c is not None else None
     epilog = as_epilog(epilog)
     if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
         raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
-    inputs = {k: _operands.read(v, f"epilog_inputs['{k}']", stream_h) for k, v in (epilog_inputs or {}).items()}
-    key = (epilog, _signature(a_op), _signature(b_op), _signature(c_op),
+    inputs = {k: read(v, f"epilog_inputs['{k}']", stream_h) for k, v in (epilog_inputs or {}).items()}
+    key = (a_op.kind, epilog, _signature(a_op), _signature(b_op), _signature(c_op),
            tuple((k, _signature(v)) for k, v in sorted(inputs.items())),
            compute_type, result_type, quantization_scales is not None, beta is None)
     cache = _local.__dict__.setdefault("plans", OrderedDict())
@@ -442,8 +488,8 @@ def matmul(a, b, c=None, *, alpha=1.0, beta=None, epilog=None, epilog_inputs=Non
                 cache.popitem(last=False)[1].free()
     else:
         cache.move_to_end(key)
-        plan._set_pointers(a_op, b_op, c_op, inputs, float(alpha),
-                           0.0 if c_op is None else (1.0 if beta is None else float(beta)))
+        plan._set_pointers(a_op, b_op, c_op, inputs, _scalar(alpha, "alpha", float),
+                           0.0 if c_op is None else (1.0 if beta is None else _scalar(beta, "beta", float)))
     return plan.execute(stream=stream_h, out=out)
 
 

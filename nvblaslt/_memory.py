@@ -103,35 +103,43 @@ def column_major(batch: tuple[int, ...], rows: int, cols: int, ld: int) -> tuple
     return (rows, cols), (1, ld)
 
 
-def _torch_dtype(torch, dtype: DType):
-    return getattr(torch, dtype.name)
-
-
-def empty(kind: str, batch: tuple[int, ...], rows: int, cols: int, ld: int, dtype: DType, device: int,
-          stream: int, framework_stream: int):
-    """A column-major (..., rows, cols) array with leading dimension ``ld``, in ``kind``'s framework,
-    for work on ``stream``; ``framework_stream`` is the framework's current stream, whose pool
-    allocates. Returns (array, device pointer)."""
+def allocator(kind: str, batch: tuple[int, ...], rows: int, cols: int, ld: int, dtype: DType, device: int):
+    """``allocate(stream, framework_stream) -> (array, pointer)``: column-major (…, rows, cols) arrays
+    with leading dimension ``ld`` in ``kind``'s framework, for work on ``stream``. The framework's
+    pool allocates on its current stream (``framework_stream``); when our stream differs, the
+    array is tied to ours so the pool does not hand it out again while our kernel may run."""
+    shape, strides = column_major(batch, rows, cols, ld)
     if kind == "torch":
         torch = sys.modules["torch"]
-        base = torch.empty((*batch, cols, ld), dtype=_torch_dtype(torch, dtype), device=torch.device("cuda", device))
-        if stream != framework_stream:  # keep the pool from reusing it before our stream is done
-            base.record_stream(torch.cuda.ExternalStream(stream or 0, device=device))
-        array = base[..., :rows].transpose(-1, -2)
-        return array, array.data_ptr()
+        empty_strided, options = torch.empty_strided, {"dtype": getattr(torch, dtype.name),
+                                                       "device": torch.device("cuda", device)}
+
+        def allocate_torch(stream: int, framework_stream: int):
+            array = empty_strided(shape, strides, **options)
+            if stream != framework_stream:
+                array.record_stream(torch.cuda.ExternalStream(stream or 0, device=device))
+            return array, array.data_ptr()
+        return allocate_torch
     if kind == "cupy" and dtype.typestr is not None:
         cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(device):
-            if stream != framework_stream:  # CuPy's pool keeps blocks per stream: allocate on ours
-                with cupy.cuda.ExternalStream(stream):
-                    base = cupy.empty((*batch, cols, ld), dtype=dtype.name)
-            else:
-                base = cupy.empty((*batch, cols, ld), dtype=dtype.name)
-        array = base[..., :rows].swapaxes(-1, -2)
-        return array, array.data.ptr
-    shape, strides = column_major(batch, rows, cols, ld)
-    buffer = DeviceBuffer(max(math.prod(batch), 1) * ld * cols * dtype.itemsize, stream)
-    return DeviceArray(buffer, shape, strides, dtype, device, stream), buffer.pointer
+        stored = (*batch, cols, ld)
+
+        def allocate_cupy(stream: int, framework_stream: int):
+            with cupy.cuda.Device(device):
+                if stream != framework_stream:  # CuPy's pool keeps blocks per stream: allocate on ours
+                    with cupy.cuda.ExternalStream(stream):
+                        base = cupy.empty(stored, dtype=dtype.name)
+                else:
+                    base = cupy.empty(stored, dtype=dtype.name)
+            array = (base if ld == rows else base[..., :rows]).swapaxes(-1, -2)
+            return array, array.data.ptr
+        return allocate_cupy
+    size = max(math.prod(batch), 1) * ld * cols * dtype.itemsize
+
+    def allocate_own(stream: int, framework_stream: int):
+        buffer = DeviceBuffer(size, stream)
+        return DeviceArray(buffer, shape, strides, dtype, device, stream), buffer.pointer
+    return allocate_own
 
 
 def to_framework(kind: str, array):

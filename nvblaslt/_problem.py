@@ -170,10 +170,11 @@ class Problem:
 
         from . import _cuda
 
-        buffer = _memory.DeviceBuffer(8, stream)
-        data = struct.pack("<2f", *values)
-        _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer, data, 8, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
-                                           stream), "cudaMemcpyAsync")
+        # Each scale on its own 256-byte boundary: cuBLASLt refuses less aligned scale pointers.
+        buffer = _memory.DeviceBuffer(512, stream)
+        for offset, value in zip((0, 256), values):
+            _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer + offset, struct.pack("<f", value), 4,
+                                               cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
         return buffer
 
@@ -252,3 +253,21 @@ def check_out(op: Operand, problem: Problem, c: Operand | None, inputs: list[Ope
     for other in inputs:
         if overlaps(op, other):
             raise NvblasltValueError(f"out: overlaps an input ({other.describe()}); write to separate memory")
+
+
+# Layouts cuBLASLt has no kernels for, as seen on cuBLASLt 13.1 (H200): said when planning fails.
+_LAYOUT_NEEDS = {
+    "BGRADA": ("a", "column-major (Fortran-order)", lambda p: p.a.trans == OP_N),
+    "BGRADB": ("b", "row-major (C-order)", lambda p: p.b.trans == OP_T),
+}
+
+
+def unsupported_hint(problem: Problem, epilog) -> str:
+    """Why no algorithm was found, where nvblaslt knows a likely reason."""
+    need = _LAYOUT_NEEDS.get(epilog.name)
+    if need and not need[2](problem):
+        name, layout, _ = need
+        return f"{epilog.name} has kernels only for a {layout} {name}; pass {name} in that layout"
+    if problem.fp8 and problem.a.trans != OP_T:
+        return "fp8 kernels need a row-major A and a column-major B (the 'TN' layout)"
+    return f"no algorithm for {problem.describe()} with epilog {epilog.name} on this GPU"

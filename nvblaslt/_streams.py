@@ -29,13 +29,25 @@ def stream_handle(stream) -> int:
     )
 
 
-def current_stream(kind: str, device: int) -> int:
-    """The stream the caller's framework is working on now (legacy default stream: 0)."""
+def current_stream_getter(kind: str, device: int | None):
+    """A no-argument function giving the stream the caller's framework works on now (0: none)."""
     if kind == "cupy":
-        return sys.modules["cupy"].cuda.get_current_stream().ptr
+        cuda = sys.modules["cupy"].cuda
+        return lambda: cuda.get_current_stream().ptr
     if kind == "torch":
-        return sys.modules["torch"].cuda.current_stream(device).cuda_stream
-    return 0
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # skips building a Stream object
+        if device is None:
+            device = torch.cuda.current_device()
+        if raw is not None:
+            return lambda: raw(device)
+        return lambda: torch.cuda.current_stream(device).cuda_stream
+    return lambda: 0
+
+
+def current_stream(kind: str, device: int | None) -> int:
+    """The stream the caller's framework is working on now (legacy default stream: 0)."""
+    return current_stream_getter(kind, device)()
 
 
 def dlpack_stream(handle: int) -> int:
