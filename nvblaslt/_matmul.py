@@ -461,7 +461,7 @@ def matmul(a, b, c=None, *, alpha=1.0, beta=None, epilog=None, epilog_inputs=Non
     epilog, so repeated calls with like operands do not re-plan. See ``Matmul`` for the
     arguments; ``a`` is (…, M, K), ``b`` is (…, K, N), ``c`` and the result (…, M, N)."""
     kind = _operands.kind_of(a)
-    framework_stream = _default_stream(kind)
+    framework_stream = _streams.framework_stream_of(kind, a)
     stream_h = stream_handle(stream) if stream is not None else framework_stream
     # On the framework's own stream no handshake is needed, so arrays seen before are not re-exported.
     read = _operands.read_cached if stream_h == framework_stream else _operands.read

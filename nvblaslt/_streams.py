@@ -45,6 +45,18 @@ def current_stream_getter(kind: str, device: int | None):
     return lambda: 0
 
 
+def framework_stream_of(kind: str, array) -> int:
+    """The current stream of ``array``'s framework on ``array``'s device: the function form's default."""
+    if kind == "torch":
+        raw = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw(array.get_device())
+        return sys.modules["torch"].cuda.current_stream(array.device).cuda_stream
+    if kind == "cupy":
+        return sys.modules["cupy"].cuda.get_current_stream().ptr
+    return 0
+
+
 def current_stream(kind: str, device: int | None) -> int:
     """The stream the caller's framework is working on now (legacy default stream: 0)."""
     return current_stream_getter(kind, device)()
