@@ -200,9 +200,9 @@ class Matmul:
                             batch_count=self.problem.batch_count, batch_stride=matrix.batch_stride, lib=self._lib)
 
     def _read_epilog_inputs(self, spec, epilog, epilog_inputs) -> dict:
-        given = dict(epilog_inputs or {})
         if not isinstance(epilog_inputs, (dict, type(None))):
             raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
+        given = dict(epilog_inputs or {})
         missing = [k for k in spec.inputs if k not in given]
         unknown = [k for k in given if k not in spec.inputs]
         if missing or unknown:

@@ -259,3 +259,53 @@ def test_descriptor_level_heuristics_caps_and_config():
     config = algo.config()
     algo.set("SPLITK_NUM", config["SPLITK_NUM"])
     assert algo.get("SPLITK_NUM") == config["SPLITK_NUM"]
+
+
+def test_threads_each_with_their_own_plans_and_streams():
+    import threading
+
+    errors, results = [], {}
+
+    def work(index):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                a, b = rand((64 + index, 32), "float32"), rand((32, 48), "float32")
+                bias = rand((64 + index,), "float32")
+                for _ in range(20):
+                    d = matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+                stream.synchronize()
+                ref = np.maximum(host(a) @ host(b) + host(bias)[:, None], 0)
+                results[index] = rel_error(host(d), ref)
+        except Exception as exc:  # reported below, with the thread's index
+            errors.append((index, exc))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 8 and max(results.values()) < 1e-5
+
+
+def test_execute_captured_in_a_cuda_graph_replays_with_new_values():
+    """Inside a graph the pointers are fixed: new values go into the same arrays (in place)."""
+    a, b = rand((M, K), "float16"), rand((K, N), "float16")
+    bias = rand((M,), "float16")
+    out = torch.empty(N, M, device="cuda", dtype=torch.float16).t()
+    mm = Matmul(a, b)
+    mm.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+    mm.execute(out=out)  # first run outside the capture: checks out=, warms up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mm.execute(out=out, stream=torch.cuda.current_stream())
+    for _ in range(3):
+        a.copy_(rand((M, K), "float16"))
+        bias.copy_(rand((M,), "float16"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = np.maximum(host(a) @ host(b) + host(bias)[:, None], 0)
+        assert rel_error(host(out), ref) < 5e-3
+    mm.free()
