@@ -31,6 +31,13 @@ from ._logging import set_log_level
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "Algorithm", "CublasLtError", "CudaError", "DeviceArray", "Handle", "HeuristicResult", "Library",
+    "LibraryNotFoundError", "Matmul", "MatmulDesc", "MatmulEpilog", "MatmulPlanPreferences", "MatmulPreference",
+    "MatrixLayout", "NvblasltError", "NvblasltTypeError", "NvblasltValueError", "clear_plan_cache", "heuristics",
+    "library", "load", "lt", "matmul", "set_log_level",
+]
+
 
 def __getattr__(name: str):
     if name == "lt":  # loads the library: deferred so that `import nvblaslt` stays cheap

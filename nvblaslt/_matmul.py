@@ -13,11 +13,10 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from cuda.bindings import runtime as cudart
 
 from . import _cuda, _memory, _operands, _streams
 from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
-from ._epilogs import SPECS, MatmulEpilog, as_epilog, gelu_aux_ld, relu_aux_ld_bytes
+from ._epilogs import SPECS, as_epilog, gelu_aux_ld, relu_aux_ld_bytes
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
 from ._loader import library
 from ._problem import Problem, check_bias, check_gelu_aux, check_out, check_relu_aux, unsupported_hint
