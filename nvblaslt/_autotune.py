@@ -16,14 +16,14 @@ def _l2_flush_buffer(device: int) -> DeviceBuffer:
     return DeviceBuffer(max(2 * props.l2CacheSize, 1 << 20), 0)
 
 
-def time_algorithms(plan, stream: int, iterations: int):
-    """[(HeuristicResult, median ms)] for every planned algorithm, fastest first."""
+def time_algorithms(plan, candidates, stream: int, iterations: int):
+    """[(HeuristicResult, median ms)] for every candidate algorithm, fastest first."""
     flush = _l2_flush_buffer(plan._device)
     start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
     stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
     timings = []
     try:
-        for candidate in plan.algorithms:
+        for candidate in candidates:
             plan._select(candidate)
             plan.execute(stream=stream)  # warm-up: module load, first-launch costs
             samples = []

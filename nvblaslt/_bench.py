@@ -58,12 +58,15 @@ def large_cases(args, torch, results: dict) -> None:
         mm.plan(epilog=epilog, epilog_inputs=inputs, preferences={"limit": args.limit})
         note = f"heuristic #0 ({mm.algorithm.algorithm.tile})"
         if tune:
-            timings = mm.autotune(iterations=3)
-            note = f"autotuned best of {len(timings)} ({mm.algorithm.algorithm.tile})"
+            timings = mm.autotune(iterations=3, search=tune == "search", remember=False)
+            what = "searched" if tune == "search" else "autotuned"
+            note = f"{what}: best of {len(timings)} (id {mm.algorithm.algo_id}, {mm.algorithm.algorithm.tile})"
         return mm, note
 
-    for tune in ([False, True] if args.autotune else [False]):
-        suffix = " [autotuned]" if tune else ""
+    modes = [False] + (["autotune", "search"] if args.autotune else [])
+    suffixes = {False: "", "autotune": " [autotuned]", "search": " [searched]"}
+    for tune in modes:
+        suffix = suffixes[tune]
         mm, note = planned(tune=tune)
         plain = _event_median(torch, mm.execute, args.repeats)
         record("plain matmul" + suffix, plain, note)
@@ -91,14 +94,15 @@ def large_cases(args, torch, results: dict) -> None:
         return g, g.sum(dim=1)
 
     record("naive backward (matmul, mask, bias sum)", _event_median(torch, naive_backward, args.repeats))
-    for tune in ([False, True] if args.autotune else [False]):
-        suffix = " [autotuned]" if tune else ""
+    for tune in modes:
+        suffix = suffixes[tune]
         for name, inputs in (("DRELU_BGRAD", {"relu_aux": aux["relu_aux"]}),
                              ("DGELU_BGRAD", {"gelu_aux": gaux["gelu_aux"]})):
             fused, note = planned(MatmulEpilog[name], inputs, tune)
             record(f"fused {name}{suffix}", _event_median(torch, fused.execute, args.repeats), note)
             fused.free()
 
+    nvmath_cases(args, torch, a, b, bias, aux, record)
     if args.torch:
         record("torch.matmul", _event_median(torch, lambda: torch.matmul(a, b), args.repeats))
         record("torch.addmm + relu", _event_median(
@@ -110,6 +114,28 @@ def large_cases(args, torch, results: dict) -> None:
             record("torch.compile relu(a @ b + bias)", _event_median(
                 torch, lambda: compiled(a, b, bias), args.repeats, warmup=3))
     results["large"] = {"shape": [m, k, n], "dtype": "float16", "rows": rows}
+
+
+def nvmath_cases(args, torch, a, b, bias, aux, record) -> None:
+    """nvmath-python's Matmul on the same operands, when it is installed."""
+    try:
+        import nvmath.linalg.advanced as nvmath_advanced
+    except ImportError:
+        _progress("nvmath-python not installed: no nvmath rows")
+        return
+    epilog = nvmath_advanced.MatmulEpilog
+    # nvmath's own mask: its DRELU_BGRAD wants the dtype its RELU_AUX_BIAS makes (uint8 in 1.0)
+    _, nvmath_aux = nvmath_advanced.matmul(a, b, epilog=epilog.RELU_AUX_BIAS, epilog_inputs={"bias": bias})
+    for name, inputs in (("plain", None), ("RELU_BIAS", {"bias": bias}), ("RELU_AUX_BIAS", {"bias": bias}),
+                         ("DRELU_BGRAD", {"relu_aux": nvmath_aux["relu_aux"]})):
+        for tune in (False, True):
+            mm = nvmath_advanced.Matmul(a, b)
+            mm.plan(epilog=None if name == "plain" else epilog[name], epilog_inputs=inputs)
+            if tune:
+                mm.autotune(iterations=3)
+            label = f"nvmath {name}" + (" [autotuned]" if tune else "")
+            record(label, _event_median(torch, mm.execute, args.repeats))
+            mm.free()
 
 
 def _burst(fn, calls: int) -> float:
@@ -158,8 +184,11 @@ def per_call_cases(args, torch, results: dict) -> None:
         nv = nvmath_advanced.Matmul(weights, x)
         nv.plan(epilog=nvmath_advanced.MatmulEpilog.RELU_BIAS, epilog_inputs={"bias": bias})
         cases["nvmath Matmul.execute()"] = nv.execute
+        nv_epilog = nvmath_advanced.MatmulEpilog.RELU_BIAS
+        slow_cases = {"nvmath matmul()": lambda: nvmath_advanced.matmul(weights, x, epilog=nv_epilog,
+                                                                         epilog_inputs={"bias": bias})}
     except ImportError:
-        pass
+        slow_cases = {}
     for fn in cases.values():  # warm-up: plans, caches, first launches
         for _ in range(50):
             fn()
@@ -167,6 +196,9 @@ def per_call_cases(args, torch, results: dict) -> None:
     for _ in range(args.rounds):  # interleaved, so drift on a noisy machine hits every case alike
         for name, fn in cases.items():
             samples[name].append(_burst(fn, args.calls))
+    for name, fn in slow_cases.items():  # re-plans every call: fewer calls, same rounds
+        fn()
+        samples[name] = [_burst(fn, max(1, args.calls // 20)) for _ in range(args.rounds)]
     floor = statistics.median(samples["bare ctypes cublasLtMatmul"])
     rows = []
     for name, values in samples.items():

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 
-from . import _cuda, _memory, _operands, _streams
+from . import _cuda, _memory, _operands, _search, _streams
 from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
 from ._epilogs import SPECS, as_epilog, gelu_aux_ld, relu_aux_ld_bytes
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
@@ -26,7 +26,7 @@ DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
 DEFAULT_LIMIT = 8
 
 
-@dataclass
+@dataclass(frozen=True)
 class MatmulPlanPreferences:
     """What the heuristics may return. ``limit``: how many algorithms to ask for (autotune times them)."""
 
@@ -35,6 +35,9 @@ class MatmulPlanPreferences:
     reduction_scheme_mask: int | None = None
     numerical_impl_mask: int | None = None
     workspace_limit: int = DEFAULT_WORKSPACE
+
+
+_DEFAULT_PREFERENCES = MatmulPlanPreferences()
 
 
 def _preferences(value) -> MatmulPlanPreferences:
@@ -154,6 +157,10 @@ class Matmul:
         self._handle, self._desc, self._layouts, self._preference = handle, desc, layouts, preference
         self.epilog, self._spec, self._epilog_inputs = epilog, spec, inputs
         self.algorithms = algorithms
+        self._workspace_limit = prefs.workspace_limit
+        tuned = _search.recall(self)  # what an earlier autotune(search=True) found for this problem
+        if tuned is not None:
+            algorithms.insert(0, tuned)
         workspace = max(r.workspace_size for r in algorithms)
         self._workspace = _memory.DeviceBuffer(workspace, 0) if workspace else None
         self._prepare_outputs()
@@ -285,15 +292,35 @@ class Matmul:
         self._args_tail = (ctypes.byref(self._algo), self._workspace_pointer, self._workspace_size)
 
     # ---- autotuning ----------------------------------------------------------------------------
-    def autotune(self, *, iterations: int = 5, stream=None) -> list[tuple[HeuristicResult, float]]:
-        """Time every planned algorithm (median of ``iterations``, L2 flushed before each run) and
-        keep the fastest. Returns ``[(algorithm, milliseconds)]``, fastest first."""
+    def autotune(self, *, iterations: int = 5, search: bool = False, remember: bool = True,
+                 stream=None) -> list[tuple[HeuristicResult, float]]:
+        """Time the planned algorithms (median of ``iterations``, L2 flushed before each run) and
+        keep the fastest. Returns ``[(algorithm, milliseconds)]``, fastest first.
+
+        ``search=True`` also times configurations the heuristics do not return (every algorithm
+        id, tile and stage count ``cublasLtMatmulAlgoCheck`` accepts for this plan), and with
+        ``remember`` the winner is stored on disk (``NVBLASLT_CACHE_DIR``, default
+        ``~/.cache/nvblaslt``) so later plans of the same problem start from it."""
         from ._autotune import time_algorithms
 
         self._check_planned()
         stream_h = stream_handle(stream) if stream is not None else self._stream
-        timings = time_algorithms(self, stream_h, iterations)
+        candidates = list(self.algorithms)
+        if search:
+            candidates += _search.configurations(self, workspace_limit=self._workspace_limit)
+            needed = max(r.workspace_size for r in candidates)
+            if needed > (self._workspace.size if self._workspace else 0):
+                if self._workspace is not None:
+                    self._workspace.release()
+                self._workspace = _memory.DeviceBuffer(needed, 0)
+            # screen everything with one run, then time the best few properly
+            screened = time_algorithms(self, candidates, stream_h, 1)
+            timings = time_algorithms(self, [r for r, _ in screened[:8]], stream_h, iterations) + screened[8:]
+        else:
+            timings = time_algorithms(self, candidates, stream_h, iterations)
         self._select(timings[0][0])
+        if search and remember:
+            _search.remember(self, *timings[0])
         return timings
 
     # ---- execution -----------------------------------------------------------------------------
@@ -388,6 +415,25 @@ class Matmul:
         self._alpha.value = alpha
         self._beta.value = beta
 
+    def _rebind(self, pointers: list, input_names: tuple, alpha: float, beta: float) -> None:
+        """The function form's fast path: new pointers for a, b, c, then the named epilog inputs."""
+        self._a_pointer.value, self._b_pointer.value = pointers[0], pointers[1]
+        if pointers[2] is not None:
+            self._c_pointer.value = pointers[2]
+        for key, pointer in zip(input_names, pointers[3:]):
+            op = self._epilog_inputs[key]
+            if pointer != op.ptr:
+                self._input_setters[key](pointer)
+                op.ptr = pointer
+        self._alpha.value = alpha
+        self._beta.value = beta
+
+    def _forget_arrays(self) -> None:
+        """Drop references to the caller's arrays (pointers and layouts stay)."""
+        for op in (*self._operands.values(), *self._epilog_inputs.values()):
+            if op is not None:
+                op.obj = None
+
     # ---- lifetime --------------------------------------------------------------------------------
     def _check_alive(self) -> None:
         if self._freed:
@@ -452,6 +498,34 @@ def _signature(op) -> tuple | None:
     return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment)
 
 
+def _fast_lookup(kind, cache, a, b, c, inputs, settings):
+    """(plan, pointers) for CuPy/PyTorch operands whose fingerprints match a cached plan, else None.
+
+    A fingerprint is the array's pointer, shape, strides, dtype and device, read without a DLPack
+    export; the plan was checked when the same fingerprints (pointers aside) were first seen."""
+    fingerprint, array_type = _operands.fingerprint, type(a)
+    arrays = (a, b, c, *inputs.values()) if inputs else (a, b, c)
+    prints, layout = [], []
+    for array in arrays:
+        if array is None:
+            prints.append(None)
+            layout.append(None)
+            continue
+        if type(array) is not array_type:
+            return None
+        p = fingerprint(array, kind)
+        prints.append(p[0])
+        pointer = p[0]
+        layout.append((p[1], p[2], p[3], p[4], min(256, pointer & -pointer) if pointer else 256))
+    names = tuple(inputs) if inputs else ()
+    key = (kind, settings, names, tuple(layout))
+    try:
+        plan = cache.get(key)
+    except TypeError:  # an unhashable setting: the checked path will say what is wrong with it
+        return None
+    return key, plan, names, prints
+
+
 def matmul(a, b, c=None, *, alpha=1.0, beta=None, epilog=None, epilog_inputs=None, out=None, compute_type=None,
            result_type=None, quantization_scales=None, preferences=None, stream=None):
     """D = epilog(alpha · a @ b + beta · c) in one call; returns D or ``(D, aux)``.
@@ -460,6 +534,26 @@ def matmul(a, b, c=None, *, alpha=1.0, beta=None, epilog=None, epilog_inputs=Non
     epilog, so repeated calls with like operands do not re-plan. See ``Matmul`` for the
     arguments; ``a`` is (…, M, K), ``b`` is (…, K, N), ``c`` and the result (…, M, N)."""
     kind = _operands.kind_of(a)
+    try:
+        cache = _local.plans
+    except AttributeError:
+        cache = _local.plans = OrderedDict()
+    if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
+        raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
+    prefs = _DEFAULT_PREFERENCES if preferences is None else _preferences(preferences)
+    settings = (epilog, compute_type, result_type, beta is None, prefs)
+    fast_key = None
+    # Fast path: on the framework's own stream (no handshake due), without out= or scales.
+    if stream is None and out is None and quantization_scales is None and kind in ("torch", "cupy"):
+        found = _fast_lookup(kind, cache, a, b, c, epilog_inputs, settings)
+        if found is not None:
+            fast_key, plan, names, pointers = found
+            if plan is not None:
+                cache.move_to_end(fast_key)
+                plan._rebind(pointers, names, _scalar(alpha, "alpha", float),
+                             0.0 if c is None else (1.0 if beta is None else _scalar(beta, "beta", float)))
+                return plan.execute()
+
     framework_stream = _streams.framework_stream_of(kind, a)
     stream_h = stream_handle(stream) if stream is not None else framework_stream
     # On the framework's own stream no handshake is needed, so arrays seen before are not re-exported.
@@ -468,32 +562,39 @@ def matmul(a, b, c=None, *, alpha=1.0, beta=None, epilog=None, epilog_inputs=Non
     b_op = read(b, "b", stream_h)
     c_op = read(c, "c", stream_h) if c is not None else None
     epilog = as_epilog(epilog)
-    if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
-        raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
     inputs = {k: read(v, f"epilog_inputs['{k}']", stream_h) for k, v in (epilog_inputs or {}).items()}
     key = (a_op.kind, epilog, _signature(a_op), _signature(b_op), _signature(c_op),
            tuple((k, _signature(v)) for k, v in sorted(inputs.items())),
-           compute_type, result_type, quantization_scales is not None, beta is None)
-    cache = _local.__dict__.setdefault("plans", OrderedDict())
+           compute_type, result_type, quantization_scales is not None, beta is None, prefs)
     plan = cache.get(key)
     if plan is None or quantization_scales is not None:
         plan = Matmul._from_operands(a_op, b_op, c_op, stream=stream_h, alpha=alpha, beta=beta,
                                      compute_type=compute_type, result_type=result_type,
                                      quantization_scales=quantization_scales)
-        plan.plan(epilog=epilog, epilog_inputs=epilog_inputs, preferences=preferences)
+        plan.plan(epilog=epilog, epilog_inputs=epilog_inputs, preferences=prefs)
         if quantization_scales is None:
-            cache[key] = plan
-            if len(cache) > _CACHE_SIZE:
-                cache.popitem(last=False)[1].free()
+            _remember(cache, key, plan)
     else:
         cache.move_to_end(key)
         plan._set_pointers(a_op, b_op, c_op, inputs, _scalar(alpha, "alpha", float),
                            0.0 if c_op is None else (1.0 if beta is None else _scalar(beta, "beta", float)))
-    return plan.execute(stream=stream_h, out=out)
+    if fast_key is not None and quantization_scales is None and stream_h == framework_stream:
+        _remember(cache, fast_key, plan)
+    result = plan.execute(stream=stream_h, out=out)
+    plan._forget_arrays()  # a cached plan must not keep the caller's arrays alive
+    return result
+
+
+def _remember(cache: OrderedDict, key, plan: Matmul) -> None:
+    cache[key] = plan
+    while len(cache) > 2 * _CACHE_SIZE:  # a plan may sit under a slow key and a fast key
+        evicted = cache.popitem(last=False)[1]
+        if evicted not in cache.values():
+            evicted.free()
 
 
 def clear_plan_cache() -> None:
     """Free this thread's cached plans (the function form's)."""
-    cache = _local.__dict__.get("plans")
+    cache = getattr(_local, "plans", None)
     while cache:
         cache.popitem()[1].free()

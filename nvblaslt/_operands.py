@@ -119,9 +119,9 @@ def fingerprint(obj, kind: str):
     Lets a hot path reuse what it read from the same object before: an array that was resized
     or re-pointed in place has another fingerprint and is read again."""
     if kind == "torch":
-        return obj.data_ptr(), obj.shape, obj.stride(), obj.dtype
+        return obj.data_ptr(), obj.shape, obj.stride(), obj.dtype, obj.get_device()
     if kind == "cupy":
-        return obj.data.ptr, obj.shape, obj.strides, obj.dtype
+        return obj.data.ptr, obj.shape, obj.strides, obj.dtype, obj.device.id
     return None
 
 

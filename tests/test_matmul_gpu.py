@@ -309,3 +309,42 @@ def test_execute_captured_in_a_cuda_graph_replays_with_new_values():
         ref = np.maximum(host(a) @ host(b) + host(bias)[:, None], 0)
         assert rel_error(host(out), ref) < 5e-3
     mm.free()
+
+
+def test_function_form_rebinds_new_arrays_and_keeps_none_alive():
+    import gc
+    import weakref
+
+    refs = []
+    for _ in range(4):  # same shapes: one plan, new pointers every call (the fast path after the first)
+        a, b, bias = rand((M, K), "float32"), rand((K, N), "float32"), rand((M,), "float32")
+        d = matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias}, alpha=0.5)
+        ref = np.maximum(0.5 * host(a) @ host(b) + host(bias)[:, None], 0)
+        assert rel_error(host(d), ref) < 1e-5
+        refs.append(weakref.ref(a))
+        del a, b, bias, d
+    gc.collect()
+    assert all(r() is None for r in refs), "a cached plan kept a caller's array alive"
+
+
+def test_function_form_sees_an_array_changed_in_place_structurally():
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    matmul(a, b)
+    a.set_(rand((M, K), "float32"))  # same tensor object, new storage
+    assert rel_error(host(matmul(a, b)), host(a) @ host(b)) < 1e-5
+
+
+def test_search_beyond_heuristics_and_remembers(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path))
+    a, b, bias = rand((1024, 512), "float16"), rand((512, 768), "float16"), rand((1024,), "float16")
+    with Matmul(a, b) as mm:
+        heuristic = mm.plan(epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias})
+        timings = mm.autotune(iterations=1, search=True)
+        assert len(timings) > len(heuristic)
+        d, aux = mm.execute()
+        assert rel_error(host(d), np.maximum(host(a) @ host(b) + host(bias)[:, None], 0)) < 5e-3
+        best = timings[0][0].algorithm.config()
+    assert (tmp_path / "tuning.json").exists()
+    with Matmul(a, b) as again:
+        again.plan(epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias})
+        assert again.algorithm.algorithm.config() == best  # recalled, not searched again
