@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 # The outputs shown in NVIDIA's epilog tutorial (the seed), cell by cell.
@@ -66,17 +65,52 @@ def run(name: str, *args: str) -> str:
 
 
 def test_every_example_has_a_test():
-    tested = {"epilog_tutorial.py", "linear_layer.py"}
+    tested = {"epilog_tutorial.py", "linear_layer.py", "digits_mlp.py", "gelu_fusion.py", "torch_autograd.py",
+              "descriptor_level.py", "regenerate_bindings.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
+@pytest.mark.gpu
 def test_epilog_tutorial_prints_what_the_seed_shows():
     pytest.importorskip("cupy")
     assert run("epilog_tutorial.py") == SEED_TUTORIAL
 
 
+@pytest.mark.gpu
 def test_linear_layer_fused_agrees_with_naive():
     pytest.importorskip("cupy")
     out = run("linear_layer.py")
     assert "forward RELU_AUX_BIAS  vs naive" in out and "backward DRELU_BGRAD vs naive" in out
     assert "backward DRELU_BGRAD" in out.split("timings")[1]
+
+
+@pytest.mark.gpu
+def test_digits_mlp_trains_to_95_percent_and_matches_autograd():
+    pytest.importorskip("sklearn")
+    out = run("digits_mlp.py")
+    assert "largest relative difference" in out and "test accuracy" in out.splitlines()[-1]
+
+
+@pytest.mark.gpu
+def test_gelu_fusion_reports_the_tanh_approximation():
+    out = run("gelu_fusion.py")
+    assert "vs exact (erf) GELU" in out and "GELU_BIAS (1 call)" in out
+
+
+@pytest.mark.gpu
+def test_torch_autograd_function_passes_gradcheck():
+    out = run("torch_autograd.py")
+    assert "gradcheck in float" in out and ": True" in out
+    assert "torch.bfloat16" in out
+
+
+@pytest.mark.gpu
+def test_descriptor_level_example():
+    assert "cublasLtMatmul with RELU_BIAS: relative error" in run("descriptor_level.py")
+
+
+def test_regenerate_bindings_walkthrough():
+    pytest.importorskip("pycparser")
+    pytest.importorskip("jinja2")
+    out = run("regenerate_bindings.py")
+    assert "4. body identical to the committed" in out and out.rstrip().endswith("True")
