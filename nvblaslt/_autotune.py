@@ -21,20 +21,24 @@ def time_algorithms(plan, candidates, stream: int, iterations: int):
     flush = _l2_flush_buffer(plan._device)
     start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
     stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
-    timings = []
+    samples = {id(c): [] for c in candidates}
     try:
-        for candidate in candidates:
+        for candidate in candidates:  # warm-up: module load, first-launch costs
             plan._select(candidate)
-            plan.execute(stream=stream)  # warm-up: module load, first-launch costs
-            samples = []
-            for _ in range(max(1, iterations)):
+            plan.execute(stream=stream)
+        # Round-robin, not one candidate after another: clocks drift as the GPU heats up, and
+        # interleaving spreads that drift over every candidate alike.
+        for _ in range(max(1, iterations)):
+            for candidate in candidates:
+                plan._select(candidate)
                 _cuda.check(cudart.cudaMemsetAsync(flush.pointer, 0, flush.size, stream), "cudaMemsetAsync")
                 _cuda.check(cudart.cudaEventRecord(start, stream), "cudaEventRecord")
                 plan.execute(stream=stream)
                 _cuda.check(cudart.cudaEventRecord(stop, stream), "cudaEventRecord")
                 _cuda.check(cudart.cudaEventSynchronize(stop), "cudaEventSynchronize")
-                samples.append(_cuda.check(cudart.cudaEventElapsedTime(start, stop), "cudaEventElapsedTime"))
-            timings.append((candidate, statistics.median(samples)))
+                samples[id(candidate)].append(
+                    _cuda.check(cudart.cudaEventElapsedTime(start, stop), "cudaEventElapsedTime"))
+        timings = [(c, statistics.median(samples[id(c)])) for c in candidates]
     finally:
         cudart.cudaEventDestroy(start)
         cudart.cudaEventDestroy(stop)

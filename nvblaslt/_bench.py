@@ -1,7 +1,7 @@
 """``python -m nvblaslt bench``: the seed's H200 cases and the cost of one call.
 
 Every figure in a table is measured in this run, side by side, so ratios are comparable.
-Large cases: CUDA events, median of ``--repeats`` after warm-up. Per-call cases: wall
+Large cases: CUDA events, median of ``--repeats`` rounds, every case timed once per round. Per-call cases: wall
 clock over bursts of calls, median of interleaved rounds, synchronized at the ends.
 Writes JSON (and a PNG bar chart if matplotlib is installed) under ``--out``.
 """
@@ -22,22 +22,26 @@ def _progress(message: str) -> None:
     print(f"  … {message}", file=sys.stderr, flush=True)
 
 
-def _event_median(torch, fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
+def _interleaved(torch, cases: list, rounds: int) -> list[float]:
+    """Median ms of each case, timed round-robin (one run of every case per round) so that clock
+    drift as the GPU heats up falls on every case alike."""
+    for _, fn, _ in cases:
         fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    samples = [[] for _ in cases]
+    for _ in range(rounds):
+        for index, (_, fn, _) in enumerate(cases):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            samples[index].append(start.elapsed_time(stop))
+    return [statistics.median(s) for s in samples]
 
 
 def large_cases(args, torch, results: dict) -> None:
-    """The blog's fp16 (M,K)@(K,N) layer, forward and backward, naive against fused."""
+    """The blog's fp16 (M,K)@(K,N) layer, forward and backward, naive against fused, all interleaved."""
     import nvblaslt
     from nvblaslt import Matmul, MatmulEpilog
 
@@ -47,45 +51,36 @@ def large_cases(args, torch, results: dict) -> None:
     b = torch.randn(k, n, device="cuda", dtype=torch.float16, generator=gen)
     bias = torch.randn(m, device="cuda", dtype=torch.float16, generator=gen)
     flops = 2.0 * m * n * k
-    rows = []
-
-    def record(name, ms, note=""):
-        rows.append({"case": name, "ms": ms, "tflops": flops / ms / 1e9, "note": note})
-        _progress(f"{name}: {ms:.2f} ms")
+    cases = []  # (name, callable, note)
 
     def planned(epilog=None, inputs=None, tune=False):
         mm = Matmul(a, b)
         mm.plan(epilog=epilog, epilog_inputs=inputs, preferences={"limit": args.limit})
-        note = f"heuristic #0 ({mm.algorithm.algorithm.tile})"
+        note = f"heuristic #0 (id {mm.algorithm.algo_id}, {mm.algorithm.algorithm.tile})"
         if tune:
             timings = mm.autotune(iterations=3, search=tune == "search", remember=False)
             what = "searched" if tune == "search" else "autotuned"
             note = f"{what}: best of {len(timings)} (id {mm.algorithm.algo_id}, {mm.algorithm.algorithm.tile})"
         return mm, note
 
+    _, aux = nvblaslt.matmul(a, b, epilog=MatmulEpilog.RELU_AUX_BIAS, epilog_inputs={"bias": bias})
+    _, gaux = nvblaslt.matmul(a, b, epilog=MatmulEpilog.GELU_AUX_BIAS, epilog_inputs={"bias": bias})
     modes = [False] + (["autotune", "search"] if args.autotune else [])
     suffixes = {False: "", "autotune": " [autotuned]", "search": " [searched]"}
-    for tune in modes:
-        suffix = suffixes[tune]
-        mm, note = planned(tune=tune)
-        plain = _event_median(torch, mm.execute, args.repeats)
-        record("plain matmul" + suffix, plain, note)
-        for name in ("RELU_BIAS", "RELU_AUX_BIAS", "GELU_AUX_BIAS"):
-            fused, note = planned(MatmulEpilog[name], {"bias": bias}, tune)
-            record(f"fused {name}{suffix}", _event_median(torch, fused.execute, args.repeats), note)
-            fused.free()
-        mm.free()
+    for name, inputs in (("plain matmul", None), ("RELU_BIAS", {"bias": bias}), ("RELU_AUX_BIAS", {"bias": bias}),
+                         ("GELU_AUX_BIAS", {"bias": bias}), ("DRELU_BGRAD", {"relu_aux": aux["relu_aux"]}),
+                         ("DGELU_BGRAD", {"gelu_aux": gaux["gelu_aux"]})):
+        for tune in modes:
+            _progress(f"planning {name}{suffixes[tune]}")
+            mm, note = planned(None if name == "plain matmul" else MatmulEpilog[name], inputs, tune)
+            label = name if name == "plain matmul" else f"fused {name}"
+            cases.append((label + suffixes[tune], mm.execute, note))
 
     def naive_forward():
         y = nvblaslt.matmul(a, b)
         y += bias[:, None]
         return torch.relu_(y)
 
-    record("naive forward (matmul, +bias, relu)", _event_median(torch, naive_forward, args.repeats))
-
-    # backward: D = (a @ b) masked by the forward's ReLU, and its row sums
-    _, aux = nvblaslt.matmul(a, b, epilog=MatmulEpilog.RELU_AUX_BIAS, epilog_inputs={"bias": bias})
-    _, gaux = nvblaslt.matmul(a, b, epilog=MatmulEpilog.GELU_AUX_BIAS, epilog_inputs={"bias": bias})
     mask = (nvblaslt.matmul(a, b) + bias[:, None]) <= 0
 
     def naive_backward():
@@ -93,49 +88,47 @@ def large_cases(args, torch, results: dict) -> None:
         g.masked_fill_(mask, 0)
         return g, g.sum(dim=1)
 
-    record("naive backward (matmul, mask, bias sum)", _event_median(torch, naive_backward, args.repeats))
-    for tune in modes:
-        suffix = suffixes[tune]
-        for name, inputs in (("DRELU_BGRAD", {"relu_aux": aux["relu_aux"]}),
-                             ("DGELU_BGRAD", {"gelu_aux": gaux["gelu_aux"]})):
-            fused, note = planned(MatmulEpilog[name], inputs, tune)
-            record(f"fused {name}{suffix}", _event_median(torch, fused.execute, args.repeats), note)
-            fused.free()
-
-    nvmath_cases(args, torch, a, b, bias, aux, record)
+    cases.append(("naive forward (matmul, +bias, relu)", naive_forward, ""))
+    cases.append(("naive backward (matmul, mask, bias sum)", naive_backward, ""))
+    cases += nvmath_cases(a, b, bias)
     if args.torch:
-        record("torch.matmul", _event_median(torch, lambda: torch.matmul(a, b), args.repeats))
-        record("torch.addmm + relu", _event_median(
-            torch, lambda: torch.relu_(torch.addmm(bias[:, None], a, b)), args.repeats))
-        record("torch._addmm_activation", _event_median(
-            torch, lambda: torch._addmm_activation(bias[:, None], a, b), args.repeats))
+        cases.append(("torch.matmul", lambda: torch.matmul(a, b), ""))
+        cases.append(("torch.addmm + relu", lambda: torch.relu_(torch.addmm(bias[:, None], a, b)), ""))
+        cases.append(("torch._addmm_activation", lambda: torch._addmm_activation(bias[:, None], a, b), ""))
         if args.compile:
+            _progress("compiling relu(a @ b + bias) with torch.compile")
             compiled = torch.compile(lambda x, y, z: torch.relu(x @ y + z[:, None]))
-            record("torch.compile relu(a @ b + bias)", _event_median(
-                torch, lambda: compiled(a, b, bias), args.repeats, warmup=3))
-    results["large"] = {"shape": [m, k, n], "dtype": "float16", "rows": rows}
+            for _ in range(3):
+                compiled(a, b, bias)
+            cases.append(("torch.compile relu(a @ b + bias)", lambda: compiled(a, b, bias), ""))
+    _progress(f"timing {len(cases)} cases, {args.repeats} interleaved rounds")
+    medians = _interleaved(torch, cases, args.repeats)
+    rows = [{"case": name, "ms": ms, "tflops": flops / ms / 1e9, "note": note}
+            for (name, _, note), ms in zip(cases, medians)]
+    results["large"] = {"shape": [m, k, n], "dtype": "float16", "rounds": args.repeats, "rows": rows}
 
 
-def nvmath_cases(args, torch, a, b, bias, aux, record) -> None:
-    """nvmath-python's Matmul on the same operands, when it is installed."""
+def nvmath_cases(a, b, bias) -> list:
+    """nvmath-python's Matmul on the same operands (planned, and autotuned), when it is installed."""
     try:
         import nvmath.linalg.advanced as nvmath_advanced
     except ImportError:
         _progress("nvmath-python not installed: no nvmath rows")
-        return
+        return []
     epilog = nvmath_advanced.MatmulEpilog
     # nvmath's own mask: its DRELU_BGRAD wants the dtype its RELU_AUX_BIAS makes (uint8 in 1.0)
     _, nvmath_aux = nvmath_advanced.matmul(a, b, epilog=epilog.RELU_AUX_BIAS, epilog_inputs={"bias": bias})
+    cases = []
     for name, inputs in (("plain", None), ("RELU_BIAS", {"bias": bias}), ("RELU_AUX_BIAS", {"bias": bias}),
                          ("DRELU_BGRAD", {"relu_aux": nvmath_aux["relu_aux"]})):
         for tune in (False, True):
+            _progress(f"planning nvmath {name}" + (" [autotuned]" if tune else ""))
             mm = nvmath_advanced.Matmul(a, b)
             mm.plan(epilog=None if name == "plain" else epilog[name], epilog_inputs=inputs)
             if tune:
                 mm.autotune(iterations=3)
-            label = f"nvmath {name}" + (" [autotuned]" if tune else "")
-            record(label, _event_median(torch, mm.execute, args.repeats))
-            mm.free()
+            cases.append((f"nvmath {name}" + (" [autotuned]" if tune else ""), mm.execute, ""))
+    return cases
 
 
 def _burst(fn, calls: int) -> float:
