@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 import nvblaslt
 from nvblaslt import CublasLtError, Matmul, MatmulEpilog, matmul
+from reference import gelu, gelu_grad, host, rel_error, unpack_relu_mask
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -17,44 +16,11 @@ TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2, "float64": 1e-12}
 RNG = np.random.default_rng()
 
 
-def host(x) -> np.ndarray:
-    """float64 copy of any array nvblaslt returns (torch, CuPy, JAX, DeviceArray)."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(torch.float64).cpu().numpy()
-    if hasattr(x, "get"):
-        return x.get().astype(np.float64)
-    if type(x).__module__.startswith("jax"):
-        return np.asarray(x, dtype=np.float64)
-    return host(torch.from_dlpack(x))
-
-
 def rand(shape, dtype, layout="row", scale=1.0):
     """A fresh random torch tensor of logical ``shape``, stored row- or column-major."""
     stored = shape if layout == "row" else (*shape[:-2], shape[-1], shape[-2])
     t = torch.from_numpy(RNG.standard_normal(stored) * scale).to(getattr(torch, dtype)).cuda()
     return t if layout == "row" else t.transpose(-1, -2)
-
-
-def rel_error(out, ref) -> float:
-    out = np.asarray(out, dtype=np.float64)
-    assert np.isfinite(out).all(), "NaN or Inf in the result"
-    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
-
-
-def gelu(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-
-
-def gelu_grad(x):
-    inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
-    t = np.tanh(inner)
-    return 0.5 * (1 + t) + 0.5 * x * (1 - t**2) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x**2)
-
-
-def unpack_relu_mask(mask: np.ndarray, m: int) -> np.ndarray:
-    """(…, ld_bytes, N) bitmask -> (…, M, N) booleans; bit r%8 of byte r//8 is row r."""
-    bits = np.unpackbits(mask.astype(np.uint8), axis=-2, bitorder="little")
-    return bits[..., :m, :].astype(bool)
 
 
 M, N, K, B = 96, 48, 40, 3
