@@ -21,7 +21,7 @@ from reference import gelu, gelu_grad, host, rel_error  # noqa: E402
 import nvblaslt  # noqa: E402
 from nvblaslt import MatmulEpilog, NvblasltError, matmul  # noqa: E402
 
-TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float64: 1e-10}
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float64: 1e-8}
 
 
 class Case:
@@ -64,7 +64,7 @@ def one_call(rng: np.random.Generator, stats: collections.Counter) -> None:
         inputs["bias"] = case.fault(bias, lambda: case.tensor((m + 1,), dtype), lambda: bias.cpu(),
                                     lambda: case.tensor((1, 1, m), dtype))
     forward_z = None
-    if epilog.name.startswith("D"):  # the aux comes from a real forward pass of the same M, N
+    if epilog.name.startswith(("DRELU", "DGELU")):  # the aux comes from a real forward pass of the same M, N
         if k == 1:
             case.valid = False  # refused: cuBLASLt's DRELU/DGELU read out of bounds at K=1
         x, w, fb = case.tensor((*batch, m, 8), dtype), case.tensor((8, n), dtype), case.tensor((m,), dtype)
