@@ -46,6 +46,14 @@ class Case:
         return good
 
 
+def describe(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {describe(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)}/{tuple(value.stride())}/{str(value.dtype)[6:]}/{value.device}"
+    return repr(value)
+
+
 def one_call(rng: np.random.Generator, stats: collections.Counter) -> None:
     case = Case(rng)
     dtype = [torch.float32, torch.float16, torch.bfloat16, torch.float64][rng.integers(4)]
@@ -95,7 +103,8 @@ def one_call(rng: np.random.Generator, stats: collections.Counter) -> None:
             stats["refused"] += 1
         return
     if not case.valid:
-        raise AssertionError(f"accepted an invalid call: {epilog.name} {kwargs}")
+        raise AssertionError(f"accepted an invalid call: {epilog.name}, a {describe(a)}, b {describe(b)}, "
+                             + ", ".join(f"{k}={describe(v)}" for k, v in kwargs.items()))
     d, aux = result if isinstance(result, tuple) else (result, {})
     z = alpha * (host(a) @ host(b))
     if "bias" in inputs:
