@@ -80,7 +80,7 @@ def one_call(rng: np.random.Generator, stats: collections.Counter) -> None:
         _, aux = matmul(x, w, epilog=f"{kind.split('_')[0].upper()}_AUX_BIAS", epilog_inputs={"bias": fb})
         forward_z = host(x) @ host(w) + host(fb)[:, None]
         inputs[kind] = case.fault(aux[kind], lambda: aux[kind][..., :-1, :] if aux[kind].shape[-2] > 1 else None,
-                                  lambda: aux[kind].contiguous(), lambda: aux[kind].cpu())
+                                  lambda: aux[kind].transpose(-1, -2), lambda: aux[kind].cpu())
     if inputs and case.chance(0.04):
         inputs["unknown"] = inputs[next(iter(inputs))]
         case.valid = False
