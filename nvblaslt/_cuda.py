@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 from cuda.bindings import runtime as cudart
 
 from ._errors import CudaError
@@ -18,6 +21,24 @@ def check(result, call: str = "CUDA call"):
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
+
+
+@contextlib.contextmanager
+def on_device(device: int):
+    """Make ``device`` current for the block (allocations and handles land there), then restore."""
+    previous = current_device()
+    if previous != device:
+        check(cudart.cudaSetDevice(device), "cudaSetDevice")
+    try:
+        yield
+    finally:
+        if previous != device:
+            check(cudart.cudaSetDevice(previous), "cudaSetDevice")
+
+
+@functools.cache
+def several_devices() -> bool:
+    return device_count() > 1
 
 
 def device_count() -> int:

@@ -153,7 +153,8 @@ class Handle(_Owned):
         handles = cls._per_thread.__dict__.setdefault("handles", {})
         handle = handles.get(device)
         if handle is None:
-            handle = handles[device] = cls(device)
+            with _cuda.on_device(device):
+                handle = handles[device] = cls(device)
         return handle
 
 

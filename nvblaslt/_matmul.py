@@ -94,6 +94,7 @@ class Matmul:
         self.problem = Problem(self._lib, a, b, c, compute_type=compute_type, result_type=result_type)
         self._kind = a.kind
         self._device = a.device
+        self._several_devices = _cuda.several_devices()
         if self._stream is None:
             self._stream = _default_stream(self._kind, self._device)
         self._scale_ctype = ctypes.c_double if self.problem.scale_type_name == "CUDA_R_64F" else ctypes.c_float
@@ -102,7 +103,10 @@ class Matmul:
         self._alpha = _scalar(alpha, "alpha", self._scale_ctype)
         self._beta = _scalar(0.0 if c is None else (1.0 if beta is None else beta), "beta", self._scale_ctype)
         self._operands = {"a": a, "b": b, "c": c}
-        self._scales = self.problem.quantization_scales(quantization_scales, self._stream)
+        self._scales = None
+        if quantization_scales is not None:
+            with _cuda.on_device(self._device):
+                self._scales = self.problem.quantization_scales(quantization_scales, self._stream)
         self._planned = False
         self._freed = False
         self._workspace = None
@@ -162,7 +166,8 @@ class Matmul:
         if tuned is not None:
             algorithms.insert(0, tuned)
         workspace = max(r.workspace_size for r in algorithms)
-        self._workspace = _memory.DeviceBuffer(workspace, 0) if workspace else None
+        with _cuda.on_device(self._device):
+            self._workspace = _memory.DeviceBuffer(workspace, 0) if workspace else None
         self._prepare_outputs()
         self._input_setters = {key: self._pointer_setter("BIAS_POINTER" if key == "bias" else "EPILOGUE_AUX_POINTER")
                                for key in inputs}
@@ -301,9 +306,13 @@ class Matmul:
         id, tile and stage count ``cublasLtMatmulAlgoCheck`` accepts for this plan), and with
         ``remember`` the winner is stored on disk (``NVBLASLT_CACHE_DIR``, default
         ``~/.cache/nvblaslt``) so later plans of the same problem start from it."""
+        self._check_planned()
+        with _cuda.on_device(self._device):
+            return self._autotune(iterations, search, remember, stream)
+
+    def _autotune(self, iterations, search, remember, stream):
         from ._autotune import time_algorithms
 
-        self._check_planned()
         stream_h = stream_handle(stream) if stream is not None else self._stream
         candidates = list(self.algorithms)
         if search:
@@ -329,6 +338,9 @@ class Matmul:
         outputs (``relu_aux``, ``gelu_aux``, ``drelu_bgrad``, ``dgelu_bgrad``, ``bgrada``, ``bgradb``)."""
         if not self._planned:
             self._check_planned()
+        if self._several_devices and _cuda.current_device() != self._device:
+            with _cuda.on_device(self._device):  # cuBLASLt and our allocations act on the current device
+                return self.execute(stream=stream, out=out, algorithm=algorithm)
         stream_h = self._stream if stream is None else stream_handle(stream)
         if algorithm is not None:
             self._select(algorithm)

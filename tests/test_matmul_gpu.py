@@ -314,3 +314,63 @@ def test_search_beyond_heuristics_and_remembers(tmp_path, monkeypatch):
     with Matmul(a, b) as again:
         again.plan(epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias})
         assert again.algorithm.algorithm.config() == best  # recalled, not searched again
+
+
+def test_out_misuse_is_refused_before_the_call():
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    mm = Matmul(a, b)
+    mm.plan()
+    wrong = {
+        "shape": torch.empty(N + 1, M, device="cuda").t(),
+        "dtype": torch.empty(N, M, device="cuda", dtype=torch.float16).t(),
+        "layout": torch.empty(M, N, device="cuda"),  # row-major
+    }
+    for what, out in wrong.items():
+        with pytest.raises(nvblaslt.NvblasltError, match="out"):
+            mm.execute(out=out)
+    base = torch.empty(K * M + M * N, device="cuda")  # out overlapping A's memory
+    a_view = base[: K * M].view(K, M).t()
+    a_view.copy_(a)
+    with Matmul(a_view, b) as overlapping:
+        overlapping.plan()
+        with pytest.raises(nvblaslt.NvblasltValueError, match="overlaps an input"):
+            overlapping.execute(out=base[K * M - M: K * M - M + M * N].view(N, M).t())
+    jax = pytest.importorskip("jax")
+    with pytest.raises(nvblaslt.NvblasltError, match="out"):
+        mm.execute(out=jax.numpy.zeros((M, N), dtype=jax.numpy.float32).T.T)
+    mm.free()
+
+
+def test_reset_operands_rechecks_alignment_shape_and_device():
+    a, b = rand((M, K), "float16"), rand((K, N), "float16")
+    with Matmul(a, b) as mm:
+        mm.plan()
+        storage = torch.empty(M * K + 1, device="cuda", dtype=torch.float16)
+        misaligned = storage[1:].view(M, K)  # 2-byte aligned, the plan assumed 256
+        with pytest.raises(nvblaslt.NvblasltValueError, match="aligned to 2 bytes"):
+            mm.reset_operands(a=misaligned)
+        with pytest.raises(nvblaslt.NvblasltValueError, match="shape"):
+            mm.reset_operands(a=rand((M + 1, K), "float16"))
+        with pytest.raises(nvblaslt.NvblasltTypeError, match="GPU memory"):
+            mm.reset_operands(a=a.cpu())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_operands_on_two_gpus():
+    a0 = rand((M, K), "float32")
+    b1 = rand((K, N), "float32").to("cuda:1")
+    with pytest.raises(nvblaslt.NvblasltValueError, match="b: on GPU 1, but a is on GPU 0"):
+        matmul(a0, b1)
+    a1 = a0.to("cuda:1")
+    with torch.cuda.device(1):
+        d = matmul(a1, b1, epilog="RELU")  # a plan, handle and result on GPU 1
+    assert d.device == torch.device("cuda", 1)
+    assert rel_error(host(d), np.maximum(host(a1) @ host(b1), 0)) < 1e-5
+    with Matmul(a1, b1) as mm:
+        mm.plan()
+        with pytest.raises(nvblaslt.NvblasltValueError, match="device"):
+            mm.reset_operands(b=rand((K, N), "float32"))  # on GPU 0
+        bias0 = rand((M,), "float32")
+    with Matmul(a1, b1) as mm:
+        with pytest.raises(nvblaslt.NvblasltValueError, match="GPU 0, but the operands are on GPU 1"):
+            mm.plan(epilog="BIAS", epilog_inputs={"bias": bias0})
