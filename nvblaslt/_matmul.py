@@ -120,6 +120,9 @@ class Matmul:
             self._stream = stream_handle(stream)
         lib, problem = self._lib, self.problem
         epilog = as_epilog(epilog)
+        if epilog.name not in lib.api.cublasLtEpilogue_t.__members__:
+            version = ".".join(map(str, lib.version_tuple))
+            raise NvblasltValueError(f"epilog: {epilog.name} is not an epilogue of the loaded cuBLASLt {version}")
         spec = SPECS[epilog]
         inputs = self._read_epilog_inputs(spec, epilog, epilog_inputs)
         prefs = _preferences(preferences)

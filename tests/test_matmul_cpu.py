@@ -165,3 +165,15 @@ def test_plan_cache_key_separates_what_changes_the_plan():
     assert base != sig(read(FakeDLPack((4, 3), ptr=0x7F0000000010)))  # less aligned: other kernels
     assert base != sig(read(FakeDLPack((3, 4), (1, 3))))
     assert base != sig(read(FakeDLPack((4, 3), dtype="float16")))
+
+
+def test_epilog_missing_from_the_loaded_library_is_refused(monkeypatch):
+    import enum
+
+    lib = nvblaslt.library()
+    monkeypatch.setattr(lib.api, "cublasLtEpilogue_t", enum.IntEnum("cublasLtEpilogue_t", {"DEFAULT": 1}))
+    mm = _matmul.Matmul._from_operands(_operands.read(FakeDLPack((8, 4)), "a", 0),
+                                       _operands.read(FakeDLPack((4, 6)), "b", 0), None, stream=0, alpha=1.0,
+                                       beta=None, compute_type=None, result_type=None, quantization_scales=None)
+    with pytest.raises(NvblasltValueError, match="epilog: GELU_BIAS is not an epilogue of the loaded cuBLASLt"):
+        mm.plan(epilog="GELU_BIAS", epilog_inputs={"bias": FakeDLPack((8,))})
