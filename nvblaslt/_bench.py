@@ -68,7 +68,8 @@ def large_cases(args, torch, results: dict) -> None:
     modes = [False] + (["autotune", "search"] if args.autotune else [])
     suffixes = {False: "", "autotune": " [autotuned]", "search": " [searched]"}
     for name, inputs in (("plain matmul", None), ("RELU_BIAS", {"bias": bias}), ("RELU_AUX_BIAS", {"bias": bias}),
-                         ("GELU_AUX_BIAS", {"bias": bias}), ("DRELU_BGRAD", {"relu_aux": aux["relu_aux"]}),
+                         ("GELU_AUX_BIAS", {"bias": bias}), ("DRELU", {"relu_aux": aux["relu_aux"]}),
+                         ("DRELU_BGRAD", {"relu_aux": aux["relu_aux"]}),
                          ("DGELU_BGRAD", {"gelu_aux": gaux["gelu_aux"]})):
         for tune in modes:
             _progress(f"planning {name}{suffixes[tune]}")

@@ -347,7 +347,10 @@ class Matmul:
         stream_h = self._stream if stream is None else stream_handle(stream)
         if algorithm is not None:
             self._select(algorithm)
-        framework_stream = self._framework_stream()
+        return self._run(stream_h, self._framework_stream(), out)
+
+    def _run(self, stream_h: int, framework_stream: int, out):
+        """Make the outputs and call cublasLtMatmul on ``stream_h``: the hot path, no checks left."""
         if out is None:
             d, d_pointer = self._alloc_d(stream_h, framework_stream)
         else:
@@ -565,9 +568,15 @@ def matmul(a, b, c=None, *, alpha=1.0, beta=None, epilog=None, epilog_inputs=Non
             fast_key, plan, names, pointers = found
             if plan is not None:
                 cache.move_to_end(fast_key)
-                plan._rebind(pointers, names, _scalar(alpha, "alpha", float),
+                alpha = alpha if type(alpha) is float else _scalar(alpha, "alpha", float)
+                plan._rebind(pointers, names, alpha,
                              0.0 if c is None else (1.0 if beta is None else _scalar(beta, "beta", float)))
-                return plan.execute()
+                if plan._several_devices and _cuda.current_device() != plan._device:
+                    with _cuda.on_device(plan._device):
+                        return plan._run(*(_streams.framework_stream_of(kind, a),) * 2, None)
+                # the framework's current stream now, not the one the plan was made on
+                framework_stream = _streams.framework_stream_of(kind, a)
+                return plan._run(framework_stream, framework_stream, None)
 
     framework_stream = _streams.framework_stream_of(kind, a)
     stream_h = stream_handle(stream) if stream is not None else framework_stream

@@ -41,10 +41,16 @@ class Operand:
         return f"{type(self.obj).__name__} of shape {self.shape}, dtype {self.dtype.name}, strides {self.strides}"
 
 
+_kind_by_type: dict[type, str] = {DeviceArray: "protocol"}
+
+
 def kind_of(obj) -> str:
-    if isinstance(obj, DeviceArray):
-        return "protocol"
-    return _KINDS.get(type(obj).__module__.partition(".")[0], "protocol")
+    """The framework results are returned in, from the array's type (remembered per type)."""
+    cls = type(obj)
+    kind = _kind_by_type.get(cls)
+    if kind is None:
+        kind = _kind_by_type[cls] = _KINDS.get(cls.__module__.partition(".")[0], "protocol")
+    return kind
 
 
 def _compact_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -374,3 +374,18 @@ def test_operands_on_two_gpus():
     with Matmul(a1, b1) as mm:
         with pytest.raises(nvblaslt.NvblasltValueError, match="GPU 0, but the operands are on GPU 1"):
             mm.plan(epilog="BIAS", epilog_inputs={"bias": bias0})
+
+
+def test_function_form_follows_the_framework_current_stream():
+    """A cached plan made on one stream must run on whatever stream is current at the call."""
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    matmul(a, b)  # plans (and caches) on the default stream
+    fresh = rand((M, K), "float32")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # keep `stream` busy; the copy below waits behind it
+        a.copy_(fresh)
+        d = matmul(a, b)  # must run on `stream`, after the copy; on another stream it reads old a
+    stream.synchronize()
+    assert rel_error(host(d), host(fresh) @ host(b)) < 1e-5
