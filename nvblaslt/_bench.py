@@ -200,7 +200,37 @@ def per_call_cases(args, torch, results: dict) -> None:
         rows.append({"case": name, "us_per_call": us, "ratio_to_bare": us / floor,
                      "spread_us": [min(values), max(values)]})
         _progress(f"{name}: {us:.2f} µs/call")
-    results["per_call"] = {"problem": "weights 100x784 @ x 784x256 fp32, RELU_BIAS", "rows": rows}
+    results["per_call"] = {"problem": "weights 100x784 @ x 784x256 fp32, RELU_BIAS", "rows": rows,
+                           "breakdown": breakdown(torch, mm, weights, x, bias, stream)}
+
+
+def breakdown(torch, mm, weights, x, bias, stream) -> list[dict]:
+    """Where the function form's microseconds go: each host-side step alone, in a loop."""
+    from nvblaslt import _matmul, _operands, _streams
+    from nvblaslt._epilogs import MatmulEpilog
+
+    cache = _matmul._local.plans
+    settings = (MatmulEpilog.RELU_BIAS, None, None, True, _matmul._DEFAULT_PREFERENCES)
+    steps = {
+        "fingerprint of one tensor": lambda: _operands.fingerprint(weights, "torch"),
+        "framework's current stream": lambda: _streams.framework_stream_of("torch", weights),
+        "plan lookup (3 fingerprints, key, dict)": lambda: _matmul._fast_lookup(
+            "torch", cache, weights, x, None, {"bias": bias}, settings),
+        "rebind pointers and scalars": lambda: mm._rebind([weights.data_ptr(), x.data_ptr(), None,
+                                                           bias.data_ptr()], ("bias",), 1.0, 0.0),
+        "allocate the result (torch pool)": lambda: mm._alloc_d(stream, stream),
+    }
+    rows = []
+    for name, fn in steps.items():
+        for _ in range(1000):
+            fn()
+        start = time.perf_counter()
+        for _ in range(20000):
+            fn()
+        rows.append({"step": name, "us": (time.perf_counter() - start) / 20000 * 1e6})
+        _progress(f"{name}: {rows[-1]['us']:.2f} µs")
+    torch.cuda.synchronize()
+    return rows
 
 
 def import_time(results: dict) -> None:
@@ -239,6 +269,9 @@ def print_tables(results: dict) -> None:
         print(f"{'case':32s} {'µs/call':>8s} {'× bare':>7s}")
         for r in results["per_call"]["rows"]:
             print(f"{r['case']:32s} {r['us_per_call']:8.2f} {r['ratio_to_bare']:7.2f}")
+        print("where matmul()'s host time goes (each step alone):")
+        for r in results["per_call"]["breakdown"]:
+            print(f"  {r['step']:42s} {r['us']:6.2f} µs")
     if "import_s" in results:
         print(f"\nimport nvblaslt: {results['import_s'] * 1000:.0f} ms (median of 5 fresh interpreters)")
 
