@@ -89,6 +89,19 @@ def large_cases(args, torch, results: dict) -> None:
         g.masked_fill_(mask, 0)
         return g, g.sum(dim=1)
 
+    # The bias gradient as a second cuBLASLt call: DRELU, then row sums as a GEMV with a ones vector.
+    drelu, _ = planned(MatmulEpilog.DRELU, {"relu_aux": aux["relu_aux"]}, "autotune")
+    d_shape = drelu.execute()
+    ones = torch.ones(n, 1, device="cuda", dtype=torch.float16)
+    row_sums = Matmul(d_shape, ones)
+    row_sums.plan()
+
+    def drelu_then_gemv():
+        d = drelu.execute()
+        row_sums.reset_operands(a=d)
+        return d, row_sums.execute()
+
+    cases.append(("DRELU [autotuned] + row-sum GEMV (2 calls)", drelu_then_gemv, "same outputs as DRELU_BGRAD"))
     cases.append(("naive forward (matmul, +bias, relu)", naive_forward, ""))
     cases.append(("naive backward (matmul, mask, bias sum)", naive_backward, ""))
     cases += nvmath_cases(a, b, bias)
