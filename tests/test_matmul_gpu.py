@@ -389,3 +389,15 @@ def test_function_form_follows_the_framework_current_stream():
         d = matmul(a, b)  # must run on `stream`, after the copy; on another stream it reads old a
     stream.synchronize()
     assert rel_error(host(d), host(fresh) @ host(b)) < 1e-5
+
+
+def test_drelu_plus_row_sum_gemv_gives_drelu_bgrad_outputs():
+    """The bench's two-call alternative computes the same D and bias gradient as DRELU_BGRAD."""
+    x, w, bias = rand((M, K), "float32"), rand((K, N), "float32"), rand((M,), "float32")
+    _, aux = matmul(x, w, epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias})
+    g1, g2 = rand((M, K), "float32"), rand((K, N), "float32")
+    fused, outputs = matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
+    masked = matmul(g1, g2, epilog="DRELU", epilog_inputs={"relu_aux": aux["relu_aux"]})
+    sums = matmul(masked, torch.ones(N, 1, device="cuda"))
+    assert torch.equal(masked, fused)
+    assert rel_error(host(sums[:, 0]), host(outputs["drelu_bgrad"])) < 1e-5
