@@ -11,37 +11,41 @@ from . import _cuda
 from ._memory import DeviceBuffer
 
 
-def _l2_flush_buffer(device: int) -> DeviceBuffer:
-    props = _cuda.device_properties(device)
-    return DeviceBuffer(max(2 * props.l2CacheSize, 1 << 20), 0)
+def time_calls(device: int, calls: list, stream: int, iterations: int) -> list[float]:
+    """Median milliseconds of each zero-argument call, each preceded by an L2 flush.
 
-
-def time_algorithms(plan, candidates, stream: int, iterations: int):
-    """[(HeuristicResult, median ms)] for every candidate algorithm, fastest first."""
-    flush = _l2_flush_buffer(plan._device)
+    Round-robin, not one call after another: clocks drift as the GPU heats up, and interleaving
+    spreads that drift over every call alike."""
+    flush = DeviceBuffer(max(2 * _cuda.device_properties(device).l2CacheSize, 1 << 20), 0)
     start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
     stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
-    samples = {id(c): [] for c in candidates}
+    samples: list[list[float]] = [[] for _ in calls]
     try:
-        for candidate in candidates:  # warm-up: module load, first-launch costs
-            plan._select(candidate)
-            plan.execute(stream=stream)
-        # Round-robin, not one candidate after another: clocks drift as the GPU heats up, and
-        # interleaving spreads that drift over every candidate alike.
+        for call in calls:  # warm-up: module load, first-launch costs
+            call()
         for _ in range(max(1, iterations)):
-            for candidate in candidates:
-                plan._select(candidate)
+            for index, call in enumerate(calls):
                 _cuda.check(cudart.cudaMemsetAsync(flush.pointer, 0, flush.size, stream), "cudaMemsetAsync")
                 _cuda.check(cudart.cudaEventRecord(start, stream), "cudaEventRecord")
-                plan.execute(stream=stream)
+                call()
                 _cuda.check(cudart.cudaEventRecord(stop, stream), "cudaEventRecord")
                 _cuda.check(cudart.cudaEventSynchronize(stop), "cudaEventSynchronize")
-                samples[id(candidate)].append(
-                    _cuda.check(cudart.cudaEventElapsedTime(start, stop), "cudaEventElapsedTime"))
-        timings = [(c, statistics.median(samples[id(c)])) for c in candidates]
+                samples[index].append(_cuda.check(cudart.cudaEventElapsedTime(start, stop), "cudaEventElapsedTime"))
     finally:
         cudart.cudaEventDestroy(start)
         cudart.cudaEventDestroy(stop)
         flush.release()
-    timings.sort(key=lambda pair: pair[1])
-    return timings
+    return [statistics.median(s) for s in samples]
+
+
+def time_algorithms(plan, candidates, stream: int, iterations: int):
+    """[(HeuristicResult, median ms)] for every candidate algorithm of ``plan``, fastest first."""
+
+    def running(candidate):
+        def call():
+            plan._select(candidate)
+            plan.execute(stream=stream)
+        return call
+
+    medians = time_calls(plan._device, [running(c) for c in candidates], stream, iterations)
+    return sorted(zip(candidates, medians), key=lambda pair: pair[1])

@@ -19,6 +19,7 @@ from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference,
 from ._epilogs import SPECS, as_epilog, gelu_aux_ld, relu_aux_ld_bytes
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
 from ._loader import library
+from ._split_bgrad import MASKING, SplitBiasGradient
 from ._problem import Problem, check_bias, check_gelu_aux, check_out, check_relu_aux, unsupported_hint
 from ._streams import stream_handle
 
@@ -110,6 +111,7 @@ class Matmul:
         self._planned = False
         self._freed = False
         self._workspace = None
+        self._split = None  # a SplitBiasGradient, when autotune found the two-call form faster
         self.algorithms: list[HeuristicResult] = []
 
     # ---- planning ----------------------------------------------------------------------------
@@ -184,17 +186,17 @@ class Matmul:
         self._framework_stream = _streams.current_stream_getter(kind, device)
         self._alloc_d = _memory.allocator(kind, problem.batch, problem.m, problem.n, problem.m, problem.d.dtype,
                                           device)
-        self._alloc_aux = []  # (key, allocator, pointer setter, is a vector)
+        self._alloc_aux = []  # (key, allocator, pointer setter)
         if spec.aux_output:
             relu = spec.aux_output == "relu_aux"
             ld = relu_aux_ld_bytes(problem.m) if relu else gelu_aux_ld(problem.m)
             dtype = problem.relu_aux_dtype if relu else problem.d.dtype
             allocate = _memory.allocator(kind, problem.batch, ld, problem.n, ld, dtype, device)
-            self._alloc_aux.append((spec.aux_output, allocate, self._pointer_setter("EPILOGUE_AUX_POINTER"), False))
+            self._alloc_aux.append((spec.aux_output, allocate, self._pointer_setter("EPILOGUE_AUX_POINTER")))
         if spec.bias_output:
             length = self._bias_output_length(spec)
-            allocate = _memory.allocator(kind, problem.batch, length, 1, length, problem.bias_output_dtype, device)
-            self._alloc_aux.append((spec.bias_output, allocate, self._pointer_setter("BIAS_POINTER"), True))
+            allocate = _memory.vector_allocator(kind, problem.batch, length, problem.bias_output_dtype, device)
+            self._alloc_aux.append((spec.bias_output, allocate, self._pointer_setter("BIAS_POINTER")))
         self._last_out = None
 
     def _pointer_setter(self, attribute: str):
@@ -229,7 +231,9 @@ class Matmul:
                                      f"there); got K=1")
         inputs = {}
         for key in spec.inputs:
-            inputs[key] = _operands.read(given[key], f"epilog_inputs['{key}']", self._stream)
+            value = given[key]
+            inputs[key] = value if isinstance(value, _operands.Operand) else _operands.read(
+                value, f"epilog_inputs['{key}']", self._stream)
         self._check_epilog_inputs(inputs)
         return inputs
 
@@ -333,7 +337,27 @@ class Matmul:
         self._select(timings[0][0])
         if search and remember:
             _search.remember(self, *timings[0])
+        if search and self.epilog in MASKING:
+            self._choose_bias_gradient_form(stream_h, iterations)
         return timings
+
+    def _choose_bias_gradient_form(self, stream_h: int, iterations: int) -> None:
+        """Time fused *_BGRAD against masking epilog + row-sum GEMV; keep the faster."""
+        from ._autotune import time_calls
+
+        if self._split is not None:
+            self._split.free()
+            self._split = None
+        split = SplitBiasGradient(self, iterations)
+        fused_ms, split_ms = time_calls(self._device, [lambda: self._run(stream_h, stream_h, None),
+                                                       lambda: split.run(stream_h, stream_h, None)],
+                                        stream_h, iterations)
+        self.bias_gradient_form = ("split", split_ms, fused_ms) if split_ms < fused_ms else ("fused", fused_ms,
+                                                                                             split_ms)
+        if split_ms < fused_ms:
+            self._split = split
+        else:
+            split.free()
 
     # ---- execution -----------------------------------------------------------------------------
     def execute(self, *, stream=None, out=None, algorithm: HeuristicResult | None = None):
@@ -351,17 +375,20 @@ class Matmul:
 
     def _run(self, stream_h: int, framework_stream: int, out):
         """Make the outputs and call cublasLtMatmul on ``stream_h``: the hot path, no checks left."""
+        if self._split is not None:
+            return self._split.run(stream_h, framework_stream, out)
         if out is None:
             d, d_pointer = self._alloc_d(stream_h, framework_stream)
         else:
             d, d_pointer = out, self._out_pointer(out, stream_h)
+        self._last_d_pointer = d_pointer
         aux = None
         if self._alloc_aux:
             aux = {}
-            for key, allocate, set_pointer, is_vector in self._alloc_aux:
+            for key, allocate, set_pointer in self._alloc_aux:
                 array, pointer = allocate(stream_h, framework_stream)
                 set_pointer(pointer)
-                aux[key] = array[..., 0] if is_vector else array
+                aux[key] = array
         c_pointer = self._c_pointer if self._c_pointer is not None else d_pointer
         self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout, *self._args_tail,
                      stream_h)
@@ -411,6 +438,9 @@ class Matmul:
                 _require_same(f"epilog_inputs['{key}']", self._epilog_inputs[key], op)
                 self._epilog_inputs[key] = op
             self._configure_epilog(self._desc, self._spec, self._epilog_inputs)
+        if self._split is not None:
+            self._split.reset_operands(a=a, b=b, c=c, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
+                                       stream=stream)
         if alpha is not None:
             self._alpha.value = _scalar(alpha, "alpha", self._scale_ctype).value
         if beta is not None:
@@ -474,6 +504,9 @@ class Matmul:
     def free(self) -> None:
         """Release descriptors and workspace now; the object cannot be used afterwards."""
         if not self._freed:
+            if self._split is not None:
+                self._split.free()
+                self._split = None
             self._release_plan()
             if self._scales is not None:
                 self._scales.release()

@@ -142,6 +142,40 @@ def allocator(kind: str, batch: tuple[int, ...], rows: int, cols: int, ld: int, 
     return allocate_own
 
 
+def vector_allocator(kind: str, batch: tuple[int, ...], length: int, dtype: DType, device: int):
+    """Like ``allocator``, for contiguous (…, length) vectors (bias gradients)."""
+    shape, strides = (*batch, length), ((length, 1) if batch else (1,))
+    if kind == "torch":
+        torch = sys.modules["torch"]
+        empty_strided, options = torch.empty_strided, {"dtype": getattr(torch, dtype.name),
+                                                       "device": torch.device("cuda", device)}
+
+        def allocate_torch(stream: int, framework_stream: int):
+            array = empty_strided(shape, strides, **options)
+            if stream != framework_stream:
+                array.record_stream(torch.cuda.ExternalStream(stream or 0, device=device))
+            return array, array.data_ptr()
+        return allocate_torch
+    if kind == "cupy" and dtype.typestr is not None:
+        cupy = sys.modules["cupy"]
+
+        def allocate_cupy(stream: int, framework_stream: int):
+            with cupy.cuda.Device(device):
+                if stream != framework_stream:
+                    with cupy.cuda.ExternalStream(stream):
+                        array = cupy.empty(shape, dtype=dtype.name)
+                else:
+                    array = cupy.empty(shape, dtype=dtype.name)
+            return array, array.data.ptr
+        return allocate_cupy
+    size = math.prod(shape) * dtype.itemsize
+
+    def allocate_own(stream: int, framework_stream: int):
+        buffer = DeviceBuffer(size, stream)
+        return DeviceArray(buffer, shape, strides, dtype, device, stream), buffer.pointer
+    return allocate_own
+
+
 def to_framework(kind: str, array):
     """Hand a DeviceArray to the caller's framework, zero-copy."""
     if not isinstance(array, DeviceArray):

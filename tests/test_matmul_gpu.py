@@ -401,3 +401,44 @@ def test_drelu_plus_row_sum_gemv_gives_drelu_bgrad_outputs():
     sums = matmul(masked, torch.ones(N, 1, device="cuda"))
     assert torch.equal(masked, fused)
     assert rel_error(host(sums[:, 0]), host(outputs["drelu_bgrad"])) < 1e-5
+
+
+@pytest.mark.parametrize("epilog", ["DRELU_BGRAD", "DGELU_BGRAD"])
+def test_autotune_search_picks_fused_or_split_bias_gradient_and_both_are_right(epilog):
+    from nvblaslt._split_bgrad import SplitBiasGradient
+
+    activation = epilog[1:].split("_")[0]
+    key = "relu_aux" if activation == "RELU" else "gelu_aux"
+    x, w, bias = rand((2, 512, 256), "float16"), rand((256, 384), "float16"), rand((2, 512), "float16")
+    _, aux = matmul(x, w, epilog=f"{activation}_AUX_BIAS", epilog_inputs={"bias": bias})
+    g1, g2 = rand((2, 512, 128), "float16"), rand((128, 384), "float16")
+    reference, ref_outputs = matmul(g1, g2, epilog=epilog, epilog_inputs={key: aux[key]})
+    with Matmul(g1, g2) as mm:
+        mm.plan(epilog=epilog, epilog_inputs={key: aux[key]})
+        mm.autotune(iterations=2, search=True, remember=False)
+        assert mm.bias_gradient_form[0] in ("fused", "split")
+        d, outputs = mm.execute()
+        split = SplitBiasGradient(mm, 1)  # the two-call form, whatever autotune chose
+        d2, outputs2 = split.run(mm._stream, mm._stream, None)
+        torch.cuda.synchronize()
+        for got_d, got in ((d, outputs), (d2, outputs2)):
+            assert rel_error(host(got_d), host(reference)) < 5e-3
+            assert got[f"d{activation.lower()}_bgrad"].shape == (2, 512)
+            assert rel_error(host(got[f"d{activation.lower()}_bgrad"]),
+                             host(ref_outputs[f"d{activation.lower()}_bgrad"])) < 2e-2
+        split.free()
+
+
+def test_bias_gradient_reaches_a_protocol_only_caller():
+    cupy = pytest.importorskip("cupy")
+
+    class Protocol:
+        def __init__(self, array):
+            self.__cuda_array_interface__ = array.__cuda_array_interface__
+            self._keep = array
+
+    a = cupy.asarray(RNG.standard_normal((M, K)), dtype=cupy.float32)
+    b = cupy.asarray(RNG.standard_normal((K, N)), dtype=cupy.float32)
+    d, aux = matmul(Protocol(a), Protocol(b), epilog="BGRADB")
+    assert isinstance(aux["bgradb"], nvblaslt.DeviceArray) and aux["bgradb"].shape == (N,)
+    assert rel_error(cupy.asarray(aux["bgradb"]).get(), b.get().sum(axis=0)) < 1e-5
