@@ -61,6 +61,9 @@ def large_cases(args, torch, results: dict) -> None:
             timings = mm.autotune(iterations=3, search=tune == "search", remember=False)
             what = "searched" if tune == "search" else "autotuned"
             note = f"{what}: best of {len(timings)} (id {mm.algorithm.algo_id}, {mm.algorithm.algorithm.tile})"
+            form = getattr(mm, "bias_gradient_form", None)
+            if form:
+                note += f"; {form[0]} form ({form[1]:.2f} vs {form[2]:.2f} ms)"
         return mm, note
 
     _, aux = nvblaslt.matmul(a, b, epilog=MatmulEpilog.RELU_AUX_BIAS, epilog_inputs={"bias": bias})
