@@ -329,9 +329,12 @@ class Matmul:
                 if self._workspace is not None:
                     self._workspace.release()
                 self._workspace = _memory.DeviceBuffer(needed, 0)
-            # screen everything with one run, then time the best few properly
-            screened = time_algorithms(self, candidates, stream_h, 1)
-            timings = time_algorithms(self, [r for r, _ in screened[:8]], stream_h, iterations) + screened[8:]
+            # Screen the newcomers with one run each; then time the best few together with the whole
+            # heuristic list properly, so a noisy screen can never leave the search worse than autotune.
+            newcomers = candidates[len(self.algorithms):]
+            screened = time_algorithms(self, newcomers, stream_h, 1) if newcomers else []
+            finalists = list(self.algorithms) + [r for r, _ in screened[:8]]
+            timings = time_algorithms(self, finalists, stream_h, max(iterations, 3)) + screened[8:]
         else:
             timings = time_algorithms(self, candidates, stream_h, iterations)
         self._select(timings[0][0])
