@@ -103,12 +103,12 @@ def column_major(batch: tuple[int, ...], rows: int, cols: int, ld: int) -> tuple
     return (rows, cols), (1, ld)
 
 
-def allocator(kind: str, batch: tuple[int, ...], rows: int, cols: int, ld: int, dtype: DType, device: int):
-    """``allocate(stream, framework_stream) -> (array, pointer)``: column-major (…, rows, cols) arrays
-    with leading dimension ``ld`` in ``kind``'s framework, for work on ``stream``. The framework's
-    pool allocates on its current stream (``framework_stream``); when our stream differs, the
-    array is tied to ours so the pool does not hand it out again while our kernel may run."""
-    shape, strides = column_major(batch, rows, cols, ld)
+def _allocator(kind: str, shape: tuple, strides: tuple, dtype: DType, device: int, cupy_empty):
+    """``allocate(stream, framework_stream) -> (array, pointer)`` for arrays of ``shape`` and element
+    ``strides`` in ``kind``'s framework, for work on ``stream``. The framework's pool allocates on
+    its current stream (``framework_stream``); when our stream differs, the array is tied to ours so
+    the pool does not hand it out again while our kernel may run. ``cupy_empty(cupy)`` makes the
+    CuPy array (CuPy has no empty_strided)."""
     if kind == "torch":
         torch = sys.modules["torch"]
         empty_strided, options = torch.empty_strided, {"dtype": getattr(torch, dtype.name),
@@ -122,58 +122,39 @@ def allocator(kind: str, batch: tuple[int, ...], rows: int, cols: int, ld: int, 
         return allocate_torch
     if kind == "cupy" and dtype.typestr is not None:
         cupy = sys.modules["cupy"]
-        stored = (*batch, cols, ld)
 
         def allocate_cupy(stream: int, framework_stream: int):
             with cupy.cuda.Device(device):
                 if stream != framework_stream:  # CuPy's pool keeps blocks per stream: allocate on ours
                     with cupy.cuda.ExternalStream(stream):
-                        base = cupy.empty(stored, dtype=dtype.name)
+                        array = cupy_empty(cupy)
                 else:
-                    base = cupy.empty(stored, dtype=dtype.name)
-            array = (base if ld == rows else base[..., :rows]).swapaxes(-1, -2)
+                    array = cupy_empty(cupy)
             return array, array.data.ptr
         return allocate_cupy
-    size = max(math.prod(batch), 1) * ld * cols * dtype.itemsize
+    size = (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * dtype.itemsize
 
     def allocate_own(stream: int, framework_stream: int):
         buffer = DeviceBuffer(size, stream)
         return DeviceArray(buffer, shape, strides, dtype, device, stream), buffer.pointer
     return allocate_own
+
+
+def allocator(kind: str, batch: tuple[int, ...], rows: int, cols: int, ld: int, dtype: DType, device: int):
+    """Column-major (…, rows, cols) matrices with leading dimension ``ld`` (see ``_allocator``)."""
+    shape, strides = column_major(batch, rows, cols, ld)
+    stored = (*batch, cols, ld)
+
+    def cupy_empty(cupy):
+        base = cupy.empty(stored, dtype=dtype.name)
+        return (base if ld == rows else base[..., :rows]).swapaxes(-1, -2)
+    return _allocator(kind, shape, strides, dtype, device, cupy_empty)
 
 
 def vector_allocator(kind: str, batch: tuple[int, ...], length: int, dtype: DType, device: int):
-    """Like ``allocator``, for contiguous (…, length) vectors (bias gradients)."""
+    """Contiguous (…, length) vectors, such as bias gradients (see ``_allocator``)."""
     shape, strides = (*batch, length), ((length, 1) if batch else (1,))
-    if kind == "torch":
-        torch = sys.modules["torch"]
-        empty_strided, options = torch.empty_strided, {"dtype": getattr(torch, dtype.name),
-                                                       "device": torch.device("cuda", device)}
-
-        def allocate_torch(stream: int, framework_stream: int):
-            array = empty_strided(shape, strides, **options)
-            if stream != framework_stream:
-                array.record_stream(torch.cuda.ExternalStream(stream or 0, device=device))
-            return array, array.data_ptr()
-        return allocate_torch
-    if kind == "cupy" and dtype.typestr is not None:
-        cupy = sys.modules["cupy"]
-
-        def allocate_cupy(stream: int, framework_stream: int):
-            with cupy.cuda.Device(device):
-                if stream != framework_stream:
-                    with cupy.cuda.ExternalStream(stream):
-                        array = cupy.empty(shape, dtype=dtype.name)
-                else:
-                    array = cupy.empty(shape, dtype=dtype.name)
-            return array, array.data.ptr
-        return allocate_cupy
-    size = math.prod(shape) * dtype.itemsize
-
-    def allocate_own(stream: int, framework_stream: int):
-        buffer = DeviceBuffer(size, stream)
-        return DeviceArray(buffer, shape, strides, dtype, device, stream), buffer.pointer
-    return allocate_own
+    return _allocator(kind, shape, strides, dtype, device, lambda cupy: cupy.empty(shape, dtype=dtype.name))
 
 
 def to_framework(kind: str, array):

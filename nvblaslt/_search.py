@@ -60,18 +60,25 @@ def _enumerated(plan, workspace_limit: int) -> list[HeuristicResult]:
         stages = [0] + [s for s in (algorithm.capability("STAGES_IDS") or []) if s]
         for tile in tiles:
             for stage in stages:  # 0 (undefined) first: the library picks; else the first one accepted
-                algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(base)
-                candidate = Algorithm(algo, lib)
-                try:
-                    candidate.set("TILE_ID", tile)
-                    candidate.set("STAGES_ID", stage)
-                except CublasLtError:
-                    continue
-                result = _check(plan, algo)
-                if result is not None and result.workspace_size <= workspace_limit:
+                result = _configured(plan, base, {"TILE_ID": tile, "STAGES_ID": stage}, workspace_limit)
+                if result is not None:
                     found.append(result)
                     break
     return found
+
+
+def _configured(plan, base, settings: dict, workspace_limit: int) -> HeuristicResult | None:
+    """A copy of ``base`` with config ``settings``, if the library accepts it for this plan."""
+    lib = plan._lib
+    algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(base)
+    candidate = Algorithm(algo, lib)
+    try:
+        for attribute, value in settings.items():
+            candidate.set(attribute, value)
+    except CublasLtError:
+        return None
+    result = _check(plan, algo)
+    return result if result is not None and result.workspace_size <= workspace_limit else None
 
 
 def _heuristics_of_other_epilogs(plan, workspace_limit: int, epilogs=(1, 6, 4)) -> list[HeuristicResult]:
@@ -119,16 +126,11 @@ def _variants(plan, results, workspace_limit: int) -> list[HeuristicResult]:
         swizzles = [0, 1] if base.capability("CTA_SWIZZLING_SUPPORT") else [0]
         for cluster in cluster_shapes or [None]:
             for swizzle in swizzles:
-                algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(base.algo)
-                variant = Algorithm(algo, lib)
-                try:
-                    if cluster is not None:
-                        variant.set("CLUSTER_SHAPE_ID", cluster)
-                    variant.set("CTA_SWIZZLING", swizzle)
-                except CublasLtError:
-                    continue
-                checked = _check(plan, algo)
-                if checked is not None and checked.workspace_size <= workspace_limit:
+                settings = {"CTA_SWIZZLING": swizzle}
+                if cluster is not None:
+                    settings["CLUSTER_SHAPE_ID"] = cluster
+                checked = _configured(plan, base.algo, settings, workspace_limit)
+                if checked is not None:
                     found.append(checked)
     return found
 
