@@ -167,7 +167,7 @@ class Matmul:
         self.epilog, self._spec, self._epilog_inputs = epilog, spec, inputs
         self.algorithms = algorithms
         self._workspace_limit = prefs.workspace_limit
-        tuned = _search.recall(self)  # what an earlier autotune(search=True) found for this problem
+        tuned, remembered = _search.recall(self)  # what an earlier autotune(search=True) found
         if tuned is not None:
             algorithms.insert(0, tuned)
         workspace = max(r.workspace_size for r in algorithms)
@@ -178,6 +178,8 @@ class Matmul:
                                for key in inputs}
         self._select(algorithms[0])
         self._planned = True
+        if remembered.get("bias_gradient_form") == "split" and epilog in MASKING:
+            self._split = SplitBiasGradient(self, iterations=0)  # its masking plan recalls its own choice
         return algorithms
 
     def _prepare_outputs(self) -> None:
@@ -338,13 +340,14 @@ class Matmul:
         else:
             timings = time_algorithms(self, candidates, stream_h, iterations)
         self._select(timings[0][0])
-        if search and remember:
-            _search.remember(self, *timings[0])
         if search and self.epilog in MASKING:
-            self._choose_bias_gradient_form(stream_h, iterations)
+            self._choose_bias_gradient_form(stream_h, iterations, remember)
+        if search and remember:
+            form = getattr(self, "bias_gradient_form", None)
+            _search.remember(self, *timings[0], **({"bias_gradient_form": form[0]} if form else {}))
         return timings
 
-    def _choose_bias_gradient_form(self, stream_h: int, iterations: int) -> None:
+    def _choose_bias_gradient_form(self, stream_h: int, iterations: int, remember: bool) -> None:
         """Time fused *_BGRAD against masking epilog + row-sum GEMV; keep the faster."""
         from ._autotune import time_calls
 
@@ -359,6 +362,8 @@ class Matmul:
                                                                                              split_ms)
         if split_ms < fused_ms:
             self._split = split
+            if remember:  # so that a later plan of this problem rebuilds the split form without timing
+                _search.remember(split.masked, split.masked.algorithm, split_ms)
         else:
             split.free()
 

@@ -184,12 +184,15 @@ def _load() -> dict:
         return {}
 
 
-def remember(plan, result: HeuristicResult, milliseconds: float) -> None:
-    """Store the chosen algorithm (its 64 bytes, valid for this library version) for the problem."""
+def remember(plan, result: HeuristicResult, milliseconds: float, **extra) -> None:
+    """Store the chosen algorithm (its 64 bytes, valid for this library version) for the problem,
+    with ``extra`` facts about the choice (such as the bias-gradient form)."""
     with _lock:
         entries = _load()
-        entries[problem_key(plan)] = {"algo": bytes(result.algorithm.algo).hex(), "ms": milliseconds,
-                                      "config": dict(result.algorithm.config())}
+        entry = entries.get(problem_key(plan), {})
+        entry.update({"algo": bytes(result.algorithm.algo).hex(), "ms": milliseconds,
+                      "config": dict(result.algorithm.config()), **extra})
+        entries[problem_key(plan)] = entry
         path = cache_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
@@ -197,11 +200,11 @@ def remember(plan, result: HeuristicResult, milliseconds: float) -> None:
         temporary.replace(path)
 
 
-def recall(plan) -> HeuristicResult | None:
-    """The remembered algorithm for this plan's problem, if the library still accepts it."""
+def recall(plan) -> tuple[HeuristicResult | None, dict]:
+    """(the remembered algorithm, if the library still accepts it; the stored entry) for this plan."""
     entries = _load()
     entry = entries.get(problem_key(plan)) if entries else None
     if entry is None:
-        return None
+        return None, {}
     algo = plan._lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(bytes.fromhex(entry["algo"]))
-    return _check(plan, algo)
+    return _check(plan, algo), entry

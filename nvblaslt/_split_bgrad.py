@@ -24,6 +24,7 @@ class SplitBiasGradient:
     """The masking plan and the row-sum plan that stand in for one fused *_BGRAD plan."""
 
     def __init__(self, fused, iterations: int):
+        """``iterations`` > 0 autotunes the masking plan; 0 keeps what its plan chose (or recalled)."""
         from ._matmul import Matmul
 
         problem, device, stream = fused.problem, fused._device, fused._stream
@@ -35,7 +36,8 @@ class SplitBiasGradient:
         self.masked.problem.compute_type_name = problem.compute_type_name
         self.masked.plan(epilog=MASKING[fused.epilog], epilog_inputs=fused._epilog_inputs,
                          preferences={"limit": len(fused.algorithms), "workspace_limit": fused._workspace_limit})
-        self.masked.autotune(iterations=iterations)
+        if iterations:
+            self.masked.autotune(iterations=iterations)
 
         dtype, n = problem.d.dtype, problem.n
         self.ones = _memory.DeviceBuffer(n * dtype.itemsize, stream)

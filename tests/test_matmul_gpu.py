@@ -442,3 +442,21 @@ def test_bias_gradient_reaches_a_protocol_only_caller():
     d, aux = matmul(Protocol(a), Protocol(b), epilog="BGRADB")
     assert isinstance(aux["bgradb"], nvblaslt.DeviceArray) and aux["bgradb"].shape == (N,)
     assert rel_error(cupy.asarray(aux["bgradb"]).get(), b.get().sum(axis=0)) < 1e-5
+
+
+def test_the_bias_gradient_form_is_remembered_with_the_algorithm(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path))
+    x, w, bias = rand((1024, 256), "float16"), rand((256, 2048), "float16"), rand((1024,), "float16")
+    _, aux = matmul(x, w, epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias})
+    g1, g2 = rand((1024, 512), "float16"), rand((512, 2048), "float16")
+    reference, ref_outputs = matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
+    with Matmul(g1, g2) as tuned:
+        tuned.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
+        tuned.autotune(iterations=2, search=True)
+        form = tuned.bias_gradient_form[0]
+    with Matmul(g1, g2) as again:  # no autotune: the remembered choice comes back at plan time
+        again.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
+        assert (again._split is not None) == (form == "split")
+        d, outputs = again.execute()
+        assert rel_error(host(d), host(reference)) < 5e-3
+        assert rel_error(host(outputs["drelu_bgrad"]), host(ref_outputs["drelu_bgrad"])) < 2e-2
