@@ -290,7 +290,10 @@ def test_function_form_rebinds_new_arrays_and_keeps_none_alive():
         refs.append(weakref.ref(a))
         del a, b, bias, d
     gc.collect()
-    assert all(r() is None for r in refs), "a cached plan kept a caller's array alive"
+    alive = [r() for r in refs if r() is not None]
+    holders = [type(h).__name__ + (f" {sorted(h)[:6]}" if isinstance(h, dict) else "")
+               for x in alive for h in gc.get_referrers(x) if h is not alive]
+    assert not alive, f"a cached plan kept {len(alive)} of the caller's arrays alive; held by {holders}"
 
 
 def test_function_form_sees_an_array_changed_in_place_structurally():
