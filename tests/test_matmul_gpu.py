@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -291,8 +293,15 @@ def test_function_form_rebinds_new_arrays_and_keeps_none_alive():
         del a, b, bias, d
     gc.collect()
     alive = [r() for r in refs if r() is not None]
-    holders = [type(h).__name__ + (f" {sorted(h)[:6]}" if isinstance(h, dict) else "")
-               for x in alive for h in gc.get_referrers(x) if h is not alive]
+    def describe(holder):
+        if type(holder).__name__ == "frame":
+            owners = [type(o).__name__ for o in gc.get_referrers(holder) if o is not holders]
+            return f"frame of {holder.f_code.co_qualname} (line {holder.f_lineno}) held by {owners[:4]}"
+        return type(holder).__name__
+
+    holders: list = []
+    me = sys._getframe()
+    holders += [describe(h) for x in alive for h in gc.get_referrers(x) if h is not alive and h is not me]
     assert not alive, f"a cached plan kept {len(alive)} of the caller's arrays alive; held by {holders}"
 
 
