@@ -1,30 +1,26 @@
-"""Find algorithms the heuristics do not offer: enumerate algorithm ids, their tiles and stages,
-keep the configurations ``cublasLtMatmulAlgoCheck`` accepts for the plan, and let autotune
-time them. What autotune picks is remembered on disk, so a problem is searched once.
+"""Find algorithms the heuristics do not offer, most promising first: the heuristics' ranking beyond
+the plan's list, the picks they make for the same problem under other epilogs, cluster-shape and
+swizzle variants of those, then every algorithm id and tile. Each is kept only if
+``cublasLtMatmulAlgoCheck`` accepts it for the plan. Everything is read from the plan's C
+descriptors. ``_autotune`` screens them within its time budget, so the order matters: the
+enumeration of every id and tile (thousands of checks) runs only if the budget reaches it.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
-import os
-import threading
-from pathlib import Path
+from collections.abc import Iterable, Iterator
 
-from . import _cuda
-from ._descriptors import Algorithm, HeuristicResult
-from ._errors import CublasLtError
+from ._descriptors import Algorithm, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
+from ._errors import CublasLtError, NvblasltError
 
-
-def _types(plan):
-    api, problem = plan._lib.api, plan.problem
-    return (getattr(api, problem.compute_type_name), getattr(api, problem.scale_type_name),
-            getattr(api, problem.a.dtype.cuda), getattr(api, problem.b.dtype.cuda),
-            getattr(api, problem.c.dtype.cuda), getattr(api, problem.d.dtype.cuda))
+DEEPER_HEURISTICS = 64  # how far down the heuristics' own ranking to look
+OTHER_EPILOGS = (1, 6, 4)  # DEFAULT, RELU_BIAS, BIAS: their picks include tiles never paired with aux epilogues
+_BIAS_EPILOGS = (4, 6)
 
 
-def _check(plan, algo) -> HeuristicResult | None:
+def check_algorithm(plan, algo) -> HeuristicResult | None:
+    """``algo`` as the library accepts it for ``plan`` (workspace, waves), or None if it does not."""
     lib = plan._lib
     result = lib.api.cublasLtMatmulHeuristicResult_t()
     layouts = plan._layouts
@@ -36,7 +32,103 @@ def _check(plan, algo) -> HeuristicResult | None:
     return HeuristicResult(result, lib)
 
 
-def _enumerated(plan, workspace_limit: int) -> list[HeuristicResult]:
+def _types(plan) -> tuple[int, ...]:
+    """(compute type, scale type, A, B, C, D types) as cublasLtMatmulAlgoGetIds/Init take them."""
+    return (plan._desc.get("COMPUTE_TYPE"), plan._desc.get("SCALE_TYPE"),
+            *(layout.get("TYPE") for layout in plan._layouts))
+
+
+def _configured(plan, base, settings: dict, workspace_limit: int) -> HeuristicResult | None:
+    """A copy of ``base`` with config ``settings``, if the library accepts it for this plan."""
+    lib = plan._lib
+    algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(base)
+    candidate = Algorithm(algo, lib)
+    try:
+        for attribute, value in settings.items():
+            candidate.set(attribute, value)
+    except CublasLtError:
+        return None
+    result = check_algorithm(plan, algo)
+    return result if result is not None and result.workspace_size <= workspace_limit else None
+
+
+def _rechecked(plan, results: Iterable[HeuristicResult], workspace_limit: int) -> list[HeuristicResult]:
+    found = []
+    for other in results:
+        result = check_algorithm(plan, plan._lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(other.algorithm.algo))
+        if result is not None and result.workspace_size <= workspace_limit:
+            found.append(result)
+    return found
+
+
+def _deeper_heuristics(plan) -> list[HeuristicResult]:
+    """The heuristics' own ranking for this plan, past the plan's ``limit``."""
+    try:
+        return heuristics(plan._handle, plan._desc, *plan._layouts, plan._preference, count=DEEPER_HEURISTICS)
+    except CublasLtError:
+        return []
+
+
+def _desc_with_epilog(plan, epilog: int) -> MatmulDesc:
+    """A copy of the plan's MatmulDesc (types, transposes, scale pointers…) with another epilogue."""
+    lib, source = plan._lib, plan._desc
+    desc = MatmulDesc(source.get("COMPUTE_TYPE"), source.get("SCALE_TYPE"), lib=lib)
+    for member in lib.api.ATTRIBUTES[lib.api.cublasLtMatmulDescAttributes_t][2]:
+        if member.name.startswith(("EPILOGUE", "BIAS_")) or member.name in ("COMPUTE_TYPE", "SCALE_TYPE"):
+            continue
+        try:
+            value = source.get(member)
+            if value != desc.get(member):
+                desc.set(member, value)
+        except NvblasltError:  # absent from the loaded library, or read-only
+            continue
+    desc.set("EPILOGUE", epilog)
+    if epilog in _BIAS_EPILOGS:  # the heuristics want a pointer; nothing runs
+        desc.set("BIAS_POINTER", plan._workspace.pointer if plan._workspace else 256)
+    return desc
+
+
+def _heuristics_of_other_epilogs(plan, workspace_limit: int) -> list[HeuristicResult]:
+    """The heuristics' picks for the same problem under other epilogs, re-checked against this
+    plan: tiles the heuristics never pair with an aux epilogue, such as Hopper's 192x192, are
+    reached only this way (they are not in the capability lists)."""
+    lib = plan._lib
+    found = []
+    with MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib) as preference:
+        for name in ("A", "B", "C", "D"):
+            member = f"MIN_ALIGNMENT_{name}_BYTES"
+            preference.set(member, plan._preference.get(member))
+        for epilog in OTHER_EPILOGS:
+            if epilog == int(plan._desc.get("EPILOGUE")):
+                continue
+            try:
+                with _desc_with_epilog(plan, epilog) as desc:
+                    others = heuristics(plan._handle, desc, *plan._layouts, preference, count=16)
+            except CublasLtError:
+                continue
+            found += _rechecked(plan, others, workspace_limit)
+    return found
+
+
+def _variants(plan, base: HeuristicResult, workspace_limit: int) -> Iterator[HeuristicResult]:
+    """``base`` with other cluster shapes and CTA swizzling, where accepted."""
+    lib = plan._lib
+    cluster_shapes = [m.value for m in getattr(lib.api, "cublasLtClusterShape_t", [])
+                      if m.name in ("SHAPE_AUTO", "SHAPE_1x1x1", "SHAPE_2x1x1", "SHAPE_1x2x1", "SHAPE_2x2x1",
+                                    "SHAPE_4x1x1", "SHAPE_1x4x1")]
+    algorithm = base.algorithm
+    swizzles = [0, 1] if algorithm.capability("CTA_SWIZZLING_SUPPORT") else [0]
+    for cluster in cluster_shapes or [None]:
+        for swizzle in swizzles:
+            settings = {"CTA_SWIZZLING": swizzle}
+            if cluster is not None:
+                settings["CLUSTER_SHAPE_ID"] = cluster
+            checked = _configured(plan, algorithm.algo, settings, workspace_limit)
+            if checked is not None:
+                yield checked
+
+
+def _enumerated(plan, workspace_limit: int) -> Iterator[HeuristicResult]:
     """Every (algorithm id, tile) from the capability lists that the library accepts for this plan,
     with the stage count left to the library where it allows that."""
     lib = plan._lib
@@ -45,8 +137,7 @@ def _enumerated(plan, workspace_limit: int) -> list[HeuristicResult]:
     ids = (ctypes.c_int * 256)()
     count = ctypes.c_int()
     lib.cublasLtMatmulAlgoGetIds(handle, *types, 256, ids, ctypes.byref(count))
-    epilog = int(plan.epilog)
-    found = []
+    epilog = int(plan._desc.get("EPILOGUE"))
     for algo_id in ids[:count.value]:
         base = lib.api.cublasLtMatmulAlgo_t()
         try:
@@ -62,149 +153,52 @@ def _enumerated(plan, workspace_limit: int) -> list[HeuristicResult]:
             for stage in stages:  # 0 (undefined) first: the library picks; else the first one accepted
                 result = _configured(plan, base, {"TILE_ID": tile, "STAGES_ID": stage}, workspace_limit)
                 if result is not None:
-                    found.append(result)
+                    yield result
                     break
-    return found
 
 
-def _configured(plan, base, settings: dict, workspace_limit: int) -> HeuristicResult | None:
-    """A copy of ``base`` with config ``settings``, if the library accepts it for this plan."""
-    lib = plan._lib
-    algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(base)
-    candidate = Algorithm(algo, lib)
-    try:
-        for attribute, value in settings.items():
-            candidate.set(attribute, value)
-    except CublasLtError:
-        return None
-    result = _check(plan, algo)
-    return result if result is not None and result.workspace_size <= workspace_limit else None
+def candidates(plan, *, workspace_limit: int, incumbent: HeuristicResult | None = None) -> Iterator[HeuristicResult]:
+    """Configurations beyond the plan's heuristic list, without duplicates, most promising first:
+    the heuristics' deeper ranking, other epilogs' picks, cluster-shape and swizzle variants (of the
+    incumbent first, then of the heuristic picks), then every enumerated id and tile. Lazy: stop
+    iterating and the remaining checks are never made."""
+    seen = {config_key(r) for r in plan.algorithms}
 
+    def fresh(results: Iterable[HeuristicResult]) -> Iterator[HeuristicResult]:
+        for result in results:
+            key = config_key(result)
+            if key not in seen:
+                seen.add(key)
+                yield result
 
-def _heuristics_of_other_epilogs(plan, workspace_limit: int, epilogs=(1, 6, 4)) -> list[HeuristicResult]:
-    """The heuristics' picks for the same problem under other epilogs (DEFAULT, RELU_BIAS, BIAS),
-    re-checked against this plan: tiles the heuristics never pair with an aux epilogue, such as
-    Hopper's 192x192, are reached only this way (they are not in the capability lists)."""
-    from ._descriptors import MatmulDesc, MatmulPreference, heuristics
-
-    lib, api = plan._lib, plan._lib.api
-    found = []
-    with MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib) as preference:
-        for name in ("A", "B", "C", "D"):
-            member = f"MIN_ALIGNMENT_{name}_BYTES"
-            preference.set(member, plan._preference.get(member))
-        for epilog in epilogs:
-            if epilog == int(plan.epilog):
-                continue
-            with MatmulDesc(getattr(api, plan.problem.compute_type_name),
-                            getattr(api, plan.problem.scale_type_name), lib=lib) as desc:
-                desc.set("TRANSA", plan.problem.a.trans)
-                desc.set("TRANSB", plan.problem.b.trans)
-                desc.set("EPILOGUE", epilog)
-                if epilog in (4, 6):
-                    desc.set("BIAS_POINTER", plan._workspace.pointer if plan._workspace else 256)
-                try:
-                    others = heuristics(plan._handle, desc, *plan._layouts, preference, count=16)
-                except CublasLtError:
-                    continue
-            for other in others:
-                result = _check(plan, lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(other.algorithm.algo))
-                if result is not None and result.workspace_size <= workspace_limit:
-                    found.append(result)
-    return found
-
-
-def _variants(plan, results, workspace_limit: int) -> list[HeuristicResult]:
-    """Each configuration with other cluster shapes and CTA swizzling, where accepted."""
-    lib = plan._lib
-    cluster_shapes = [m.value for m in getattr(lib.api, "cublasLtClusterShape_t", [])
-                      if m.name in ("SHAPE_AUTO", "SHAPE_1x1x1", "SHAPE_2x1x1", "SHAPE_1x2x1", "SHAPE_2x2x1",
-                                    "SHAPE_4x1x1", "SHAPE_1x4x1")]
-    found = []
-    for result in results:
-        base = result.algorithm
-        swizzles = [0, 1] if base.capability("CTA_SWIZZLING_SUPPORT") else [0]
-        for cluster in cluster_shapes or [None]:
-            for swizzle in swizzles:
-                settings = {"CTA_SWIZZLING": swizzle}
-                if cluster is not None:
-                    settings["CLUSTER_SHAPE_ID"] = cluster
-                checked = _configured(plan, base.algo, settings, workspace_limit)
-                if checked is not None:
-                    found.append(checked)
-    return found
+    deeper = _rechecked(plan, _deeper_heuristics(plan), workspace_limit)
+    yield from fresh(deeper)
+    others = _heuristics_of_other_epilogs(plan, workspace_limit)
+    yield from fresh(others)
+    bases = [*([incumbent] if incumbent is not None else []), *plan.algorithms, *others, *deeper]
+    for base in bases:
+        yield from fresh(_variants(plan, base, workspace_limit))
+    yield from fresh(_enumerated(plan, workspace_limit))
 
 
 def configurations(plan, *, workspace_limit: int) -> list[HeuristicResult]:
-    """Candidates beyond the plan's heuristic list, each accepted by cublasLtMatmulAlgoCheck,
-    without duplicates: enumerated ids and tiles, other epilogs' heuristic picks, and cluster-shape
-    and swizzle variants of those and of the plan's own heuristic picks."""
-    seeds = _heuristics_of_other_epilogs(plan, workspace_limit)
-    found = [*_enumerated(plan, workspace_limit), *seeds,
-             *_variants(plan, [*plan.algorithms, *seeds], workspace_limit)]
-    unique, seen = [], {config_key(r) for r in plan.algorithms}
-    for result in found:
-        key = config_key(result)
-        if key not in seen:
-            seen.add(key)
-            unique.append(result)
-    return unique
+    """Every candidate beyond the plan's heuristic list (see ``candidates``), as a list."""
+    return list(candidates(plan, workspace_limit=workspace_limit))
 
 
 def config_key(result: HeuristicResult) -> tuple:
     return tuple(sorted(result.algorithm.config().items()))
 
 
-# ---- the tuning cache ---------------------------------------------------------------------------
-_lock = threading.Lock()
+def recall(plan):
+    """Transitional: ``Matmul.plan()`` calls this today; the cache is ``_tuning_cache.recall``."""
+    from ._tuning_cache import recall as recall_from_cache
+
+    return recall_from_cache(plan)
 
 
-def cache_path() -> Path:
-    root = os.environ.get("NVBLASLT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nvblaslt")
-    return Path(root) / "tuning.json"
+def remember(plan, result, milliseconds, **facts):
+    """Transitional: ``Matmul._autotune`` calls this until it delegates to ``_autotune.autotune``."""
+    from ._tuning_cache import remember as remember_in_cache
 
-
-def problem_key(plan) -> str:
-    """What the choice depends on: GPU, library version, shapes, layouts, types, epilog, alignment."""
-    problem, lib = plan.problem, plan._lib
-    props = _cuda.device_properties(plan._device)
-    parts = [props.name.decode(), lib.version, problem.batch_count, problem.m, problem.n, problem.k,
-             problem.compute_type_name, problem.scale_type_name, plan.epilog.name,
-             *[(s.trans, s.rows, s.cols, s.ld, s.batch_stride, s.dtype.name) for s in
-               (problem.a, problem.b, problem.c, problem.d)],
-             *[op.alignment if op is not None else 256 for op in plan._operands.values()]]
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
-
-
-def _load() -> dict:
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def remember(plan, result: HeuristicResult, milliseconds: float, **extra) -> None:
-    """Store the chosen algorithm (its 64 bytes, valid for this library version) for the problem,
-    with ``extra`` facts about the choice (such as the bias-gradient form)."""
-    with _lock:
-        entries = _load()
-        entry = entries.get(problem_key(plan), {})
-        entry.update({"algo": bytes(result.algorithm.algo).hex(), "ms": milliseconds,
-                      "config": dict(result.algorithm.config()), **extra})
-        entries[problem_key(plan)] = entry
-        path = cache_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(entries, indent=1))
-        temporary.replace(path)
-
-
-def recall(plan) -> tuple[HeuristicResult | None, dict]:
-    """(the remembered algorithm, if the library still accepts it; the stored entry) for this plan."""
-    entries = _load()
-    entry = entries.get(problem_key(plan)) if entries else None
-    if entry is None:
-        return None, {}
-    algo = plan._lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(bytes.fromhex(entry["algo"]))
-    return _check(plan, algo), entry
+    return remember_in_cache(plan, result, milliseconds, **facts)

@@ -1,0 +1,445 @@
+"""The on-disk tuning cache: the algorithm ``autotune(search=True)`` chose, per GPU, cuBLASLt
+version and problem, so that a later process plans it without searching again.
+
+A cache must never break a plan. What is read is validated, and a bad file is ignored with one
+warning; only regular files owned by this user are read, and they are opened non-blocking (a
+FIFO in the cache's place cannot hang ``plan()``); a recalled algorithm is re-checked with
+``cublasLtMatmulAlgoCheck`` before use. Writes merge with what is on disk under a file lock and
+replace the file atomically through an unpredictable temporary name, with private permissions.
+When the cache cannot be written, choices stay in memory for the process and one warning says why.
+
+File ``tuning.json`` in ``$NVBLASLT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/nvblaslt`` or
+``~/.cache/nvblaslt``): ``{"format": "nvblaslt-tuning-cache", "version": 1, "entries": {key: entry}}``,
+an entry being ``{"algo": 128 hex digits, "ms": float, "stored": unix time, ...facts}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import stat
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: writes stay atomic, without the lock
+    fcntl = None
+
+logger = logging.getLogger("nvblaslt")
+
+ENV_CACHE_DIR = "NVBLASLT_CACHE_DIR"
+FORMAT = "nvblaslt-tuning-cache"
+VERSION = 1
+ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8]
+MAX_FILE_BYTES = 16 << 20  # far beyond MAX_ENTRIES entries: a larger file is not ours
+MAX_ENTRIES = 4096  # beyond this the oldest entries are dropped
+LOCK_TIMEOUT_S = 10.0
+BIAS_GRADIENT_FORMS = ("fused", "split")
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class TuningCacheWarning(UserWarning):
+    """The tuning cache could not be read or written; planning goes on without it."""
+
+
+class _Unwritable(Exception):
+    """Why the cache file is not to be replaced (its text is the warning's)."""
+
+
+def cache_path() -> Path | None:
+    """Where the cache lives; None when there is no home directory to put it in."""
+    root = os.environ.get(ENV_CACHE_DIR) or os.environ.get("XDG_CACHE_HOME")
+    if root:
+        directory = root if os.environ.get(ENV_CACHE_DIR) else os.path.join(root, "nvblaslt")
+    else:
+        home = os.path.expanduser("~")
+        if home.startswith("~") or not os.path.isabs(home):  # no HOME and no passwd entry
+            return None
+        directory = os.path.join(home, ".cache", "nvblaslt")
+    return Path(directory) / "tuning.json"
+
+
+# ---- warnings: one per process, per path and topic -------------------------------------------------
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(path: Path | None, topic: str, message: str) -> None:
+    with _warned_lock:
+        if (str(path), topic) in _warned:
+            return
+        _warned.add((str(path), topic))
+    where = path if path is not None else "(no cache directory: HOME is not set)"
+    warnings.warn(f"nvblaslt tuning cache {where}: {message}", TuningCacheWarning, stacklevel=4)
+
+
+# ---- what a valid file and entry are -----------------------------------------------------------------
+def valid_entry(entry) -> bool:
+    """Whether ``entry`` is one that recall can use (an algorithm's bytes, a positive time…)."""
+    if not isinstance(entry, dict):
+        return False
+    algo = entry.get("algo")
+    if not isinstance(algo, str) or len(algo) != 2 * ALGO_BYTES:
+        return False
+    try:
+        if len(bytes.fromhex(algo)) != ALGO_BYTES:  # fromhex skips whitespace
+            return False
+    except ValueError:
+        return False
+    for name, required in (("ms", True), ("stored", False)):
+        if name not in entry and not required:
+            continue
+        value = entry.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            return False
+    return entry.get("bias_gradient_form", "fused") in BIAS_GRADIENT_FORMS
+
+
+@dataclass
+class Contents:
+    """What a cache file holds: its valid entries, what was wrong with it (None if nothing), and
+    whether a write may replace it (not when a newer nvblaslt wrote it)."""
+
+    entries: dict[str, dict] = field(default_factory=dict)
+    problem: str | None = None
+    replaceable: bool = True
+
+
+def parse(data: bytes) -> Contents:
+    """Validate a cache file's bytes; never raises."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return Contents(problem="is not valid JSON; ignored (the next search will replace it)")
+    if not isinstance(document, dict):
+        return Contents(problem=f"holds a JSON {type(document).__name__}, not a tuning cache; ignored "
+                                f"(the next search will replace it)")
+    if "format" not in document and document and all(isinstance(v, dict) and "algo" in v
+                                                      for v in document.values()):
+        logger.debug("tuning cache: an earlier nvblaslt's format; its entries are not reused")
+        return Contents()
+    version = document.get("version")
+    if document.get("format") != FORMAT or isinstance(version, bool) or not isinstance(version, int):
+        return Contents(problem="is not a tuning cache (no format and version); ignored "
+                                "(the next search will replace it)")
+    if version > VERSION:
+        return Contents(problem=f"was written by a newer nvblaslt (format version {version}); left as is, "
+                                f"and this process keeps its choices in memory", replaceable=False)
+    entries = document.get("entries")
+    if not isinstance(entries, dict):
+        return Contents(problem="has no entries table; ignored (the next search will replace it)")
+    valid = {k: v for k, v in entries.items() if isinstance(k, str) and valid_entry(v)}
+    bad = len(entries) - len(valid)
+    return Contents(valid, f"{bad} of {len(entries)} entries are invalid and ignored" if bad else None)
+
+
+def _read(path: Path) -> tuple[Contents, tuple | None]:
+    """(contents, the file's identity for change detection) — never opening what is not a regular
+    file owned by this user, and never blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC)
+    except FileNotFoundError:
+        return Contents(), None
+    except OSError as error:
+        return Contents(problem=f"cannot be read ({error.strerror}); ignored"), None
+    try:
+        info = os.fstat(fd)
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        if not stat.S_ISREG(info.st_mode):
+            return Contents(problem="is not a regular file; ignored"), identity
+        if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+            return Contents(problem=f"belongs to another user (uid {info.st_uid}); ignored",
+                            replaceable=False), identity
+        if info.st_size > MAX_FILE_BYTES:
+            return Contents(problem=f"is larger than {MAX_FILE_BYTES >> 20} MiB; ignored"), identity
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        return Contents(problem=f"cannot be read ({error.strerror}); ignored"), None
+    finally:
+        os.close(fd)
+    return parse(data), identity
+
+
+def _document(entries: dict[str, dict]) -> bytes:
+    return json.dumps({"format": FORMAT, "version": VERSION, "entries": entries}, indent=1,
+                      sort_keys=True).encode()
+
+
+# ---- the cache of one path -------------------------------------------------------------------------
+class TuningCache:
+    """The tuning cache at ``path`` (None: memory only). ``lookup`` and ``store`` never raise for
+    anything found on disk; they warn once per process and carry on."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._memory: dict[str, dict] = {}  # what this process stored, written or not
+        self._disk: dict[str, dict] = {}
+        self._identity: tuple | None = None  # of the file self._disk was read from
+
+    def lookup(self, key: str) -> dict | None:
+        """The entry for ``key`` (a copy), from this process's choices or the file; None if none."""
+        with self._lock:
+            entry = self._memory.get(key)
+            if entry is None:
+                self._refresh()
+                entry = self._disk.get(key)
+            return dict(entry) if entry is not None else None
+
+    def entries(self) -> dict[str, dict]:
+        """Every valid entry this process can see, the file's and its own."""
+        with self._lock:
+            self._refresh()
+            return _newest(self._disk, self._memory)
+
+    def store(self, key: str, entry: dict) -> bool:
+        """Remember ``entry`` under ``key``: in memory at once, and on disk merged with what other
+        processes wrote. Returns whether the file was written."""
+        entry = {**entry, "stored": time.time()}
+        if not valid_entry(entry):
+            raise ValueError(f"not a valid tuning-cache entry: {entry!r}")
+        with self._lock:
+            self._memory[key] = entry
+            if self.path is None:
+                _warn_once(None, "write", "cannot be written; choices are kept in memory for this process")
+                return False
+            try:
+                self._write()
+            except (OSError, _Unwritable) as error:
+                reason = error.strerror or str(error) if isinstance(error, OSError) else str(error)
+                _warn_once(self.path, "write", f"cannot be written ({reason}); choices are kept in memory "
+                                              f"for this process")
+                return False
+            return True
+
+    def _refresh(self) -> None:
+        """Re-read the file if it changed since it was last read."""
+        if self.path is None:
+            return
+        try:
+            info = os.stat(self.path)
+            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        except OSError:
+            identity = None
+        if identity is not None and identity == self._identity:
+            return
+        contents, self._identity = _read(self.path)
+        self._disk = contents.entries
+        if contents.problem:
+            _warn_once(self.path, "read", contents.problem)
+
+    def _write(self) -> None:
+        directory = self.path.parent
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        with self._locked():
+            contents, _ = _read(self.path)  # read again under the lock: other processes' entries
+            if not contents.replaceable:
+                raise _Unwritable(contents.problem)
+            merged = _newest(contents.entries, self._memory)
+            if len(merged) > MAX_ENTRIES:
+                kept = sorted(merged, key=lambda k: merged[k].get("stored", 0), reverse=True)[:MAX_ENTRIES]
+                merged = {k: merged[k] for k in kept}
+            fd, temporary = tempfile.mkstemp(prefix=".tuning.", suffix=".tmp", dir=directory)  # mode 0o600
+            try:
+                with os.fdopen(fd, "wb") as file:
+                    file.write(_document(merged))
+                    file.flush()
+                    os.fsync(file.fileno())
+                os.replace(temporary, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise
+            self._disk = merged
+            try:
+                info = os.stat(self.path)
+                self._identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            except OSError:
+                self._identity = None
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """An exclusive flock on ``tuning.json.lock``: writers take turns, so none loses another's entries."""
+        if fcntl is None:
+            yield
+            return
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, 0o600)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _Unwritable(f"its lock file {lock_path.name} is not a regular file")
+            deadline = time.monotonic() + LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise _Unwritable(f"another process held {lock_path.name} for {LOCK_TIMEOUT_S:.0f} s")
+                    time.sleep(0.005)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def _newest(*tables: dict[str, dict]) -> dict[str, dict]:
+    """The tables merged, keeping for each key the entry stored last."""
+    merged: dict[str, dict] = {}
+    for table in tables:
+        for key, entry in table.items():
+            if key not in merged or entry.get("stored", 0) >= merged[key].get("stored", 0):
+                merged[key] = entry
+    return merged
+
+
+_caches: dict[Path | None, TuningCache] = {}
+_caches_lock = threading.Lock()
+
+
+def cache_at(path: Path | None) -> TuningCache:
+    """This process's TuningCache for ``path`` (one per path, so warnings and memory are shared)."""
+    with _caches_lock:
+        cache = _caches.get(path)
+        if cache is None:
+            cache = _caches[path] = TuningCache(path)
+        return cache
+
+
+# ---- the problem key, read from the plan's C descriptors -----------------------------------------
+# Set per execute for output epilogs (aux, bias gradient), so their nullness says only whether the
+# plan has run; EPILOGUE already says whether they exist.
+_PER_CALL_POINTERS = frozenset({"BIAS_POINTER", "EPILOGUE_AUX_POINTER"})
+# Checked at recall instead (a remembered algorithm must fit the plan's workspace), so that plans
+# with other limits still find the entry.
+_CHECKED_AT_RECALL = frozenset({"MAX_WORKSPACE_BYTES"})
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_identity(device: int) -> dict:
+    """What makes one GPU's best kernel differ from another's: name, compute capability, SMs
+    (a MIG slice keeps the name but has fewer)."""
+    from . import _cuda
+
+    props = _cuda.device_properties(device)
+    return {"name": props.name.decode(errors="replace"), "cc": list(_cuda.compute_capability(device)),
+            "sms": int(props.multiProcessorCount)}
+
+
+def _attribute_values(descriptor, enum_name: str, skip=frozenset()) -> dict:
+    """Every attribute the loaded library reports for ``descriptor``; pointers as set or not."""
+    lib = descriptor.lib
+    enum_type = getattr(lib.api, enum_name)
+    values = {}
+    for member, (ctype, _is_array) in lib.api.ATTRIBUTES[enum_type][2].items():
+        if member.name in skip or (ctype is ctypes.c_void_p and member.name in _PER_CALL_POINTERS):
+            continue
+        try:
+            value = descriptor.get(member)
+        except Exception:  # an attribute the loaded library does not have (it fails the same way every time)
+            continue
+        values[member.name] = value is not None and value != 0 if ctype is ctypes.c_void_p else value
+    return values
+
+
+def problem_description(plan) -> dict:
+    """Everything the choice of kernel depends on, read from the plan's C descriptors: GPU,
+    cuBLASLt version, every attribute of the four layouts, the matmul descriptor (pointers only as
+    set or not) and the preference."""
+    return {"gpu": gpu_identity(plan._device), "cublaslt": list(plan._lib.version_tuple),
+            "desc": _attribute_values(plan._desc, "cublasLtMatmulDescAttributes_t"),
+            "layouts": [_attribute_values(layout, "cublasLtMatrixLayoutAttribute_t") for layout in plan._layouts],
+            "preference": _attribute_values(plan._preference, "cublasLtMatmulPreferenceAttributes_t",
+                                            skip=_CHECKED_AT_RECALL)}
+
+
+def problem_key(description: dict) -> str:
+    return hashlib.sha256(json.dumps(description, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:40]
+
+
+def problem_summary(description: dict, api=None) -> str:
+    """One line for people: epilogue, D's shape, types and GPU."""
+
+    def name(enum_name, value):
+        enum_type = getattr(api, enum_name, None)
+        try:
+            return enum_type(value).name if enum_type is not None else str(value)
+        except ValueError:
+            return str(value)
+
+    desc, layouts = description.get("desc", {}), description.get("layouts", [{}] * 4)
+    d = layouts[3] if len(layouts) == 4 else {}
+    batch = d.get("BATCH_COUNT", 1)
+    types = "/".join(name("cudaDataType_t", layout.get("TYPE")) for layout in layouts)
+    return (f"{name('cublasLtEpilogue_t', desc.get('EPILOGUE'))} D {d.get('ROWS')}x{d.get('COLS')}"
+            f"{f'x{batch}' if batch != 1 else ''} A/B/C/D {types} "
+            f"transa={desc.get('TRANSA')} transb={desc.get('TRANSB')} on {description['gpu']['name']}")
+
+
+def describe_algorithm(result) -> str:
+    algorithm = result.algorithm
+    try:
+        return f"id {algorithm.id} tile {algorithm.tile} stages {algorithm.stages}"
+    except Exception:  # a tile or stage value this module's enums do not name
+        return f"id {algorithm.id}"
+
+
+# ---- what Matmul and autotune call ----------------------------------------------------------------
+def recall(plan) -> tuple[object | None, dict]:
+    """(the remembered HeuristicResult, if the library still accepts it for this plan and it fits the
+    plan's workspace limit; the stored entry) — or (None, {}). Never raises for the cache's sake."""
+    from . import _search
+
+    try:
+        description = problem_description(plan)
+        entry = cache_at(cache_path()).lookup(problem_key(description))
+    except Exception as error:  # the cache must never break a plan
+        _warn_once(cache_path(), "key", f"skipped: the problem could not be described ({error})")
+        return None, {}
+    summary = problem_summary(description, plan._lib.api)
+    if entry is None:
+        logger.debug("tuning cache: nothing remembered for %s", summary)
+        return None, {}
+    algo_type = plan._lib.api.cublasLtMatmulAlgo_t
+    raw = bytes.fromhex(entry["algo"])
+    result = _search.check_algorithm(plan, algo_type.from_buffer_copy(raw)) if len(raw) == ctypes.sizeof(
+        algo_type) else None
+    if result is None or result.workspace_size > plan._workspace_limit:
+        logger.info("tuning cache: the remembered algorithm for %s is not accepted for this plan; ignored", summary)
+        return None, {}
+    form = entry.get("bias_gradient_form")
+    logger.info("tuning cache hit: %s for %s (%.3f ms when searched%s); no search", describe_algorithm(result),
+                summary, entry["ms"], f", {form} bias-gradient form" if form else "")
+    return result, entry
+
+
+def remember(plan, result, milliseconds: float, **facts) -> bool:
+    """Store ``result`` (its 64 bytes, valid for this library version) as the choice for ``plan``'s
+    problem, with ``facts`` about the choice (such as ``bias_gradient_form``). Returns whether it
+    reached the disk; it is in this process's memory either way."""
+    try:
+        description = problem_description(plan)
+    except Exception as error:  # the cache must never break autotune
+        _warn_once(cache_path(), "key", f"skipped: the problem could not be described ({error})")
+        return False
+    entry = {**facts, "algo": bytes(result.algorithm.algo).hex(), "ms": float(milliseconds),
+             "config": {k: int(v) for k, v in result.algorithm.config().items()},
+             "problem": problem_summary(description, plan._lib.api)}
+    stored = cache_at(cache_path()).store(problem_key(description), entry)
+    logger.info("tuning cache: remembered %s for %s%s", describe_algorithm(result), entry["problem"],
+                "" if stored else " (in memory only)")
+    return stored
