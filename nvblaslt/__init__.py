@@ -25,7 +25,10 @@ from ._errors import (
 )
 from ._epilogs import MatmulEpilog
 from ._loader import Library, library, load
-from ._matmul import Matmul, MatmulPlanPreferences, clear_plan_cache, matmul
+from ._function_form import clear_plan_cache, matmul
+from ._options import (MatmulEpilogPreferences, MatmulOptions, MatmulPlanPreferences, MatmulQuantizationScales,
+                       qualifiers_dtype)
+from ._plan import Matmul
 from ._memory import DeviceArray
 from ._logging import set_log_level
 
@@ -33,13 +36,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Algorithm", "CublasLtError", "CudaError", "DeviceArray", "Handle", "HeuristicResult", "Library",
-    "LibraryNotFoundError", "Matmul", "MatmulDesc", "MatmulEpilog", "MatmulPlanPreferences", "MatmulPreference",
+    "LibraryNotFoundError", "Matmul", "MatmulDesc", "MatmulEpilog", "MatmulEpilogPreferences", "MatmulOptions",
+    "MatmulPlanPreferences", "MatmulPreference", "MatmulQuantizationScales",
     "MatrixLayout", "NvblasltError", "NvblasltTypeError", "NvblasltValueError", "clear_plan_cache", "heuristics",
     "library", "load", "lt", "matmul", "set_log_level",
 ]
 
 
 def __getattr__(name: str):
+    if name == "matrix_qualifiers_dtype":  # NumPy is imported only by those who ask for it
+        return qualifiers_dtype.get()
     if name == "lt":  # loads the library: deferred so that `import nvblaslt` stays cheap
         import importlib
 

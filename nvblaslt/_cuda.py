@@ -10,6 +10,13 @@ from cuda.bindings import runtime as cudart
 from ._errors import CudaError
 
 SUCCESS = cudart.cudaError_t.cudaSuccess
+# First-contact failures, said in a user's words after CUDA's own.
+_HINTS = {
+    "cudaErrorInsufficientDriver": "; no NVIDIA driver new enough for this CUDA runtime is loaded (is there a GPU "
+                                   "and driver on this machine? `nvblaslt info` / `nvidia-smi` tell)",
+    "cudaErrorNoDevice": "; no CUDA GPU is visible to this process (check CUDA_VISIBLE_DEVICES and `nvidia-smi`)",
+    "cudaErrorMemoryAllocation": "; the GPU is out of memory (free arrays or plans, or use smaller problems)",
+}
 
 
 def check(result, call: str = "CUDA call"):
@@ -17,7 +24,8 @@ def check(result, call: str = "CUDA call"):
     error, *values = result
     if error != SUCCESS:
         _, text = cudart.cudaGetErrorString(error)
-        raise CudaError(f"{call} failed: {error.name} ({int(error)}): {text.decode()}")
+        hint = _HINTS.get(error.name, "")
+        raise CudaError(f"{call} failed: {error.name} ({int(error)}): {text.decode()}{hint}")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -26,6 +34,9 @@ def check(result, call: str = "CUDA call"):
 @contextlib.contextmanager
 def on_device(device: int):
     """Make ``device`` current for the block (allocations and handles land there), then restore."""
+    if not several_devices():  # one GPU (or none): there is nothing to switch
+        yield
+        return
     previous = current_device()
     if previous != device:
         check(cudart.cudaSetDevice(device), "cudaSetDevice")
@@ -65,3 +76,9 @@ def compute_capability(device: int) -> tuple[int, int]:
     minor = check(cudart.cudaDeviceGetAttribute(
         cudart.cudaDeviceAttr.cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute")
     return major, minor
+
+
+def is_capturing(stream: int) -> bool:
+    """Whether ``stream`` is capturing a CUDA graph (then nothing may allocate or synchronize on it)."""
+    error, status = cudart.cudaStreamIsCapturing(stream)
+    return error == SUCCESS and status != cudart.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone

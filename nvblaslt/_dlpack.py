@@ -10,6 +10,7 @@ import ctypes
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
 FLAG_READ_ONLY = 1 << 0
+MAX_NDIM = 64
 
 
 class DLDevice(ctypes.Structure):
@@ -64,6 +65,8 @@ _capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p
 
 def read_capsule(capsule) -> tuple[DLTensor, bool]:
     """(the DLTensor, read-only flag) of a ``dltensor`` or ``dltensor_versioned`` capsule."""
+    if type(capsule).__name__ != "PyCapsule":
+        raise ValueError(f"__dlpack__ returned a {type(capsule).__name__}, not a DLPack capsule")
     if _is_valid(capsule, b"dltensor_versioned"):
         managed = DLManagedTensorVersioned.from_address(_get_pointer(capsule, b"dltensor_versioned"))
         return managed.dl_tensor, bool(managed.flags & FLAG_READ_ONLY)
@@ -75,6 +78,10 @@ def read_capsule(capsule) -> tuple[DLTensor, bool]:
 def tensor_shape(tensor: DLTensor) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """(shape, strides in elements or None for compact row-major)."""
     ndim = tensor.ndim
+    if not 0 <= ndim <= MAX_NDIM:  # never read a shape array past what any real tensor has
+        raise ValueError(f"DLPack tensor claims {ndim} dimensions (expected 0 to {MAX_NDIM})")
+    if ndim and not tensor.shape:
+        raise ValueError("DLPack tensor has dimensions but a NULL shape array")
     shape = tuple((ctypes.c_int64 * ndim).from_address(tensor.shape)) if ndim else ()
     strides = tuple((ctypes.c_int64 * ndim).from_address(tensor.strides)) if tensor.strides and ndim else None
     return shape, strides

@@ -19,20 +19,26 @@ from . import _cuda, _dlpack
 from ._dtypes import DType
 
 
-def _free_async(pointer: int, stream: int) -> None:
-    if cudart.cudaFreeAsync(pointer, stream)[0] != _cuda.SUCCESS:
+def _free_async(pointer: int, last_stream: list) -> None:
+    if cudart.cudaFreeAsync(pointer, last_stream[0])[0] != _cuda.SUCCESS:
         cudart.cudaFree(pointer)  # the stream is gone: free synchronously
 
 
 class DeviceBuffer:
-    """Raw device memory from ``cudaMallocAsync``, freed stream-ordered when released."""
+    """Raw device memory from ``cudaMallocAsync``, freed stream-ordered when released: on the last
+    stream that used it (``used_on``), so a kernel still queued there finishes first."""
 
-    __slots__ = ("pointer", "size", "_finalizer", "__weakref__")
+    __slots__ = ("pointer", "size", "_last_stream", "_finalizer", "__weakref__")
 
     def __init__(self, size: int, stream: int = 0):
         self.size = size
+        self._last_stream = [stream]
         self.pointer = _cuda.check(cudart.cudaMallocAsync(max(size, 1), stream), "cudaMallocAsync") if size else 0
-        self._finalizer = weakref.finalize(self, _free_async, self.pointer, stream) if size else None
+        self._finalizer = weakref.finalize(self, _free_async, self.pointer, self._last_stream) if size else None
+
+    def used_on(self, stream: int) -> None:
+        """Record that work on ``stream`` uses this memory (callers order streams among themselves)."""
+        self._last_stream[0] = stream
 
     def release(self) -> None:
         if self._finalizer is not None:
@@ -170,3 +176,23 @@ def to_framework(kind: str, array):
 
         return numba.cuda.as_cuda_array(array)
     return array
+
+
+def span_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Elements from the first to the last one a (non-negatively) strided array touches."""
+    if not shape:
+        return 1
+    if 0 in shape:
+        return 0
+    return sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+
+
+def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType, device: int):
+    """Arrays of any ``shape`` and element ``strides`` (see ``_allocator``)."""
+    span = span_elements(shape, strides)
+    byte_strides = tuple(s * dtype.itemsize for s in strides)
+
+    def cupy_empty(cupy):
+        base = cupy.empty((span,), dtype=dtype.name)
+        return cupy.lib.stride_tricks.as_strided(base, shape, byte_strides)
+    return _allocator(kind, shape, strides, dtype, device, cupy_empty)

@@ -7,18 +7,21 @@ DLPack comes first: its dtype codes are unambiguous (CAI cannot tell bfloat16 fr
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 
 from cuda.bindings import runtime as cudart
 
 from . import _cuda, _dlpack, _dtypes
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._errors import CudaError, NvblasltTypeError, NvblasltValueError
 from ._memory import DeviceArray, _wait
 from ._streams import dlpack_stream
 
 # Top-level module of an array's type -> the framework results are returned in.
-_KINDS = {"cupy": "cupy", "torch": "torch", "jax": "jax", "jaxlib": "jax", "numba": "numba"}
+_KINDS = {"cupy": "cupy", "torch": "torch", "jax": "jax", "jaxlib": "jax", "numba": "numba", "numpy": "numpy"}
+_MAX_NDIM = 64  # far beyond any matmul operand; a capsule claiming more is malformed
+_MAX_EXTENT = 1 << 62
 
 
 @dataclass(slots=True)
@@ -30,7 +33,8 @@ class Operand:
     dtype: _dtypes.DType
     device: int
     readonly: bool
-    kind: str  # cupy, torch, jax, numba or protocol
+    kind: str  # cupy, torch, jax, numba, numpy or protocol
+    host: bool = False  # in host memory (NumPy, CPU torch): staged to the GPU before use
 
     @property
     def alignment(self) -> int:
@@ -61,19 +65,35 @@ def _compact_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _checked_layout(shape, strides, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Extents and element strides as plain ints, refused when no real array could have them."""
+    for what, values in (("shape", shape), ("strides", strides)):
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            raise NvblasltTypeError(f"{name}: {what} must be integers, got {tuple(values)!r}")
+    if any(n < 0 for n in shape):
+        raise NvblasltValueError(f"{name}: negative extent in shape {tuple(shape)}")
+    if any(not -_MAX_EXTENT < v < _MAX_EXTENT for v in (*shape, *strides)) or math.prod(shape) >= _MAX_EXTENT:
+        raise NvblasltValueError(f"{name}: shape {tuple(shape)} / strides {tuple(strides)} overflow 64-bit "
+                                 f"addressing")
+    return tuple(int(n) for n in shape), tuple(int(s) for s in strides)
+
+
 def _read_dlpack(obj, name: str, stream: int) -> Operand:
     device_type, device_id = obj.__dlpack_device__()
-    if device_type not in (_dlpack.KDL_CUDA, _dlpack.KDL_CUDA_MANAGED):
-        where = {_dlpack.KDL_CPU: "host (kDLCPU)", _dlpack.KDL_CUDA_HOST: "pinned host (kDLCUDAHost)"}
-        raise NvblasltTypeError(
-            f"{name}: expected an array in GPU memory, got a {type(obj).__name__} on the "
-            f"{where.get(device_type, f'DLPack device type {device_type}')}"
-        )
-    try:
-        capsule = obj.__dlpack__(stream=dlpack_stream(stream), max_version=(1, 0))
-    except TypeError:  # a producer from before DLPack 1.0
-        capsule = obj.__dlpack__(stream=dlpack_stream(stream))
+    host = device_type in (_dlpack.KDL_CPU, _dlpack.KDL_CUDA_HOST)
+    if not host and device_type not in (_dlpack.KDL_CUDA, _dlpack.KDL_CUDA_MANAGED):
+        raise NvblasltTypeError(f"{name}: expected an array in GPU or host memory, got a {type(obj).__name__} on "
+                                f"DLPack device type {device_type}")
+    if host:
+        capsule = obj.__dlpack__()
+    else:
+        try:
+            capsule = obj.__dlpack__(stream=dlpack_stream(stream), max_version=(1, 0))
+        except TypeError:  # a producer from before DLPack 1.0
+            capsule = obj.__dlpack__(stream=dlpack_stream(stream))
     tensor, readonly = _dlpack.read_capsule(capsule)
+    if not 0 <= tensor.ndim <= _MAX_NDIM:
+        raise NvblasltValueError(f"{name}: DLPack tensor claims {tensor.ndim} dimensions (expected 0 to {_MAX_NDIM})")
     dtype = _dtypes.from_dlpack(tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes)
     if dtype is None:
         raise NvblasltTypeError(
@@ -81,42 +101,77 @@ def _read_dlpack(obj, name: str, stream: int) -> Operand:
             f"{tensor.dtype.lanes} lanes); expected one of {', '.join(d.name for d in _dtypes.ALL)}"
         )
     shape, strides = _dlpack.tensor_shape(tensor)
-    return Operand(obj, (tensor.data or 0) + tensor.byte_offset, shape, strides or _compact_strides(shape),
-                   dtype, device_id, readonly, kind_of(obj))
+    shape, strides = _checked_layout(shape, strides or _compact_strides(shape), name)
+    pointer = (tensor.data or 0) + tensor.byte_offset
+    if not pointer and math.prod(shape):
+        raise NvblasltValueError(f"{name}: NULL data pointer for a non-empty array of shape {shape}")
+    return Operand(obj, pointer, shape, strides, dtype, device_id if not host else -1, readonly, kind_of(obj), host)
 
 
 def _pointer_device(pointer: int, name: str) -> int:
     error, attributes = cudart.cudaPointerGetAttributes(pointer)
+    if error not in (_cuda.SUCCESS, cudart.cudaError_t.cudaErrorInvalidValue):
+        _cuda.check((error, None), f"cudaPointerGetAttributes for {name}")  # no driver or GPU: say so
     if error != _cuda.SUCCESS or attributes.type not in (cudart.cudaMemoryType.cudaMemoryTypeDevice,
                                                          cudart.cudaMemoryType.cudaMemoryTypeManaged):
         raise NvblasltTypeError(f"{name}: expected a pointer to GPU memory, got 0x{pointer:x} (not device memory)")
     return attributes.device
 
 
-def _read_cai(obj, name: str, stream: int) -> Operand:
-    interface = obj.__cuda_array_interface__
+def _read_interface(obj, interface: dict, name: str, protocol: str) -> tuple:
+    """(pointer, shape, strides, dtype, readonly) from a CAI or NumPy array-interface dict."""
+    if not isinstance(interface, dict):
+        raise NvblasltTypeError(f"{name}: {protocol} is a {type(interface).__name__}, expected a dict")
     if interface.get("mask") is not None:
-        raise NvblasltValueError(f"{name}: masked arrays are not supported (__cuda_array_interface__ has a mask)")
-    dtype = _dtypes.from_typestr(interface["typestr"])
+        raise NvblasltValueError(f"{name}: masked arrays are not supported ({protocol} has a mask)")
+    typestr = interface.get("typestr")
+    dtype = _dtypes.from_typestr(typestr) if isinstance(typestr, str) else None
     if dtype is None:
         raise NvblasltTypeError(
-            f"{name}: unsupported __cuda_array_interface__ typestr {interface['typestr']!r}; expected one of "
-            f"{', '.join(sorted(_dtypes.BY_TYPESTR))} (bfloat16 and fp8 need DLPack: CAI cannot name them)"
+            f"{name}: unsupported {protocol} typestr {typestr!r}; expected one of "
+            f"{', '.join(sorted(_dtypes.BY_TYPESTR))} (bfloat16 and fp8 need DLPack: the typestr cannot name them)"
         )
-    shape = tuple(interface["shape"])
-    pointer, readonly = interface["data"]
+    shape = interface.get("shape")
+    data = interface.get("data")
+    if not isinstance(shape, (tuple, list)) or len(shape) > _MAX_NDIM:
+        raise NvblasltTypeError(f"{name}: {protocol} shape must be a tuple of at most {_MAX_NDIM} ints, got {shape!r}")
+    if not isinstance(data, (tuple, list)) or len(data) != 2 or isinstance(data[0], bool) \
+            or not isinstance(data[0], int) or data[0] < 0:
+        raise NvblasltTypeError(f"{name}: {protocol} data must be (pointer, read-only flag), got {data!r}")
     byte_strides = interface.get("strides")
     if byte_strides is None:
-        strides = _compact_strides(shape)
+        shape, strides = _checked_layout(tuple(shape), _compact_strides(tuple(s if isinstance(s, int) else 1
+                                                                                 for s in shape)), name)
     else:
+        if not isinstance(byte_strides, (tuple, list)) or len(byte_strides) != len(shape):
+            raise NvblasltTypeError(f"{name}: {protocol} strides {byte_strides!r} do not match shape {shape!r}")
+        shape, byte_strides = _checked_layout(tuple(shape), tuple(byte_strides), name)
         if any(s % dtype.itemsize for s in byte_strides):
             raise NvblasltValueError(f"{name}: strides {byte_strides} (bytes) are not multiples of the item size")
         strides = tuple(s // dtype.itemsize for s in byte_strides)
+    pointer = data[0]
+    if not pointer and math.prod(shape):
+        raise NvblasltValueError(f"{name}: NULL data pointer for a non-empty array of shape {shape}")
+    return pointer, shape, strides, dtype, bool(data[1])
+
+
+def _read_cai(obj, name: str, stream: int) -> Operand:
+    interface = obj.__cuda_array_interface__
+    pointer, shape, strides, dtype, readonly = _read_interface(obj, interface, name, "__cuda_array_interface__")
     producer_stream = interface.get("stream")
     if producer_stream is not None:  # CAI v3: order the producer's work before ours
+        if isinstance(producer_stream, bool) or not isinstance(producer_stream, int) or producer_stream == 0:
+            raise NvblasltValueError(f"{name}: __cuda_array_interface__ stream must be a non-zero int, got "
+                                     f"{producer_stream!r}")
         _wait(0 if producer_stream in (1, 2) else producer_stream, stream)
     device = _pointer_device(pointer, name) if pointer else _cuda.current_device()
-    return Operand(obj, pointer or 0, shape, strides, dtype, device, bool(readonly), kind_of(obj))
+    return Operand(obj, pointer or 0, shape, strides, dtype, device, readonly, kind_of(obj))
+
+
+def _read_host_interface(obj, name: str) -> Operand:
+    pointer, shape, strides, dtype, readonly = _read_interface(obj, obj.__array_interface__, name,
+                                                               "__array_interface__")
+    return Operand(obj, pointer, shape, strides, dtype, -1, readonly, kind_of(obj), True)
 
 
 def fingerprint(obj, kind: str):
@@ -152,32 +207,44 @@ def read_cached(obj, name: str, stream: int) -> Operand:
         if len(_recent) >= _RECENT_SIZE:
             _recent.pop(next(iter(_recent)))
         # the fields without the array itself: the cache must not keep arrays alive
-        fields = (op.ptr, op.shape, op.strides, op.dtype, op.device, op.readonly, op.kind)
+        fields = (op.ptr, op.shape, op.strides, op.dtype, op.device, op.readonly, op.kind, op.host)
         _recent[id(obj)] = (reference, fingerprint(obj, kind), fields)
     return op
 
 
 def read(obj, name: str, stream: int) -> Operand:
-    """The operand ``name`` as nvblaslt sees it; raises before any pointer is used."""
+    """The operand ``name`` as nvblaslt sees it; raises before any pointer is used.
+
+    GPU arrays are read through DLPack or ``__cuda_array_interface__``; host arrays (NumPy,
+    CPU torch tensors) through DLPack or ``__array_interface__``, marked ``host`` for staging."""
     if obj is None:
-        raise NvblasltTypeError(f"{name}: expected a GPU array, got None")
+        raise NvblasltTypeError(f"{name}: expected an array, got None")
     cls = type(obj)
     if hasattr(cls, "__dlpack__") and hasattr(cls, "__dlpack_device__"):
         try:
             return _read_dlpack(obj, name, stream)
-        except NvblasltTypeError:
+        except (NvblasltTypeError, NvblasltValueError):
             raise
-        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
-            if not hasattr(obj, "__cuda_array_interface__"):
+        except CudaError:
+            raise
+        except (BufferError, RuntimeError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            if not (hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__array_interface__")):
                 raise NvblasltValueError(f"{name}: the array refused to export through DLPack: {exc}") from exc
     if hasattr(obj, "__cuda_array_interface__"):
         try:
             return _read_cai(obj, name, stream)
-        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:
-            if isinstance(exc, (NvblasltTypeError, NvblasltValueError)):
-                raise
+        except (NvblasltTypeError, NvblasltValueError, CudaError):
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError, IndexError, OverflowError) as exc:
             raise NvblasltValueError(f"{name}: unreadable __cuda_array_interface__: {exc}") from exc
+    if hasattr(obj, "__array_interface__"):
+        try:
+            return _read_host_interface(obj, name)
+        except (NvblasltTypeError, NvblasltValueError):
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
+            raise NvblasltValueError(f"{name}: unreadable __array_interface__: {exc}") from exc
     raise NvblasltTypeError(
-        f"{name}: expected a GPU array exporting __dlpack__ or __cuda_array_interface__ "
-        f"(CuPy, PyTorch, JAX, Numba, …), got {cls.__module__}.{cls.__qualname__}"
+        f"{name}: expected an array exporting __dlpack__, __cuda_array_interface__ or __array_interface__ "
+        f"(CuPy, PyTorch, JAX, Numba, NumPy, …), got {cls.__module__}.{cls.__qualname__}"
     )

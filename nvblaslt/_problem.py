@@ -1,273 +1,332 @@
-"""Check operands and derive what cuBLASLt is told about them: layouts, types, extents.
+"""The normalizing step: any call -> one canonical cuBLASLt problem.
 
-Everything here runs before any pointer reaches C. Errors name the argument, what was
-given and what was expected.
+``Operands`` reads what the caller gave once (vectors promoted, batch dimensions collapsed
+into one stride each, C's broadcast recognised, types settled). ``canonical(operands,
+epilog)`` then fixes everything that depends on the epilog: the order of the result
+(nvmath-python's rule: C's order, else the epilog's, else A's), whether to solve the
+transposed problem Dᵀ = Bᵀ·Aᵀ + Cᵀ so that cuBLASLt always writes a column-major D, the
+operation and storage order of each of A and B, and the user-facing shape of D. Nothing
+after this module looks at the caller's shapes or strides again.
+
+Everything here runs before any pointer reaches C; errors name the argument, what was given
+and what was expected.
 """
 
 from __future__ import annotations
 
-import struct
+import math
 from dataclasses import dataclass
 
-from . import _dtypes, _memory
+from . import _types
 from ._dtypes import DType
-from ._epilogs import GELU_AUX_LD_MULTIPLE, RELU_AUX_LD_MULTIPLE_BITS
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._epilogs import SPECS, MatmulEpilog, transposed_epilog
+from ._errors import NvblasltValueError
 from ._operands import Operand
 
-OP_N, OP_T = 0, 1
-
-# Compute and scale types by input type: (compute type, scale type) as generated-binding names.
-_COMPUTE = {
-    "float32": ("CUBLAS_COMPUTE_32F", "CUDA_R_32F"),
-    "float16": ("CUBLAS_COMPUTE_32F", "CUDA_R_32F"),
-    "bfloat16": ("CUBLAS_COMPUTE_32F", "CUDA_R_32F"),
-    "float64": ("CUBLAS_COMPUTE_64F", "CUDA_R_64F"),
-    "float8_e4m3fn": ("CUBLAS_COMPUTE_32F", "CUDA_R_32F"),
-    "float8_e5m2": ("CUBLAS_COMPUTE_32F", "CUDA_R_32F"),
-}
-# compute_type= spellings users may give, per input type.
-_COMPUTE_CHOICES = {
-    "float32": {"float32": "CUBLAS_COMPUTE_32F", "tf32": "CUBLAS_COMPUTE_32F_FAST_TF32",
-                "float16": "CUBLAS_COMPUTE_32F_FAST_16F", "bfloat16": "CUBLAS_COMPUTE_32F_FAST_16BF"},
-    "float16": {"float32": "CUBLAS_COMPUTE_32F"},
-    "bfloat16": {"float32": "CUBLAS_COMPUTE_32F"},
-    "float64": {"float64": "CUBLAS_COMPUTE_64F"},
-    "float8_e4m3fn": {"float32": "CUBLAS_COMPUTE_32F"},
-    "float8_e5m2": {"float32": "CUBLAS_COMPUTE_32F"},
-}
-_FP8_RESULTS = ("bfloat16", "float16", "float32")
+OP_N, OP_T, OP_C = 0, 1, 2
+COL, ROW = 0, 1  # cublasLtOrder_t
 
 
 @dataclass(slots=True)
-class MatrixSpec:
-    """One matrix as cuBLASLt stores it: column-major rows x cols with ``ld``, maybe transposed."""
+class Matrix:
+    """One operand as a (batch of) R×C matrix: element strides, collapsed batch stride."""
 
-    trans: int
+    op: Operand
+    rows: int
+    cols: int
+    row_stride: int
+    col_stride: int
+    batch_shape: tuple[int, ...]
+    batch_stride: int  # 0 when one matrix serves every batch
+
+    def orders(self) -> dict[int, int]:
+        """{order: leading dimension} for each storage order that describes this matrix."""
+        r, c, sr, sc = self.rows, self.cols, self.row_stride, self.col_stride
+        found = {}
+        if (sr == 1 or r == 1) and (c == 1 or sc >= r):
+            found[COL] = sc if c > 1 else max(r, 1)
+        if (sc == 1 or c == 1) and (r == 1 or sr >= c):
+            found[ROW] = sr if r > 1 else max(c, 1)
+        return found
+
+    def natural_order(self) -> int:
+        """The order nvmath-python reads off the strides: unit row stride first."""
+        if self.row_stride == 1 and (self.cols == 1 or self.col_stride >= self.rows):
+            return COL
+        if self.col_stride == 1 and (self.rows == 1 or self.row_stride >= self.cols):
+            return ROW
+        return COL if self.rows == 1 else ROW
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What one ``cublasLtMatrixLayout_t`` says."""
+
+    dtype: DType
     rows: int
     cols: int
     ld: int
+    order: int
     batch_stride: int
-    dtype: DType
 
 
-def matrix_spec(op: Operand, name: str) -> MatrixSpec:
-    """Row- or column-major (…, R, C) -> cuBLASLt's column-major storage plus a transpose flag."""
-    r, c = op.shape[-2:]
-    sr, sc = op.strides[-2:]
-    if any(s < 0 for s in op.strides):
-        raise NvblasltValueError(f"{name}: negative strides are not supported, got strides {op.strides}")
-    column_major = (sr == 1 or r == 1) and (c == 1 or sc >= r)
-    row_major = (sc == 1 or c == 1) and (r == 1 or sr >= c)
-    batch_stride = op.strides[0] if len(op.shape) == 3 and op.shape[0] > 1 else 0
-    if column_major:
-        return MatrixSpec(OP_N, r, c, sc if c > 1 else r, batch_stride, op.dtype)
-    if row_major:
-        return MatrixSpec(OP_T, c, r, sr if r > 1 else c, batch_stride, op.dtype)
-    raise NvblasltValueError(
-        f"{name}: expected a row- or column-major matrix (one unit stride, the other at least the extent), "
-        f"got shape {op.shape} with element strides {op.strides}"
-    )
+@dataclass(frozen=True, slots=True)
+class Side:
+    """A or B of the canonical problem: its layout, operation, and whose memory it is."""
+
+    layout: Layout
+    op: int
+    source: str  # "a" or "b": the caller's operand holding this memory
 
 
-def _extent_bytes(op: Operand) -> int:
-    return (sum((n - 1) * s for n, s in zip(op.shape, op.strides)) + 1) * op.dtype.itemsize
+def _batch(shape: tuple[int, ...], strides: tuple[int, ...], name: str) -> int:
+    """The one stride that walks the (C-order) batch dimensions, or 0 when all are broadcast."""
+    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    if not dims:
+        return 0
+    if all(s == 0 for _, s in dims):
+        return 0
+    for (n_outer, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]):
+        if s_outer != s_inner * n_inner:
+            raise NvblasltValueError(f"{name}: batch dimensions {shape} with element strides {strides} cannot be "
+                                     f"walked with one stride (cuBLASLt batches are strided)")
+    if dims[-1][1] <= 0:
+        raise NvblasltValueError(f"{name}: batch stride {dims[-1][1]} must be positive (or 0 to broadcast)")
+    return dims[-1][1]
 
 
-def overlaps(x: Operand, y: Operand) -> bool:
-    return x.ptr < y.ptr + _extent_bytes(y) and y.ptr < x.ptr + _extent_bytes(x)
+def _matrix(op: Operand, name: str, promote: str | None = None) -> Matrix:
+    shape, strides = op.shape, op.strides
+    if promote == "row":  # a 1-D A is a 1×K matrix (NumPy matmul)
+        shape, strides = (1, shape[0]), (shape[0] * strides[0], strides[0])
+    elif promote == "col":  # a 1-D B is a K×1 matrix
+        shape, strides = (shape[0], 1), (strides[0], shape[0] * strides[0])
+    if any(s < 0 for n, s in zip(shape, strides) if n > 1):
+        raise NvblasltValueError(f"{name}: negative strides are not supported, got shape {op.shape} with element "
+                                 f"strides {op.strides}")
+    matrix = Matrix(op, shape[-2], shape[-1], strides[-2], strides[-1], tuple(shape[:-2]),
+                    _batch(shape[:-2], strides[:-2], name))
+    return matrix
 
 
-class Problem:
-    """A checked (batched) multiplication: extents, types, layouts of A, B, C and D."""
-
-    def __init__(self, lib, a: Operand, b: Operand, c: Operand | None, *, compute_type=None, result_type=None):
-        for name, op in (("a", a), ("b", b), ("c", c)):
-            if op is not None and len(op.shape) not in (2, 3):
-                raise NvblasltValueError(f"{name}: expected a 2-D matrix or a 3-D batch of matrices, got "
-                                         f"{len(op.shape)}-D shape {op.shape}")
-        for name, op in (("b", b), ("c", c)):
-            if op is not None and op.device != a.device:
-                raise NvblasltValueError(f"{name}: on GPU {op.device}, but a is on GPU {a.device}")
-        self.m, self.k = a.shape[-2:]
-        k_b, self.n = b.shape[-2:]
-        if k_b != self.k:
-            raise NvblasltValueError(f"b: expected {self.k} rows to match a's {self.k} columns (K), got shape {b.shape}")
-        if 0 in (self.m, self.n, self.k):
-            raise NvblasltValueError(f"a, b: zero-size dimensions are not supported, got M={self.m}, "
-                                     f"N={self.n}, K={self.k}")
-        self._types(a, b, compute_type, result_type)
-        batches = {len(op.shape) == 3 and op.shape[0] for op in (a, b, c) if op is not None} - {False}
-        counts = {x for x in batches if x != 1}
-        if len(counts) > 1:
-            raise NvblasltValueError(f"a, b, c: batch sizes {sorted(batches)} do not match or broadcast")
-        self.batch_count = counts.pop() if counts else (1 if batches else 1)
-        self.batch = (self.batch_count,) if batches else ()
-        self.a = matrix_spec(a, "a")
-        self.b = matrix_spec(b, "b")
-        self.d = MatrixSpec(OP_N, self.m, self.n, self.m, self.m * self.n if self.batch_count > 1 else 0,
-                            self.d_dtype)
-        self.c = self.d
-        if c is not None:
-            if c.shape[-2:] != (self.m, self.n):
-                raise NvblasltValueError(f"c: expected shape (…, {self.m}, {self.n}), got {c.shape}")
-            if c.dtype != self.d_dtype:
-                raise NvblasltTypeError(f"c: expected dtype {self.d_dtype.name} (the result's), got {c.dtype.name}")
-            self.c = matrix_spec(c, "c")
-            if self.c.trans != OP_N:
-                raise NvblasltValueError(
-                    f"c: expected a column-major (Fortran-order) matrix, as cuBLASLt reads C untransposed, got "
-                    f"strides {c.strides}; pass c.T.copy().T (CuPy/NumPy-style) or an asfortranarray copy"
-                )
-
-    def _types(self, a: Operand, b: Operand, compute_type, result_type) -> None:
-        ta, tb = a.dtype, b.dtype
-        if ta not in _dtypes.MATMUL_TYPES:
-            raise NvblasltTypeError(f"a: unsupported dtype {ta.name}; expected one of "
-                                    f"{', '.join(t.name for t in _dtypes.MATMUL_TYPES)}")
-        fp8 = ta in _dtypes.FLOAT8
-        if (fp8 and tb not in _dtypes.FLOAT8) or (not fp8 and tb != ta) or (ta == tb == _dtypes.FLOAT8_E5M2):
-            raise NvblasltTypeError(
-                f"a, b: dtypes {ta.name} and {tb.name} cannot be multiplied; supported: equal types among float32, "
-                f"float16, bfloat16, float64, or fp8 pairs e4m3×e4m3, e4m3×e5m2, e5m2×e4m3"
-            )
-        self.fp8 = fp8
-        self.compute_type_name, self.scale_type_name = _COMPUTE[ta.name]
-        if compute_type is not None:
-            choices = _COMPUTE_CHOICES[ta.name]
-            if compute_type not in choices:
-                raise NvblasltValueError(f"compute_type: for {ta.name} operands expected one of "
-                                         f"{sorted(choices)}, got {compute_type!r}")
-            self.compute_type_name = choices[compute_type]
-        if result_type is None:
-            self.d_dtype = _dtypes.BFLOAT16 if fp8 else ta
-        else:
-            name = getattr(result_type, "name", None) or str(result_type).rsplit(".", 1)[-1]
-            allowed = _FP8_RESULTS if fp8 else (ta.name,)
-            if name not in allowed:
-                raise NvblasltValueError(f"result_type: for {ta.name} operands expected one of {allowed}, got "
-                                         f"{result_type!r}")
-            self.d_dtype = _dtypes.BY_NAME[name]
-        self.relu_aux_dtype = _dtypes.INT8
-        self.bias_output_dtype = self.d_dtype
-        self.bias_dtypes = (self.d_dtype,)
-
-    def quantization_scales(self, scales, stream: int):
-        """A device buffer holding the fp8 A and B scales (float32), or None."""
-        if scales is None:
-            return None
-        if not self.fp8:
-            raise NvblasltValueError("quantization_scales: only fp8 (float8_e4m3fn/float8_e5m2) operands take scales")
-        if not isinstance(scales, dict) or set(scales) - {"a", "b"}:
-            raise NvblasltValueError(f"quantization_scales: expected a dict with keys 'a' and/or 'b', got {scales!r}")
-        values = []
-        for key in ("a", "b"):
-            value = scales.get(key, 1.0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise NvblasltTypeError(f"quantization_scales['{key}']: expected a number, got {value!r}")
-            values.append(float(value))
-        from cuda.bindings import runtime as cudart
-
-        from . import _cuda
-
-        # Each scale on its own 256-byte boundary: cuBLASLt refuses less aligned scale pointers.
-        buffer = _memory.DeviceBuffer(512, stream)
-        for offset, value in zip((0, 256), values):
-            _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer + offset, struct.pack("<f", value), 4,
-                                               cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
-        _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        return buffer
-
-    def describe(self) -> str:
-        batch = f"{self.batch_count}×" if self.batch else ""
-        return f"{batch}({self.m}×{self.k} @ {self.k}×{self.n}, {self.a.dtype.name}→{self.d_dtype.name})"
-
-
-def _check_batch(op: Operand, problem: Problem, name: str, matrix_ndim: int) -> None:
-    if len(op.shape) == matrix_ndim + 1 and op.shape[0] not in (1, problem.batch_count):
-        raise NvblasltValueError(f"{name}: batch of {op.shape[0]}, but the multiplication has "
-                                 f"{problem.batch_count}")
-    if len(op.shape) not in (matrix_ndim, matrix_ndim + 1):
-        raise NvblasltValueError(f"{name}: expected {matrix_ndim}-D (or batched {matrix_ndim + 1}-D), got shape "
+def _check_extents(op: Operand, name: str) -> None:
+    if 0 in op.shape:
+        raise NvblasltValueError(f"{name}: extents must be positive (cuBLASLt has no empty matmul), got shape "
                                  f"{op.shape}")
 
 
-def check_bias(op: Operand, problem: Problem) -> None:
-    name = "epilog_inputs['bias']"
-    _check_batch(op, problem, name, 1)
-    if op.shape[-1] != problem.m:
-        raise NvblasltValueError(f"{name}: expected length M={problem.m} (one value per row of the result), "
-                                 f"got shape {op.shape}")
-    if op.strides[-1] != 1 and op.shape[-1] > 1:
-        raise NvblasltValueError(f"{name}: expected contiguous elements, got strides {op.strides}")
-    if op.dtype not in problem.bias_dtypes:
-        raise NvblasltTypeError(f"{name}: expected dtype {' or '.join(d.name for d in problem.bias_dtypes)}, "
-                                f"got {op.dtype.name}")
+class Operands:
+    """A, B and C of one call, read and checked once; the epilog is not known yet."""
+
+    def __init__(self, api, a: Operand, b: Operand, c: Operand | None, *, compute_type=None, scale_type=None,
+                 result_type=None, inplace: bool = False, conjugate=(False, False)):
+        if len(a.shape) < 1 or len(b.shape) < 1:
+            which, op = ("a", a) if len(a.shape) < 1 else ("b", b)
+            raise NvblasltValueError(f"{which}: expected at least 1 dimension, got shape {op.shape}")
+        if c is not None and len(c.shape) < 2:
+            raise NvblasltValueError(f"c: expected at least 2 dimensions ((M, N), (M, 1) or batched), got shape "
+                                     f"{c.shape}; add a dimension to make a column")
+        if inplace and c is None:
+            raise NvblasltValueError("options.inplace: the result is written into c, but no c was given")
+        for name, op in (("a", a), ("b", b), ("c", c)):
+            if op is not None:
+                _check_extents(op, name)
+        self.a_vector, self.b_vector = len(a.shape) == 1, len(b.shape) == 1
+        self.a = _matrix(a, "a", "row" if self.a_vector else None)
+        self.b = _matrix(b, "b", "col" if self.b_vector else None)
+        self.m, self.k = self.a.rows, self.a.cols
+        if self.b.rows != self.k:
+            raise NvblasltValueError(f"b: expected {self.k} rows to match a's {self.k} columns (K), got shape "
+                                     f"{b.shape} (a: {a.shape})")
+        self.n = self.b.cols
+        ab, bb = self.a.batch_shape, self.b.batch_shape
+        if ab and bb and ab != bb:
+            raise NvblasltValueError(f"a, b: batch dimensions {ab} and {bb} must match (or one operand must be "
+                                     f"a single matrix, which is broadcast)")
+        self.batch_shape = ab or bb
+        self.batch_count = math.prod(self.batch_shape) if self.batch_shape else 1
+        self.inplace = inplace
+        self.c = None
+        self.c_broadcast_columns = False
+        if c is not None:
+            self.c = _matrix(c, "c")
+            mc, nc = self.c.rows, self.c.cols
+            if mc != self.m or nc not in (self.n, 1) or (inplace and nc != self.n):
+                want = f"({self.m}, {self.n})" if inplace else f"({self.m}, {self.n}) or ({self.m}, 1)"
+                raise NvblasltValueError(f"c: expected shape (…, {want[1:-1]}) for a {self.m}×{self.k} @ "
+                                         f"{self.k}×{self.n} product, got {c.shape}"
+                                         + ("; in place, c must hold the whole result" if inplace else ""))
+            if self.c.batch_shape and self.c.batch_shape != self.batch_shape:
+                raise NvblasltValueError(f"c: batch dimensions {self.c.batch_shape} must match a and b's "
+                                         f"{self.batch_shape}")
+            if inplace and self.batch_shape and self.c.batch_shape != self.batch_shape:
+                raise NvblasltValueError(f"c: in place, c must hold every batch {self.batch_shape}, got shape "
+                                         f"{c.shape}")
+            self.c_broadcast_columns = nc == 1 and self.n > 1
+            if self.c_broadcast_columns and not (self.c.row_stride == 1 or self.m == 1):
+                raise NvblasltValueError(f"c: a broadcast column (M, 1) must have unit element stride, got strides "
+                                         f"{c.strides}")
+            if not self.c_broadcast_columns and not self.c.orders():
+                raise NvblasltValueError(f"c: expected a row- or column-major matrix (one unit stride, the other at "
+                                         f"least the extent), got shape {c.shape} with element strides {c.strides}")
+            if inplace and self.c.batch_stride == 0 and self.batch_count > 1:
+                raise NvblasltValueError("c: in place, c cannot be broadcast over the batch")
+        for name, matrix in (("a", self.a), ("b", self.b)):
+            if not matrix.orders():
+                raise NvblasltValueError(
+                    f"{name}: expected a row- or column-major matrix (one unit stride, the other at least the "
+                    f"extent), got shape {matrix.op.shape} with element strides {matrix.op.strides}")
+        self.types = _types.resolve(api, a.dtype, b.dtype, c.dtype if c is not None else None,
+                                    compute_type=compute_type, scale_type=scale_type, result_type=result_type,
+                                    inplace=inplace)
+        complex_ = a.dtype.is_complex
+        self.conjugate = (bool(conjugate[0]) and complex_, bool(conjugate[1]) and complex_)
+
+    @property
+    def c_order(self) -> int | None:
+        if self.c is None:
+            return None
+        return COL if self.c_broadcast_columns else self.c.natural_order()
+
+    def describe(self) -> str:
+        batch = "×".join(map(str, self.batch_shape)) + "×" if self.batch_shape else ""
+        t = self.types
+        return f"{batch}({self.m}×{self.k} @ {self.k}×{self.n}, {t.a.name}→{t.d.name})"
 
 
-def _check_aux_matrix(op: Operand, problem: Problem, name: str, ld_min: int, multiple: int, unit: str) -> None:
-    _check_batch(op, problem, name, 2)
-    rows, cols = op.shape[-2:]
-    if cols != problem.n or op.strides[-2] != 1 or op.strides[-1] != rows:
-        raise NvblasltValueError(
-            f"{name}: expected a column-major ({rows}, {problem.n}) array as the forward epilog returns it, got "
-            f"shape {op.shape} with strides {op.strides}"
-        )
-    if rows < ld_min or rows % multiple:
-        raise NvblasltValueError(f"{name}: leading dimension {rows} {unit} must be ≥ {ld_min} and a multiple of "
-                                 f"{multiple} (as the forward epilog makes it for M={problem.m})")
-    if len(op.shape) == 3 and op.shape[0] > 1 and op.strides[0] != rows * cols:
-        raise NvblasltValueError(f"{name}: expected batch stride {rows * cols}, got {op.strides[0]}")
+# ---- the canonical problem ---------------------------------------------------------------------
+def _side(matrix: Matrix, dtype: DType, transpose: bool, conjugate: bool, need_op: int | None, source: str,
+          name: str, why: str) -> Side:
+    """Describe op(S) = the logical operand (the caller's matrix U, transposed and/or conjugated)
+    with a stored matrix S that is U or Uᵀ read in either order; prefer column-major storage."""
+    options = []
+    for order, ld in matrix.orders().items():
+        flipped = ROW if order == COL else COL
+        same = Layout(dtype, matrix.rows, matrix.cols, ld, order, matrix.batch_stride)  # S = U
+        other = Layout(dtype, matrix.cols, matrix.rows, ld, flipped, matrix.batch_stride)  # S = Uᵀ, same memory
+        if conjugate:  # op C is the conjugate transpose: Uᴴ from S = U, conj(U) from S = Uᵀ
+            options.append((same, OP_C) if transpose else (other, OP_C))
+        elif transpose:
+            options += [(same, OP_T), (other, OP_N)]
+        else:
+            options += [(same, OP_N), (other, OP_T)]
+    if need_op is not None:
+        options = [(layout, op) for layout, op in options if op == need_op or (need_op == OP_T and op == OP_C)]
+    if not options:
+        raise NvblasltValueError(f"{name}: {why}; the given layout (strides {matrix.op.strides}) cannot be read "
+                                 f"that way")
+    options.sort(key=lambda item: (item[0].order != COL, item[1] != OP_N))
+    layout, op = options[0]
+    return Side(layout, op, source)
 
 
-def check_relu_aux(op: Operand, problem: Problem) -> None:
-    name = "epilog_inputs['relu_aux']"
-    if op.dtype not in (_dtypes.INT8, _dtypes.UINT8):
-        raise NvblasltTypeError(f"{name}: expected the int8 bitmask RELU_AUX returns, got dtype {op.dtype.name}")
-    _check_aux_matrix(op, problem, name, -(-problem.m // 8), RELU_AUX_LD_MULTIPLE_BITS // 8, "bytes")
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One cuBLASLt matmul: D (column-major, M×N) = epilog(alpha·op(A)·op(B) + beta·C)."""
+
+    types: _types.Types
+    m: int
+    n: int
+    k: int
+    batch_count: int
+    batch_shape: tuple[int, ...]
+    transposed: bool  # the caller's D is row-major: cuBLASLt computes Dᵀ = Bᵀ·Aᵀ
+    epilog: MatmulEpilog  # as cuBLASLt runs it (BGRADA and BGRADB trade places when transposed)
+    a: Side
+    b: Side
+    c: Layout | None
+    d: Layout
+    inplace: bool
+    result_shape: tuple[int, ...]  # the caller's D
+    result_strides: tuple[int, ...]  # element strides of the caller's D
+
+    @property
+    def fp8(self) -> bool:
+        return self.types.fp8
+
+    def describe(self) -> str:
+        batch = f"{self.batch_count}×" if self.batch_shape else ""
+        t = "ᵀ" if self.transposed else ""
+        return (f"{batch}({self.m}×{self.k} @ {self.k}×{self.n}{t}, {self.types.a.name}→{self.types.d.name}, "
+                f"{self.epilog.name})")
 
 
-def check_gelu_aux(op: Operand, problem: Problem) -> None:
-    name = "epilog_inputs['gelu_aux']"
-    if op.dtype != problem.d_dtype:
-        raise NvblasltTypeError(f"{name}: expected dtype {problem.d_dtype.name} (as GELU_AUX returns it), got "
-                                f"{op.dtype.name}")
-    _check_aux_matrix(op, problem, name, problem.m, GELU_AUX_LD_MULTIPLE, "elements")
+def result_order(operands: Operands, epilog: MatmulEpilog) -> int:
+    """nvmath-python's rule: C's order, else the order the epilog needs, else A's order."""
+    if operands.c is not None:
+        return operands.c_order
+    if SPECS[epilog].needs_column_major:
+        return COL
+    return operands.a.natural_order()
 
 
-def check_out(op: Operand, problem: Problem, c: Operand | None, inputs: list[Operand]) -> None:
-    """``out=`` must be a writable, contiguous column-major result; it may be C itself (in place)."""
-    expected_shape = (*problem.batch, problem.m, problem.n)
-    if op.shape != expected_shape:
-        raise NvblasltValueError(f"out: expected shape {expected_shape}, got {op.shape}")
-    if op.dtype != problem.d_dtype:
-        raise NvblasltTypeError(f"out: expected dtype {problem.d_dtype.name}, got {op.dtype.name}")
-    expected = _memory.column_major(problem.batch, problem.m, problem.n, problem.m)[1]
-    if any(s != e for s, e, n in zip(op.strides, expected, op.shape) if n > 1):
-        raise NvblasltValueError(f"out: expected a contiguous column-major array (element strides {expected}), "
-                                 f"got strides {op.strides}")
-    if op.readonly:
-        raise NvblasltValueError("out: the array is read-only (JAX arrays and read-only exports cannot be written)")
-    if c is not None and overlaps(op, c) and (op.ptr, op.shape, op.strides) != (c.ptr, c.shape, c.strides):
-        raise NvblasltValueError("out: partly overlaps c; pass c itself (in place) or separate memory")
-    for other in inputs:
-        if overlaps(op, other):
-            raise NvblasltValueError(f"out: overlaps an input ({other.describe()}); write to separate memory")
+def canonical(operands: Operands, epilog: MatmulEpilog) -> Problem:
+    spec = SPECS[epilog]
+    order = result_order(operands, epilog)
+    if order == ROW and spec.needs_column_major:
+        raise NvblasltValueError(f"c: {epilog.name} needs a column-major (Fortran-order) result, and the result "
+                                 f"takes c's order; got a row-major c (strides {operands.c.op.strides}); pass c "
+                                 f"in column-major order")
+    transposed = order == ROW
+    t = operands.types
+    m, n, k = operands.m, operands.n, operands.k
+    cuda_epilog = transposed_epilog(epilog) if transposed else epilog
+    conj_a, conj_b = operands.conjugate
+    # constraints cuBLASLt puts on the operations (as nvmath-python observes them)
+    need_a = OP_T if t.fp8 else None
+    need_b = OP_N if t.fp8 else (OP_T if cuda_epilog == MatmulEpilog.BGRADB else None)
+    why_a = "fp8 matmuls need A transposed (the 'TN' layout)"
+    why_b = "fp8 matmuls need B untransposed" if t.fp8 else "BGRADB needs B transposed"
+    if not transposed:
+        a = _side(operands.a, t.a, False, conj_a, need_a, "a", "a", why_a)
+        b = _side(operands.b, t.b, False, conj_b, need_b, "b", "b", why_b)
+        rows, cols = m, n
+    else:  # Dᵀ = Bᵀ·Aᵀ: cuBLASLt's A is the caller's B, transposed, and the other way round
+        a = _side(operands.b, t.b, True, conj_b, need_a, "b", "b", why_a)
+        b = _side(operands.a, t.a, True, conj_a, need_b, "a", "a", why_b)
+        rows, cols = n, m
+    batched = operands.batch_count > 1
+    if operands.inplace:
+        c_matrix = operands.c
+        ld = c_matrix.orders()[order]
+        d = Layout(t.d, rows, cols, ld, COL, c_matrix.batch_stride if batched else 0)
+        c = d
+        result_shape, result_strides = c_matrix.op.shape, c_matrix.op.strides
+    else:
+        d = Layout(t.d, rows, cols, rows, COL, rows * cols if batched else 0)
+        c = None
+        if operands.c is not None:
+            cm = operands.c
+            batch_stride = cm.batch_stride if batched else 0
+            if operands.c_broadcast_columns:  # ld 0: every column reads the same (M, 1) vector
+                c = Layout(t.c, rows, cols, 0, COL, batch_stride)
+            else:
+                c = Layout(t.c, rows, cols, cm.orders()[order], COL, batch_stride)
+        matrix_strides = (rows, 1) if transposed else (1, rows)  # rows: the caller's N when transposed
+        shape = [*operands.batch_shape, m, n]
+        strides = [*_batch_strides(operands.batch_shape, m * n), *matrix_strides]
+        if operands.b_vector:  # NumPy matmul: the promoted dimensions leave the result
+            del shape[-1], strides[-1]
+        if operands.a_vector:
+            del shape[-2 if not operands.b_vector else -1], strides[-2 if not operands.b_vector else -1]
+        result_shape, result_strides = tuple(shape), tuple(strides)
+    return Problem(t, rows, cols, k, operands.batch_count, operands.batch_shape, transposed, cuda_epilog, a, b, c,
+                   d, operands.inplace, result_shape, result_strides)
 
 
-# Layouts cuBLASLt has no kernels for, as seen on cuBLASLt 13.1 (H200): said when planning fails.
-_LAYOUT_NEEDS = {
-    "BGRADA": ("a", "column-major (Fortran-order)", lambda p: p.a.trans == OP_N),
-    "BGRADB": ("b", "row-major (C-order)", lambda p: p.b.trans == OP_T),
-}
+def _batch_strides(batch_shape: tuple[int, ...], matrix_size: int) -> list[int]:
+    strides, step = [], matrix_size
+    for extent in reversed(batch_shape):
+        strides.insert(0, step)
+        step *= extent
+    return strides
 
 
-def unsupported_hint(problem: Problem, epilog) -> str:
-    """Why no algorithm was found, where nvblaslt knows a likely reason."""
-    need = _LAYOUT_NEEDS.get(epilog.name)
-    if need and not need[2](problem):
-        name, layout, _ = need
-        return f"{epilog.name} has kernels only for a {layout} {name}; pass {name} in that layout"
-    if problem.fp8 and problem.a.trans != OP_T:
-        return "fp8 kernels need a row-major A and a column-major B (the 'TN' layout)"
-    return f"no algorithm for {problem.describe()} with epilog {epilog.name} on this GPU"
+def extent_bytes(op: Operand) -> int:
+    if not op.shape or 0 in op.shape:
+        return op.dtype.itemsize if not op.shape else 0
+    return (sum((n - 1) * abs(s) for n, s in zip(op.shape, op.strides)) + 1) * op.dtype.itemsize
+
+
+def overlaps(x: Operand, y: Operand) -> bool:
+    return x.ptr < y.ptr + extent_bytes(y) and y.ptr < x.ptr + extent_bytes(x)

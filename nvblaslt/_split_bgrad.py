@@ -7,6 +7,7 @@ and keeps the faster.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 from cuda.bindings import runtime as cudart
@@ -14,6 +15,7 @@ from cuda.bindings import runtime as cudart
 from . import _cuda, _memory
 from ._epilogs import MatmulEpilog
 from ._operands import Operand
+from ._options import MatmulOptions
 
 MASKING = {MatmulEpilog.DRELU_BGRAD: MatmulEpilog.DRELU, MatmulEpilog.DGELU_BGRAD: MatmulEpilog.DGELU}
 _ONE = {"float32": struct.pack("<f", 1.0), "float64": struct.pack("<d", 1.0), "float16": b"\x00\x3c",
@@ -25,33 +27,35 @@ class SplitBiasGradient:
 
     def __init__(self, fused, iterations: int):
         """``iterations`` > 0 autotunes the masking plan; 0 keeps what its plan chose (or recalled)."""
-        from ._matmul import Matmul
+        from ._plan import Matmul
 
         problem, device, stream = fused.problem, fused._device, fused._stream
         self.key = fused._spec.bias_output
         a, b, c = (fused._operands[k] for k in "abc")
-        self.masked = Matmul._from_operands(a, b, c, stream=stream, alpha=fused._alpha.value,
-                                            beta=None if c is None else fused._beta.value, compute_type=None,
-                                            result_type=None, quantization_scales=None)
-        self.masked.problem.compute_type_name = problem.compute_type_name
-        self.masked.plan(epilog=MASKING[fused.epilog], epilog_inputs=fused._epilog_inputs,
+        options = dataclasses.replace(fused.options, result_amax=False, logger=None)
+        self.masked = Matmul._from_operands(a, b, c, stream=stream, options=options, alpha=fused._alpha.value,
+                                            beta=None if c is None else fused._beta.value)
+        self.masked.plan(epilog=MASKING[fused.epilog], epilog_inputs=fused._input_operands,
                          preferences={"limit": len(fused.algorithms), "workspace_limit": fused._workspace_limit})
         if iterations:
             self.masked.autotune(iterations=iterations)
 
-        dtype, n = problem.d.dtype, problem.n
+        dtype, m, n = problem.types.d, problem.m, problem.n
         self.ones = _memory.DeviceBuffer(n * dtype.itemsize, stream)
         _cuda.check(cudart.cudaMemcpyAsync(self.ones.pointer, _ONE[dtype.name] * n, n * dtype.itemsize,
                                            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        shape, strides = _memory.column_major(problem.batch, problem.m, n, problem.m)
+        if problem.batch_count > 1:  # D as cuBLASLt wrote it: column-major m×n matrices, one after another
+            shape, strides = (problem.batch_count, m, n), (m * n, 1, m)
+        else:
+            shape, strides = (m, n), (1, m)
         d = Operand(None, self.ones.pointer, shape, strides, dtype, device, False, fused._kind)  # D's pointer per call
-        ones = Operand(None, self.ones.pointer, (n, 1), (1, n), dtype, device, True, fused._kind)
-        self.row_sums = Matmul._from_operands(d, ones, None, stream=stream, alpha=1.0, beta=None,
-                                              compute_type=None, result_type=None, quantization_scales=None)
+        ones = Operand(None, self.ones.pointer, (n,), (1,), dtype, device, True, fused._kind)
+        self.row_sums = Matmul._from_operands(d, ones, None, stream=stream, options=MatmulOptions())
         self.row_sums.plan()
-        # the row sums come out as a (…, M) vector: the same memory as a (…, M, 1) column-major matrix
-        self.row_sums._alloc_d = _memory.vector_allocator(fused._kind, problem.batch, problem.m, dtype, device)
+        # the row sums land where the fused plan's bias gradient would: same shape and strides
+        output = next(o for o in fused._outputs if o.key == self.key)
+        self.row_sums._alloc_d = _memory.strided_allocator(fused._kind, output.shape, output.strides, dtype, device)
 
     def run(self, stream_h: int, framework_stream: int, out):
         d = self.masked._run(stream_h, framework_stream, out)

@@ -9,7 +9,9 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from nvblaslt import MatmulEpilog, NvblasltError, _matmul, _operands  # noqa: E402
+from nvblaslt import MatmulEpilog, MatmulOptions, NvblasltError, _operands  # noqa: E402
+from nvblaslt._plan import Matmul  # noqa: E402
+from nvblaslt._problem import canonical  # noqa: E402
 from nvblaslt._epilogs import SPECS, as_epilog  # noqa: E402
 
 from fakes import FakeCAI, FakeDLPack  # noqa: E402
@@ -48,10 +50,11 @@ def _plan_without_gpu(a, b, c, epilog, inputs, alpha, beta, compute_type):
     that needs a device: reading, problem checks, epilog-input checks."""
     read = lambda x, n: _operands.read(x, n, 0) if x is not None else None  # noqa: E731
     a_op, b_op = _operands.read(a, "a", 0), _operands.read(b, "b", 0)
-    plan = _matmul.Matmul._from_operands(a_op, b_op, read(c, "c"), stream=0, alpha=alpha, beta=beta,
-                                         compute_type=compute_type, result_type=None, quantization_scales=None)
-    spec = SPECS[as_epilog(epilog)]
-    plan._read_epilog_inputs(spec, as_epilog(epilog), inputs)
+    plan = Matmul._from_operands(a_op, b_op, read(c, "c"), stream=0, alpha=alpha, beta=beta,
+                                 options=MatmulOptions(compute_type=compute_type))
+    epilog = as_epilog(epilog)
+    plan.problem = canonical(plan.operands, epilog)
+    plan._read_epilog_inputs(SPECS[epilog], epilog, inputs, plan.problem)
     return plan
 
 

@@ -1,0 +1,188 @@
+"""``matmul()``: one call, with a per-thread cache of plans so that like calls do not re-plan.
+
+Two ways into the cache. The fast path, for CuPy and PyTorch arrays on the framework's current
+stream, keys a plan on each array's fingerprint (pointer aside: shape, strides, dtype, device,
+alignment) read straight off the array, with no DLPack export. Every other call reads its
+operands, builds the key from what it read, and plans on a miss.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from . import _cuda, _operands, _streams
+from ._epilogs import as_epilog
+from ._errors import NvblasltTypeError, NvblasltValueError
+from ._options import MatmulOptions, MatmulPlanPreferences, as_options
+from ._plan import Matmul
+from ._streams import stream_handle
+
+_CACHE_SIZE = 64
+_local = threading.local()
+_DEFAULT_OPTIONS = MatmulOptions()
+_DEFAULT_PREFERENCES = MatmulPlanPreferences()
+
+
+def _signature(op) -> tuple | None:
+    return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment)
+
+
+def _fast_lookup(kind, cache, a, b, c, inputs, settings):
+    """(key, plan or None, input names, pointers) for CuPy/PyTorch device arrays, else None."""
+    fingerprint, array_type = _operands.fingerprint, type(a)
+    arrays = (a, b, c, *inputs.values()) if inputs else (a, b, c)
+    pointers, layout = [], []
+    for array in arrays:
+        if array is None:
+            pointers.append(None)
+            layout.append(None)
+            continue
+        if type(array) is not array_type:
+            return None
+        p = fingerprint(array, kind)
+        if p[4] < 0:  # a CPU tensor: host operands take the checked path
+            return None
+        pointer = p[0]
+        pointers.append(pointer)
+        layout.append((p[1], p[2], p[3], p[4], min(256, pointer & -pointer) if pointer else 256))
+    names = tuple(inputs) if inputs else ()
+    key = (kind, settings, names, tuple(layout))
+    try:
+        plan = cache.get(key)
+    except TypeError:  # an unhashable setting: the checked path will say what is wrong with it
+        return None
+    return key, plan, names, pointers
+
+
+def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None, qualifiers=None,
+           quantization_scales=None, options=None, preferences=None, algorithm=None, stream=None, out=None,
+           compute_type=None, result_type=None):
+    """D = epilog(alpha · a @ b + beta · c) in one call; returns D, or ``(D, aux)`` when the epilog
+    has outputs. nvmath-python's ``matmul`` with the same arguments and semantics (NumPy matmul
+    rules for 1-D and batched operands, C as (M, N) or a broadcast (M, 1), host operands staged),
+    plus nvblaslt's ``out=`` and the ``compute_type=`` / ``result_type=`` shortcuts.
+
+    Plans are cached per thread, keyed on shapes, strides, dtypes, alignment, device, package
+    and epilog, so repeated calls with like operands do not re-plan."""
+    kind = _operands.kind_of(a)
+    try:
+        cache = _local.plans
+    except AttributeError:
+        cache = _local.plans = OrderedDict()
+    if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
+        raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
+    plain = options is None and qualifiers is None and algorithm is None and quantization_scales is None
+    settings = (epilog, compute_type, result_type, beta is None, preferences if preferences is None or
+                isinstance(preferences, MatmulPlanPreferences) else None)
+    fast_key = None
+    # Fast path: on the framework's own stream (no handshake due), without out=, scales or options.
+    if plain and stream is None and out is None and kind in ("torch", "cupy") and (
+            preferences is None or isinstance(preferences, MatmulPlanPreferences)):
+        found = _fast_lookup(kind, cache, a, b, c, epilog_inputs, settings)
+        if found is not None:
+            fast_key, plan, names, pointers = found
+            if plan is not None:
+                cache.move_to_end(fast_key)
+                plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
+                framework_stream = _streams.framework_stream_of(kind, a)  # the current stream now
+                if plan._several_devices and _cuda.current_device() != plan._device:
+                    with _cuda.on_device(plan._device):
+                        return plan._run(framework_stream, framework_stream, None)
+                return plan._run(framework_stream, framework_stream, None)
+    return _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers,
+                         quantization_scales, options, preferences, algorithm, stream, out, compute_type, result_type)
+
+
+def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers, quantization_scales,
+                  options, preferences, algorithm, stream, out, compute_type, result_type):
+    options = as_options(MatmulOptions, options, "options") if options is not None else MatmulOptions()
+    if compute_type is not None:
+        options.compute_type = compute_type
+    if result_type is not None:
+        options.result_type = result_type
+    prefs = as_options(MatmulPlanPreferences, preferences, "preferences") if preferences is not None else \
+        _DEFAULT_PREFERENCES
+    epilog = as_epilog(epilog)
+    framework_stream = _streams.framework_stream_of(kind, a)
+    stream_h = stream_handle(stream) if stream is not None else framework_stream
+    # On the framework's own stream no handshake is needed, so arrays seen before are not re-exported.
+    read = _operands.read_cached if stream_h == framework_stream else _operands.read
+    given = [(x, name) for x, name in ((a, "a"), (b, "b"), (c, "c")) if x is not None]
+    kinds = {name: _operands.kind_of(x) for x, name in given}
+    if len(set(kinds.values())) > 1:
+        raise NvblasltTypeError(f"a, b, c: operands must come from one array package, got "
+                                f"{', '.join(f'{n}: {k}' for n, k in kinds.items())}")
+    a_op, b_op = read(a, "a", stream_h), read(b, "b", stream_h)
+    c_op = read(c, "c", stream_h) if c is not None else None
+    host = a_op.host or b_op.host or (c_op is not None and c_op.host)
+    inputs = {k: read(v, f"epilog_inputs['{k}']", stream_h) for k, v in (epilog_inputs or {}).items()}
+    cacheable = not host and quantization_scales is None and qualifiers is None and algorithm is None \
+        and not options.inplace and options.handle is None and options.logger is None
+    key = None
+    if cacheable:
+        key = (kind, epilog, _signature(a_op), _signature(b_op), _signature(c_op),
+               tuple((k, _signature(v)) for k, v in sorted(inputs.items())),
+               _option_key(options), beta is None, _option_key(prefs))
+        plan = cache.get(key)
+    else:
+        plan = None
+    if plan is None:
+        if _cuda.is_capturing(stream_h):
+            raise NvblasltValueError(
+                "stream: a CUDA graph is being captured on it, and planning allocates device memory, which "
+                "capture forbids; call matmul() once with operands like these before capturing (the cached plan "
+                "is then replayed), or capture Matmul.execute()")
+        plan = Matmul._from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
+                                     quantization_scales=quantization_scales, qualifiers=qualifiers)
+        try:
+            plan.plan(epilog=epilog, epilog_inputs=inputs, preferences=prefs,
+                      algorithms=[algorithm] if algorithm is not None else None)
+        except BaseException:
+            plan.free()
+            raise
+        if cacheable:
+            _remember(cache, key, plan)
+    else:
+        cache.move_to_end(key)
+        plan._set_operands(a_op, b_op, c_op, inputs, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
+    if fast_key is not None and cacheable and stream_h == framework_stream and out is None:
+        _remember(cache, fast_key, plan)
+    try:
+        result = plan.execute(stream=stream_h, out=out)
+    finally:
+        if cacheable:
+            plan._forget_arrays()  # a cached plan must not keep the caller's arrays alive
+        else:
+            plan.free()  # stream-ordered: after the work just queued
+    return result
+
+
+def _option_key(value) -> tuple:
+    """A hashable key of an options dataclass (enum members by value)."""
+    items = []
+    for name, field in value.__dataclass_fields__.items():
+        item = getattr(value, name)
+        if hasattr(item, "__dataclass_fields__"):
+            item = _option_key(item)
+        elif not isinstance(item, (int, float, str, bool, type(None), tuple)):
+            item = (type(item).__name__, str(item))
+        items.append(item)
+    return tuple(items)
+
+
+def _remember(cache: OrderedDict, key, plan: Matmul) -> None:
+    cache[key] = plan
+    while len(cache) > 2 * _CACHE_SIZE:  # a plan may sit under a slow key and a fast key
+        evicted = cache.popitem(last=False)[1]
+        if evicted not in cache.values():
+            evicted.free()
+
+
+def clear_plan_cache() -> None:
+    """Free this thread's cached plans (the function form's)."""
+    cache = getattr(_local, "plans", None)
+    while cache:
+        plan = cache.popitem()[1]
+        if plan not in cache.values():
+            plan.free()

@@ -1,0 +1,185 @@
+"""The options objects of nvmath-python's matmul API, with its field names: ``MatmulOptions``,
+``MatmulPlanPreferences``, ``MatmulEpilogPreferences``, ``MatmulQuantizationScales`` and
+the ``qualifiers`` dtype. Each accepts a dict with the same keys, as nvmath-python does."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import NvblasltTypeError, NvblasltValueError
+
+DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
+
+
+@dataclass
+class MatmulOptions:
+    """How the multiplication is set up (nvmath-python's ``MatmulOptions`` fields).
+
+    ``compute_type`` / ``scale_type``: a name (``"tf32"``, ``"COMPUTE_32F_FAST_TF32"``) or the
+    cuBLAS enum value; ``result_type``: a dtype (name, NumPy/CuPy/PyTorch dtype) or a
+    ``cudaDataType`` value; ``result_amax``: also return amax(|D|) (fp8 results);
+    ``inplace``: write the result into ``c``; ``device_id``: the GPU for host (NumPy / CPU
+    torch) operands; ``blocking``: ``True`` waits for the result, ``"auto"`` only for host
+    operands; ``handle``: a ``cublasLtHandle_t`` to use; ``logger``: where decisions are
+    logged. ``memory_limit``, ``allocator``, ``sm_count_target``, ``fast_accumulation`` and
+    ``block_scaling`` are accepted as nvmath-python's are (the last two only at their
+    defaults: cuBLASLt's fp8 fast accumulation and block scaling are not exposed yet)."""
+
+    compute_type: Any = None
+    scale_type: Any = None
+    result_type: Any = None
+    result_amax: bool = False
+    inplace: bool = False
+    block_scaling: bool = False
+    sm_count_target: int | None = 0
+    fast_accumulation: bool | None = False
+    device_id: int | None = 0
+    handle: int | None = None
+    logger: logging.Logger | None = None
+    memory_limit: int | str | None = "80%"
+    blocking: Any = "auto"
+    allocator: Any = None
+
+    def __post_init__(self):
+        if self.blocking not in (True, "auto"):
+            raise NvblasltValueError(f"options.blocking: expected True or 'auto', got {self.blocking!r}")
+        if self.device_id is None:
+            self.device_id = 0
+        if isinstance(self.device_id, bool) or not isinstance(self.device_id, int) or self.device_id < 0:
+            raise NvblasltValueError(f"options.device_id: expected a GPU ordinal (int ≥ 0), got {self.device_id!r}")
+        for name in ("result_amax", "inplace", "block_scaling"):
+            if not isinstance(getattr(self, name), bool):
+                raise NvblasltTypeError(f"options.{name}: expected a bool, got {getattr(self, name)!r}")
+        if self.block_scaling:
+            raise NvblasltValueError("options.block_scaling: block-scaled (MXFP8/NVFP4) matmuls are not supported "
+                                     "by nvblaslt yet")
+        if self.sm_count_target is None:
+            self.sm_count_target = 0
+        if isinstance(self.sm_count_target, bool) or not isinstance(self.sm_count_target, int) \
+                or self.sm_count_target < 0:
+            raise NvblasltValueError(f"options.sm_count_target: expected an int ≥ 0, got {self.sm_count_target!r}")
+        if self.handle is not None and (isinstance(self.handle, bool) or not isinstance(self.handle, int)):
+            raise NvblasltTypeError(f"options.handle: expected a cublasLtHandle_t as an int, got {self.handle!r}")
+        if self.logger is not None and not isinstance(self.logger, logging.Logger):
+            raise NvblasltTypeError(f"options.logger: expected a logging.Logger, got {type(self.logger).__name__}")
+
+
+@dataclass
+class MatmulEpilogPreferences:
+    """Epilog preferences: ``aux_type`` (an fp8 type for the GELU aux output) and ``aux_amax``."""
+
+    aux_type: Any = None
+    aux_amax: bool = False
+
+
+@dataclass
+class MatmulPlanPreferences:
+    """What the heuristics may return. ``limit``: how many algorithms to ask for (autotune times
+    them); ``workspace_limit``: bytes of workspace an algorithm may use (an nvblaslt addition)."""
+
+    reduction_scheme_mask: int | None = None
+    max_waves_count: float | None = 0.0
+    numerical_impl_mask: int | None = None
+    limit: int = 8
+    epilog: MatmulEpilogPreferences | dict | None = None
+    workspace_limit: int = DEFAULT_WORKSPACE
+
+    def __post_init__(self):
+        if self.max_waves_count is None:
+            self.max_waves_count = 0.0
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= 1024:
+            raise NvblasltValueError(f"preferences.limit: expected an int from 1 to 1024, got {self.limit!r}")
+        if isinstance(self.workspace_limit, bool) or not isinstance(self.workspace_limit, int) \
+                or not 0 <= self.workspace_limit < 1 << 40:
+            raise NvblasltValueError(f"preferences.workspace_limit: expected bytes (an int ≥ 0), got "
+                                     f"{self.workspace_limit!r}")
+        if isinstance(self.max_waves_count, bool) or not isinstance(self.max_waves_count, (int, float)) \
+                or not 0 <= self.max_waves_count < 1e9:
+            raise NvblasltValueError(f"preferences.max_waves_count: expected a number ≥ 0, got "
+                                     f"{self.max_waves_count!r}")
+        for name in ("reduction_scheme_mask", "numerical_impl_mask"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value < 1 << 64):
+                raise NvblasltValueError(f"preferences.{name}: expected a bit mask (int ≥ 0), got {value!r}")
+        self.epilog = as_options(MatmulEpilogPreferences, self.epilog, "preferences.epilog")
+
+
+@dataclass
+class MatmulQuantizationScales:
+    """fp8 scales for A, B, C and D: Python numbers, NumPy scalars or float32 device arrays of
+    shape () or (1,) (read by the GPU at execution, so they may change between executions)."""
+
+    a: Any = None
+    b: Any = None
+    c: Any = None
+    d: Any = None
+
+
+def _qualifiers_dtype():
+    import numpy as np
+
+    return np.dtype([("structure", object), ("is_conjugate", "<i4")])
+
+
+class _LazyQualifiersDtype:
+    """``matrix_qualifiers_dtype`` without importing NumPy at ``import nvblaslt``."""
+
+    _dtype = None
+
+    def get(self):
+        if self._dtype is None:
+            self._dtype = _qualifiers_dtype()
+        return self._dtype
+
+
+qualifiers_dtype = _LazyQualifiersDtype()
+
+
+def as_options(cls, value, argument: str):
+    """``cls`` from None, an instance, or a dict of its fields (nvmath-python accepts either)."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return dataclasses.replace(value)
+    if type(value).__name__ == cls.__name__ and dataclasses.is_dataclass(value):  # nvmath-python's own class
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in dataclasses.asdict(value).items() if k in known})
+    if isinstance(value, dict):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise NvblasltValueError(f"{argument}: unknown keys {unknown}; known: {sorted(known)}")
+        return cls(**value)
+    raise NvblasltTypeError(f"{argument}: expected a dict or {cls.__name__}, got {type(value).__name__}")
+
+
+def conjugate_flags(qualifiers) -> tuple[bool, bool]:
+    """(conjugate A, conjugate B) from nvmath-python's qualifiers: a length-3 array of
+    ``matrix_qualifiers_dtype`` (or a sequence of dicts with ``is_conjugate``)."""
+    if qualifiers is None:
+        return False, False
+    try:
+        entries = [qualifiers[i] for i in range(len(qualifiers))]
+    except TypeError:
+        raise NvblasltTypeError(f"qualifiers: expected an array of 3 matrix qualifiers (A, B, C), got "
+                                f"{type(qualifiers).__name__}") from None
+    if len(entries) != 3:
+        raise NvblasltValueError(f"qualifiers: expected 3 entries (A, B, C), got {len(entries)}")
+    flags = []
+    for name, entry in zip("abc", entries):
+        try:
+            flags.append(bool(entry["is_conjugate"]))
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise NvblasltTypeError(f"qualifiers[{name!r}]: expected a record with 'is_conjugate', got "
+                                    f"{entry!r}") from None
+    if flags[2]:
+        raise NvblasltValueError("qualifiers: conjugating C is not supported (cuBLASLt has no conjugate C)")
+    return flags[0], flags[1]
+
+
+__all__ = ["MatmulOptions", "MatmulPlanPreferences", "MatmulEpilogPreferences", "MatmulQuantizationScales",
+           "as_options", "conjugate_flags", "qualifiers_dtype", "field"]

@@ -1,0 +1,871 @@
+"""``Matmul``: D = epilog(alpha · A @ B + beta · C), planned once, executed many times.
+
+The path of one call: read the operands (``_operands``; host ones staged by ``_host``),
+normalize them into one canonical cuBLASLt problem (``_problem``), check the epilog's inputs
+and shape its outputs (``_epilogs``), build descriptors and ask the heuristics (``plan``),
+then ``execute`` with every ctypes argument prebuilt.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import struct
+import threading
+import weakref
+
+from cuda.bindings import runtime as cudart
+
+from . import _cuda, _dtypes, _host, _memory, _operands, _streams
+from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
+from ._epilogs import SPECS, as_epilog, check_aux, check_bias, outputs
+from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
+from ._loader import library
+from ._options import (MatmulOptions, MatmulPlanPreferences, MatmulQuantizationScales, as_options,
+                       conjugate_flags)
+from ._problem import COL, OP_N, OP_T, Operands, canonical, overlaps
+from ._streams import stream_handle
+
+logger = logging.getLogger("nvblaslt")
+_SCALAR_FORMATS = {"CUDA_R_16F": "<e", "CUDA_R_32F": "<f", "CUDA_R_64F": "<d", "CUDA_C_32F": "<ff",
+                   "CUDA_C_64F": "<dd"}
+_SCALE_SLOT = 256  # cuBLASLt wants each scale pointer on its own aligned slot
+
+
+class Scalar:
+    """alpha or beta in the plan's scale type, in memory cuBLASLt reads through a pointer."""
+
+    def __init__(self, scale_type: str, argument: str):
+        self._format = _SCALAR_FORMATS[scale_type]
+        self._complex = len(self._format) == 3
+        self._argument = argument
+        self.buffer = ctypes.create_string_buffer(16)
+        self.reference = ctypes.byref(self.buffer)
+        self.value = None
+
+    def set(self, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+            if hasattr(value, "item") and getattr(value, "size", 1) == 1:  # NumPy / framework scalars
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+                raise NvblasltTypeError(f"{self._argument}: expected a number, got {type(value).__name__} {value!r}")
+        if not self._complex and isinstance(value, complex):
+            raise NvblasltTypeError(f"{self._argument}: a complex value {value!r} needs complex operands")
+        try:
+            if self._complex:
+                value = complex(value)
+                struct.pack_into(self._format, self.buffer, 0, value.real, value.imag)
+            else:
+                struct.pack_into(self._format, self.buffer, 0, value)
+        except (OverflowError, struct.error):
+            raise NvblasltValueError(f"{self._argument}: {value!r} does not fit the plan's scale type "
+                                     f"({self._format[1:]} per component)") from None
+        self.value = value
+
+
+def _scale_value(value, key: str):
+    """A fp8 scale: a number (returned as float) or a float32 device array of one element (returned)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise NvblasltTypeError(f"quantization_scales['{key}']: expected a number or a float32 array, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if hasattr(value, "__array_interface__") and not hasattr(value, "__cuda_array_interface__") \
+            and getattr(value, "size", 0) == 1:
+        return float(value.reshape(()) if hasattr(value, "reshape") else value)  # NumPy scalars and 1-element arrays
+    if hasattr(value, "__float__") and not hasattr(value, "__len__") and not hasattr(value, "__dlpack__"):
+        return float(value)
+    return value
+
+
+class Matmul:
+    """A planned matrix multiplication, executed as often as needed (nvmath-python's ``Matmul``).
+
+    ``Matmul(a, b, c=None, *, alpha=None, beta=None, qualifiers=None, quantization_scales=None,
+    options=None, stream=None)``, then ``plan(epilog=…, epilog_inputs=…)``, optionally
+    ``autotune()``, then ``execute()``, which returns D, or ``(D, aux)`` when the epilog has
+    outputs (or ``result_amax`` is set). Operands are GPU arrays of any package (DLPack or
+    ``__cuda_array_interface__``) or host arrays (NumPy, CPU torch), staged to the GPU; results
+    come back in the operands' package and memory space. ``compute_type`` and ``result_type``
+    may also be given directly as keywords. Use as a context manager or call ``free()``."""
+
+    def __init__(self, a, b, /, c=None, *, alpha=None, beta=None, qualifiers=None, quantization_scales=None,
+                 options=None, stream=None, compute_type=None, result_type=None):
+        options = as_options(MatmulOptions, options, "options")
+        if compute_type is not None:
+            options.compute_type = compute_type
+        if result_type is not None:
+            options.result_type = result_type
+        self.options = options
+        self._logger = options.logger or logger
+        self._lib = library()
+        given = [(x, name) for x, name in ((a, "a"), (b, "b"), (c, "c")) if x is not None]
+        kinds = {name: _operands.kind_of(x) for x, name in given}
+        if len(set(kinds.values())) > 1:
+            raise NvblasltTypeError(f"a, b, c: operands must come from one array package, got "
+                                    f"{', '.join(f'{n}: {k}' for n, k in kinds.items())}")
+        self._kind = kinds["a"]
+        self._stream = stream_handle(stream) if stream is not None else None
+        read_stream = self._stream if self._stream is not None else _streams.current_stream(self._kind, None)
+        ops = [_operands.read(x, name, read_stream) for x, name in given]
+        self._setup(ops, c is not None, alpha=alpha, beta=beta, qualifiers=qualifiers,
+                    quantization_scales=quantization_scales)
+
+    @classmethod
+    def _from_operands(cls, a, b, c, *, stream: int, options: MatmulOptions, alpha=None, beta=None,
+                       quantization_scales=None, qualifiers=None) -> Matmul:
+        """A Matmul over operands already read (the function form's and the split form's path)."""
+        self = cls.__new__(cls)
+        self.options = options
+        self._logger = options.logger or logger
+        self._lib = library()
+        self._kind = a.kind
+        self._stream = stream
+        self._setup([x for x in (a, b, c) if x is not None], c is not None, alpha=alpha, beta=beta,
+                    qualifiers=qualifiers, quantization_scales=quantization_scales)
+        return self
+
+    def _setup(self, ops, has_c: bool, *, alpha, beta, qualifiers, quantization_scales) -> None:
+        self._lock = threading.Lock()
+        self._released = None
+        self._planned = False
+        self._freed = False
+        self._workspace = None
+        self._split = None  # a SplitBiasGradient, when autotune found the two-call form faster
+        self._staged: dict[str, _memory.DeviceBuffer] = {}
+        self._scales = None
+        self.algorithms: list[HeuristicResult] = []
+        options = self.options
+        hosts = {op.host for op in ops}
+        if len(hosts) > 1:
+            raise NvblasltTypeError("a, b, c: operands must all be in GPU memory or all in host memory")
+        self._host = hosts.pop()
+        if self._host:
+            self._device = options.device_id
+        else:
+            self._device = ops[0].device
+            for name, op in zip("abc", ops):
+                if op.device != self._device:
+                    raise NvblasltValueError(f"{name}: on GPU {op.device}, but a is on GPU {self._device}")
+        self._several_devices = _cuda.several_devices()
+        if self._stream is None:
+            self._stream = _streams.current_stream(self._kind, self._device) if not self._host else 0
+        self._last_stream = self._stream
+        self._host_operands = {}
+        if self._host:
+            staged = []
+            with _cuda.on_device(self._device):
+                for name, op in zip("abc", ops):
+                    device_op, buffer = _host.stage(op, self._device, self._stream)
+                    self._staged[name], self._host_operands[name] = buffer, op
+                    staged.append(device_op)
+            ops = staged
+        a, b = ops[0], ops[1]
+        c = ops[2] if has_c else None
+        self.operands = Operands(self._lib.api, a, b, c, compute_type=options.compute_type,
+                                 scale_type=options.scale_type, result_type=options.result_type,
+                                 inplace=options.inplace, conjugate=conjugate_flags(qualifiers))
+        self._operands = {"a": a, "b": b, "c": c}
+        types = self.operands.types
+        if has_c and beta is None:
+            raise NvblasltValueError("beta: a value for beta must be given with c (as in nvmath-python)")
+        if beta is not None and not has_c:
+            raise NvblasltValueError("beta: given without c; pass c (the matrix beta scales) or drop beta")
+        self._alpha = Scalar(types.scale, "alpha")
+        self._alpha.set(1.0 if alpha is None else alpha)
+        self._beta = Scalar(types.scale, "beta")
+        self._beta.set(0.0 if beta is None else beta)
+        if options.result_amax and types.d not in _dtypes.FLOAT8:
+            raise NvblasltValueError(f"options.result_amax: only fp8 results have an amax, the result is "
+                                     f"{types.d.name}")
+        self._scale_inputs = self._check_scales(quantization_scales)
+        if self._scale_inputs:
+            with _cuda.on_device(self._device):
+                self._scales = _memory.DeviceBuffer(4 * _SCALE_SLOT, self._stream)
+                self._write_scales()
+
+    # ---- fp8 scales --------------------------------------------------------------------------------
+    def _check_scales(self, scales) -> dict:
+        if scales is None:
+            return {}
+        fp8 = self.operands.types.fp8 or self.operands.types.d in _dtypes.FLOAT8
+        if not fp8:
+            raise NvblasltValueError("quantization_scales: only fp8 operands or results take scales")
+        if isinstance(scales, MatmulQuantizationScales) or (type(scales).__name__ == "MatmulQuantizationScales"):
+            scales = {k: getattr(scales, k) for k in "abcd"}
+        if not isinstance(scales, dict) or set(scales) - set("abcd"):
+            raise NvblasltValueError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd', got "
+                                     f"{scales!r}")
+        checked = {}
+        for key, value in scales.items():
+            value = _scale_value(value, key)
+            if value is None:
+                continue
+            if not isinstance(value, float):
+                op = _operands.read(value, f"quantization_scales['{key}']", self._stream)
+                if op.host or op.dtype != _dtypes.FLOAT32 or op.shape not in ((), (1,)) or op.device != self._device:
+                    raise NvblasltValueError(f"quantization_scales['{key}']: expected a number or a float32 GPU array "
+                                             f"of shape () or (1,) on GPU {self._device}, got {op.describe()}")
+                if op.alignment < 4:
+                    raise NvblasltValueError(f"quantization_scales['{key}']: pointer 0x{op.ptr:x} is not 4-byte "
+                                             f"aligned")
+                value = op
+            checked[key] = value
+        return checked
+
+    def _write_scales(self) -> None:
+        for slot, key in enumerate("abcd"):
+            value = self._scale_inputs.get(key)
+            if isinstance(value, float):
+                _cuda.check(cudart.cudaMemcpyAsync(self._scales.pointer + slot * _SCALE_SLOT, struct.pack("<f", value),
+                                                   4, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self._stream),
+                            "cudaMemcpyAsync")
+        _cuda.check(cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+
+    def _scale_pointer(self, key: str) -> int | None:
+        value = self._scale_inputs.get(key)
+        if value is None:
+            return None
+        if isinstance(value, float):
+            return self._scales.pointer + "abcd".index(key) * _SCALE_SLOT
+        return value.ptr
+
+    # ---- planning ----------------------------------------------------------------------------------
+    def plan(self, *, epilog=None, epilog_inputs=None, preferences=None, algorithms=None,
+             stream=None) -> list[HeuristicResult]:
+        """Build the descriptors for ``epilog`` and ask the heuristics for algorithms (best first).
+
+        ``epilog_inputs``: ``bias`` ((M,), (M, 1) or batched), ``relu_aux`` / ``gelu_aux`` (as
+        the forward epilog returned them). ``preferences``: a dict or ``MatmulPlanPreferences``.
+        ``algorithms``: algorithms to use instead of asking the heuristics."""
+        self._check_alive()
+        if stream is not None:
+            self._stream = stream_handle(stream)
+        with _cuda.on_device(self._device):
+            return self._plan(epilog, epilog_inputs, preferences, algorithms)
+
+    def _plan(self, epilog, epilog_inputs, preferences, algorithms):
+        lib = self._lib
+        api = lib.api
+        epilog = as_epilog(epilog)
+        if epilog.name not in api.cublasLtEpilogue_t.__members__:
+            version = ".".join(map(str, lib.version_tuple))
+            raise NvblasltValueError(f"epilog: {epilog.name} is not an epilogue of the loaded cuBLASLt {version}")
+        prefs = as_options(MatmulPlanPreferences, preferences, "preferences")
+        problem = canonical(self.operands, epilog)
+        spec = SPECS[epilog]
+        inputs = self._read_epilog_inputs(spec, epilog, epilog_inputs, problem)
+        types = problem.types
+
+        desc = MatmulDesc(getattr(api, f"CUBLAS_{types.compute}"), getattr(api, types.scale), lib=lib)
+        desc.set("TRANSA", problem.a.op)
+        desc.set("TRANSB", problem.b.op)
+        desc.set("EPILOGUE", int(problem.epilog))
+        if self.options.sm_count_target:
+            desc.set("SM_COUNT_TARGET", self.options.sm_count_target)
+        # cuBLASLt's A is the caller's B when the problem is transposed: so are the scales
+        scale_keys = {"A": problem.a.source, "B": problem.b.source, "C": "c", "D": "d"}
+        for cuda_key, key in scale_keys.items():
+            pointer = self._scale_pointer(key)
+            if pointer is not None:
+                desc.set(f"{cuda_key}_SCALE_POINTER", pointer)
+        self._configure_epilog(desc, spec, inputs, problem)
+        layouts = [self._layout(problem.a.layout, problem), self._layout(problem.b.layout, problem),
+                   self._layout(problem.c or problem.d.__class__(types.c, problem.d.rows, problem.d.cols,
+                                                                 problem.d.ld, COL, problem.d.batch_stride), problem),
+                   self._layout(problem.d, problem)]
+        preference = MatmulPreference(max_workspace_bytes=prefs.workspace_limit, lib=lib)
+        alignment = {"A": self._operands[problem.a.source].alignment, "B": self._operands[problem.b.source].alignment,
+                     "C": self._operands["c"].alignment if self._operands["c"] is not None else 256,
+                     "D": self._operands["c"].alignment if problem.inplace else 256}
+        for key, value in alignment.items():
+            preference.set(f"MIN_ALIGNMENT_{key}_BYTES", value)
+        if prefs.max_waves_count:
+            preference.set("MAX_WAVES_COUNT", prefs.max_waves_count)
+        if prefs.reduction_scheme_mask is not None:
+            preference.set("REDUCTION_SCHEME_MASK", prefs.reduction_scheme_mask)
+        if prefs.numerical_impl_mask is not None:
+            preference.set("IMPL_MASK", prefs.numerical_impl_mask)
+
+        handle = Handle.for_device(self._device) if self.options.handle is None else _ForeignHandle(self.options.handle)
+        if algorithms is not None:
+            found = self._given_algorithms(algorithms, handle, desc, layouts)
+        else:
+            try:
+                found = heuristics(handle, desc, *layouts, preference, count=prefs.limit)
+            except CublasLtError as error:
+                if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
+                    raise
+                found = []
+        found = _guard_known_bad(found, problem)
+        if not found:
+            status = int(api.CUBLAS_STATUS_NOT_SUPPORTED)
+            raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, lib.status_name(status),
+                                lib.status_string(status), _unsupported_hint(problem, epilog))
+        self._release_plan()
+        self.problem, self.epilog, self._spec = problem, epilog, spec
+        self._handle, self._desc, self._layouts, self._preference = handle, desc, layouts, preference
+        self._epilog_inputs = inputs
+        self.algorithms = found
+        self._workspace_limit = prefs.workspace_limit
+        if algorithms is None:
+            from . import _search
+
+            tuned, remembered = _search.recall(self)  # what an earlier autotune(search=True) found
+            if tuned is not None:
+                self._logger.info("plan %s: using the remembered autotuned algorithm %s", problem.describe(), tuned)
+                found.insert(0, tuned)
+        else:
+            remembered = {}
+        self._ensure_workspace(max(r.workspace_size for r in found))
+        self._prepare_outputs(spec, problem)
+        self._input_setters = {key: self._pointer_setter("BIAS_POINTER" if key == "bias" else "EPILOGUE_AUX_POINTER")
+                               for key in inputs}
+        self._select(found[0])
+        self._planned = True
+        self._logger.debug("plan %s: %d algorithms, first %s", problem.describe(), len(found), found[0])
+        from ._split_bgrad import MASKING, SplitBiasGradient
+
+        if remembered.get("bias_gradient_form") == "split" and epilog in MASKING:
+            self._split = SplitBiasGradient(self, iterations=0)  # its masking plan recalls its own choice
+        return found
+
+    def _given_algorithms(self, algorithms, handle, desc, layouts) -> list[HeuristicResult]:
+        """The caller's algorithms (nvmath-python's ``Algorithm`` or ours), each checked for this plan."""
+        from ._search import _check
+
+        if not isinstance(algorithms, (list, tuple)) or not algorithms:
+            raise NvblasltTypeError(f"algorithms: expected a non-empty list of algorithms, got {algorithms!r}")
+        checked = []
+        for index, item in enumerate(algorithms):
+            algo = getattr(item, "algorithm", item)
+            algo = getattr(algo, "algo", algo)
+            if not isinstance(algo, self._lib.api.cublasLtMatmulAlgo_t):
+                raw = getattr(item, "algorithm", None)
+                try:  # nvmath-python's Algorithm holds the algorithm's bytes as a NumPy array
+                    data = bytes(memoryview(raw if raw is not None else item))
+                    algo = self._lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(data)
+                except (TypeError, ValueError):
+                    raise NvblasltTypeError(f"algorithms[{index}]: expected an algorithm from plan()/autotune(), got "
+                                            f"{type(item).__name__}") from None
+            self._handle, self._desc, self._layouts = handle, desc, layouts
+            result = _check(self, algo)
+            if result is None:
+                raise NvblasltValueError(f"algorithms[{index}]: cuBLASLt's algorithm check refuses it for this plan")
+            checked.append(result)
+        return checked
+
+    def _ensure_workspace(self, nbytes: int) -> None:
+        """A workspace of at least ``nbytes``; the old one is freed after work queued on it."""
+        if nbytes <= (self._workspace.size if self._workspace is not None else 0):
+            return
+        if self._workspace is not None:
+            self._workspace.release()
+        self._workspace = _memory.DeviceBuffer(nbytes, self._last_stream) if nbytes else None
+
+    def _prepare_outputs(self, spec, problem) -> None:
+        """Everything execute() needs to make its outputs, built once."""
+        kind, device = self._kind, self._device
+        alloc_kind = "protocol" if self._host else kind
+        self._framework_stream = _streams.current_stream_getter(kind if not self._host else "protocol", device)
+        self._alloc_d = None if problem.inplace else _memory.strided_allocator(
+            alloc_kind, problem.result_shape, problem.result_strides, problem.types.d, device)
+        self._outputs = outputs(spec, problem, _dtypes.INT8)
+        self._alloc_aux = []  # (key, allocator, pointer setter)
+        for output in self._outputs:
+            allocate = _memory.strided_allocator(alloc_kind, output.shape, output.strides, output.dtype, device)
+            self._alloc_aux.append((output.key, allocate, self._pointer_setter(output.attribute)))
+        if self.options.result_amax:
+            allocate = _memory.strided_allocator(alloc_kind, (1,), (1,), _dtypes.FLOAT32, device)
+            self._alloc_aux.append(("result_amax", allocate, self._pointer_setter("AMAX_D_POINTER")))
+        self._last_out = None
+
+    def _pointer_setter(self, attribute: str):
+        """set(pointer) for one pointer attribute of the plan's MatmulDesc, its ctypes call prebuilt."""
+        lib = self._lib
+        member = lib.api.cublasLtMatmulDescAttributes_t[attribute]
+        setter, handle, value = lib.cublasLtMatmulDescSetAttribute, ctypes.c_void_p(self._desc.handle), ctypes.c_void_p()
+        reference, size = ctypes.byref(value), ctypes.sizeof(value)
+
+        def set_pointer(pointer: int) -> None:
+            value.value = pointer
+            setter(handle, member, reference, size)
+        return set_pointer
+
+    def _layout(self, layout, problem) -> MatrixLayout:
+        return MatrixLayout(getattr(self._lib.api, layout.dtype.cuda), layout.rows, layout.cols, layout.ld,
+                            order=layout.order if layout.order != COL else None,
+                            batch_count=problem.batch_count, batch_stride=layout.batch_stride, lib=self._lib)
+
+    def _read_epilog_inputs(self, spec, epilog, epilog_inputs, problem) -> dict:
+        if not isinstance(epilog_inputs, (dict, type(None))):
+            raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
+        given = dict(epilog_inputs or {})
+        missing = [k for k in spec.inputs if k not in given]
+        unknown = [k for k in given if k not in spec.inputs]
+        if missing or unknown:
+            raise NvblasltValueError(
+                f"epilog_inputs: {epilog.name} takes {list(spec.inputs) or 'no inputs'}"
+                + (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else "")
+            )
+        if spec.aux_input and problem.k == 1:
+            raise NvblasltValueError(f"a, b: {epilog.name} with K=1 is refused (cuBLASLt reads out of bounds "
+                                     f"there); got K=1")
+        inputs = {}
+        self._input_operands = {}
+        for key in spec.inputs:
+            name = f"epilog_inputs['{key}']"
+            value = given[key]
+            op = value if isinstance(value, _operands.Operand) else _operands.read(value, name, self._stream)
+            if op.host != self._host:
+                raise NvblasltTypeError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the operands are "
+                                        f"in {'host' if self._host else 'GPU'} memory")
+            if op.host:
+                op, self._staged[key] = _host.stage(op, self._device, self._stream)
+            elif op.device != self._device:
+                raise NvblasltValueError(f"{name}: on GPU {op.device}, but the operands are on GPU {self._device}")
+            inputs[key] = check_bias(op, problem) if key == "bias" else check_aux(op, key, problem)
+            self._input_operands[key] = op
+        return inputs
+
+    def _configure_epilog(self, desc: MatmulDesc, spec, inputs: dict, problem) -> None:
+        api = self._lib.api
+        batched = problem.batch_count > 1
+        bias = inputs.get("bias")
+        if bias is not None:
+            desc.set("BIAS_POINTER", bias.ptr)
+            desc.set("BIAS_DATA_TYPE", int(getattr(api, bias.dtype.cuda)))
+            if batched:
+                desc.set("BIAS_BATCH_STRIDE", bias.batch_stride)
+        aux = inputs.get(spec.aux_input) if spec.aux_input else None
+        if aux is not None:
+            desc.set("EPILOGUE_AUX_POINTER", aux.ptr)
+            desc.set("EPILOGUE_AUX_LD", aux.ld)
+            if batched:
+                desc.set("EPILOGUE_AUX_BATCH_STRIDE", aux.batch_stride)
+        for output in outputs(spec, problem, _dtypes.INT8):
+            if output.attribute == "BIAS_POINTER":
+                desc.set("BIAS_DATA_TYPE", int(getattr(api, output.dtype.cuda)))
+                if batched:
+                    desc.set("BIAS_BATCH_STRIDE", output.batch_stride)
+            else:
+                desc.set("EPILOGUE_AUX_LD", output.ld)
+                if batched:
+                    desc.set("EPILOGUE_AUX_BATCH_STRIDE", output.batch_stride)
+
+    def _select(self, result: HeuristicResult) -> None:
+        """Prebuild every ctypes argument of cublasLtMatmul that does not change per call."""
+        self.algorithm = result
+        self._algo = result.algorithm.algo
+        ws = self._workspace
+        self._workspace_pointer = ctypes.c_void_p(ws.pointer if ws and result.workspace_size else None)
+        self._workspace_size = ctypes.c_size_t(ws.size if ws and result.workspace_size else 0)
+        self._rebuild_arguments()
+
+    def _rebuild_arguments(self) -> None:
+        problem = self.problem
+        layouts = self._layouts
+        a, b, c = self._operands[problem.a.source], self._operands[problem.b.source], self._operands["c"]
+        self._matmul = self._lib.cublasLtMatmul
+        # A, B and C pointers are mutable ctypes objects: new operands update them in place.
+        self._a_pointer, self._b_pointer = ctypes.c_void_p(a.ptr), ctypes.c_void_p(b.ptr)
+        self._args_head = (ctypes.c_void_p(self._handle.handle), ctypes.c_void_p(self._desc.handle),
+                           self._alpha.reference, self._a_pointer, ctypes.c_void_p(layouts[0].handle),
+                           self._b_pointer, ctypes.c_void_p(layouts[1].handle), self._beta.reference)
+        self._c_pointer = ctypes.c_void_p(c.ptr) if c is not None else None
+        self._c_layout = ctypes.c_void_p(layouts[2].handle)
+        self._d_layout = ctypes.c_void_p(layouts[3].handle)
+        self._args_tail = (ctypes.byref(self._algo), self._workspace_pointer, self._workspace_size)
+
+    # ---- autotuning --------------------------------------------------------------------------------
+    def autotune(self, *, iterations: int = 5, search: bool = False, remember: bool = True,
+                 stream=None) -> list[tuple[HeuristicResult, float]]:
+        """Time the planned algorithms (median of ``iterations``, L2 flushed before each run) and
+        keep the fastest. Returns ``[(algorithm, milliseconds)]``, fastest first.
+
+        ``search=True`` also times configurations the heuristics do not return, keeps a
+        challenger only when it beats the incumbent beyond the measured noise, and with
+        ``remember`` stores the winner on disk (``NVBLASLT_CACHE_DIR``, default
+        ``~/.cache/nvblaslt``) so later plans of the same problem start from it."""
+        self._check_planned()
+        from . import _autotune
+
+        with _cuda.on_device(self._device):
+            stream_h = stream_handle(stream) if stream is not None else self._stream
+            return _autotune.autotune(self, iterations=iterations, search=search, remember=remember,
+                                      stream=stream_h)
+
+    # ---- execution ---------------------------------------------------------------------------------
+    def execute(self, *, algorithm: HeuristicResult | None = None, release_workspace: bool = False, stream=None,
+                out=None):
+        """Run the planned multiplication. Returns D, or ``(D, aux)`` when the epilog has outputs
+        (``relu_aux``, ``gelu_aux``, ``drelu_bgrad``, ``dgelu_bgrad``, ``bgrada``, ``bgradb``) or
+        ``result_amax`` is set. ``out=`` (nvblaslt): write D into this array (its layout must be
+        the one D would have). ``release_workspace``: free the workspace after this call."""
+        if not self._planned or self._released:
+            self._check_planned()
+        if self._several_devices and _cuda.current_device() != self._device:
+            with _cuda.on_device(self._device):  # cuBLASLt and our allocations act on the current device
+                return self.execute(stream=stream, out=out, algorithm=algorithm, release_workspace=release_workspace)
+        stream_h = self._stream if stream is None else stream_handle(stream)
+        if algorithm is not None:
+            self._select(getattr(algorithm, "_result", algorithm))
+        result = self._run(stream_h, self._framework_stream(), out)
+        if self._host:
+            result = self._to_host(result, stream_h)
+        elif self.options.blocking is True:
+            _cuda.check(cudart.cudaStreamSynchronize(stream_h), "cudaStreamSynchronize")
+        if release_workspace and self._workspace is not None:
+            self._workspace.release()
+            self._workspace = None
+            self._planned = False  # the next execute needs plan() again, as in nvmath-python
+        return result
+
+    def _run(self, stream_h: int, framework_stream: int, out):
+        """Make the outputs and call cublasLtMatmul on ``stream_h``: the hot path, no checks left."""
+        with self._lock:  # one launch at a time: the descriptor's output pointers are set per call
+            if stream_h != self._last_stream:
+                self._order_after_last_stream(stream_h)
+            if self._split is not None:
+                return self._split.run(stream_h, framework_stream, out)
+            if out is not None:
+                d, d_pointer = out, self._out_pointer(out, stream_h)
+            elif self._alloc_d is None:  # in place: D is C
+                d, d_pointer = self._operands["c"].obj, self._operands["c"].ptr
+            else:
+                d, d_pointer = self._alloc_d(stream_h, framework_stream)
+            self._last_d_pointer = d_pointer
+            aux = None
+            if self._alloc_aux:
+                aux = {}
+                for key, allocate, set_pointer in self._alloc_aux:
+                    array, pointer = allocate(stream_h, framework_stream)
+                    set_pointer(pointer)
+                    aux[key] = array
+            c_pointer = self._c_pointer if self._c_pointer is not None else d_pointer
+            try:
+                self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout,
+                             *self._args_tail, stream_h)
+            except CublasLtError as error:
+                if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED" or not self._next_algorithm():
+                    raise
+                self._logger.info("cublasLtMatmul refused %s for %s; trying the next algorithm", self.algorithm,
+                                  self.problem.describe())
+                self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout,
+                             *self._args_tail, stream_h)
+        kind = self._kind
+        if out is None and kind not in ("cupy", "torch") and not self._host and self._alloc_d is not None:
+            d = _memory.to_framework(kind, d)
+        if aux is None:
+            return d
+        if kind not in ("cupy", "torch") and not self._host:
+            aux = {k: _memory.to_framework(kind, v) for k, v in aux.items()}
+        return d, aux
+
+    def _next_algorithm(self) -> bool:
+        """Drop an algorithm cuBLASLt refused at launch (seen: aux epilogs with M=1); False if none is left."""
+        while self.algorithms and self.algorithms[0] is not self.algorithm:
+            self.algorithms.pop(0)
+        if len(self.algorithms) <= 1:
+            return False
+        self.algorithms.pop(0)
+        self._select(self.algorithms[0])
+        return True
+
+    def _order_after_last_stream(self, stream_h: int) -> None:
+        """The workspace and descriptor are shared by every stream this plan runs on: order the new
+        stream after the work queued on the previous one, then remember it for the release."""
+        if _cuda.is_capturing(stream_h):
+            return  # a graph capture orders nothing outside itself (torch synchronizes before capturing)
+        _memory._wait(self._last_stream, stream_h)
+        self._last_stream = stream_h
+        for owned in (self._workspace, self._scales, *self._staged.values()):
+            if owned is not None:
+                owned.used_on(stream_h)
+
+    def _to_host(self, result, stream_h: int):
+        """Copy device results back into new host arrays of the operands' package (or into c in place)."""
+        d, aux = (result if isinstance(result, tuple) else (result, None))
+        host_kind = self._kind if self._kind == "torch" else "numpy"
+        problem = self.problem
+
+        def back(array, shape, strides, dtype):
+            host = _host.empty_like_layout(host_kind, None, shape, strides, dtype)
+            _host.copy_back(array.ptr if isinstance(array, _memory.DeviceArray) else _pointer_of(array), host, shape,
+                            strides, dtype, stream_h)
+            return host
+
+        if problem.inplace:
+            c = self._host_operands["c"]
+            _host.copy_back(self._operands["c"].ptr, c.obj, c.shape, c.strides, c.dtype, stream_h)
+            d_host = c.obj
+        else:
+            d_host = back(d, problem.result_shape, problem.result_strides, problem.types.d)
+        if aux is None:
+            return d_host
+        shapes = {o.key: (o.shape, o.strides, o.dtype) for o in self._outputs}
+        shapes["result_amax"] = ((1,), (1,), _dtypes.FLOAT32)
+        return d_host, {k: back(v, *shapes[k]) for k, v in aux.items()}
+
+    def _out_pointer(self, out, stream_h: int) -> int:
+        """Check ``out=`` once per array: the same object with the same fingerprint is not re-read."""
+        last = self._last_out
+        if last is not None and last[0]() is out and last[1] == _operands.fingerprint(out, self._kind):
+            return last[2]
+        if self._host or self.problem.inplace:
+            raise NvblasltValueError("out: not available for host operands or in-place plans")
+        d_op = _operands.read(out, "out", stream_h)
+        self._check_out(d_op)
+        fingerprint = _operands.fingerprint(out, self._kind)
+        if fingerprint is not None:
+            self._last_out = (weakref.ref(out), fingerprint, d_op.ptr)
+        return d_op.ptr
+
+    def _check_out(self, op) -> None:
+        """``out=`` must be a writable array laid out as D would be; it may be C itself (in place)."""
+        problem = self.problem
+        if op.shape != problem.result_shape:
+            raise NvblasltValueError(f"out: expected shape {problem.result_shape}, got {op.shape}")
+        if op.dtype != problem.types.d:
+            raise NvblasltTypeError(f"out: expected dtype {problem.types.d.name}, got {op.dtype.name}")
+        if any(s != e for s, e, n in zip(op.strides, problem.result_strides, op.shape) if n > 1):
+            raise NvblasltValueError(f"out: expected element strides {problem.result_strides} (D's layout), got "
+                                     f"{op.strides}")
+        if op.readonly:
+            raise NvblasltValueError("out: the array is read-only (JAX arrays and read-only exports cannot be written)")
+        if op.device != self._device:
+            raise NvblasltValueError(f"out: on GPU {op.device}, but the plan runs on GPU {self._device}")
+        if op.alignment < 256:
+            raise NvblasltValueError(f"out: pointer 0x{op.ptr:x} is aligned to {op.alignment} bytes; the plan's "
+                                     f"algorithms assume 256 (as fresh allocations are)")
+        c = self._operands["c"]
+        if c is not None and overlaps(op, c) and (op.ptr, op.shape, op.strides) != (c.ptr, c.shape, c.strides):
+            raise NvblasltValueError("out: partly overlaps c; pass c itself (in place) or separate memory")
+        for name in ("a", "b"):
+            if overlaps(op, self._operands[name]):
+                raise NvblasltValueError(f"out: overlaps {name}; write to separate memory")
+        for key, inp in self._epilog_inputs.items():
+            if op.ptr <= inp.ptr < op.ptr + op.dtype.itemsize * _memory.span_elements(op.shape, op.strides):
+                raise NvblasltValueError(f"out: overlaps epilog_inputs['{key}']; write to separate memory")
+
+    # ---- operands ----------------------------------------------------------------------------------
+    def reset_operands(self, a=None, b=None, c=None, *, alpha=None, beta=None, epilog_inputs=None,
+                       quantization_scales=None, stream=None):
+        """Point the plan at new arrays of the same shapes, dtypes, strides, device and alignment
+        (nvmath-python's ``reset_operands``); new alpha, beta or fp8 scale values."""
+        self._check_alive()
+        stream_h = self._stream if stream is None else stream_handle(stream)
+        with _cuda.on_device(self._device):
+            self._reset(a, b, c, alpha, beta, epilog_inputs, quantization_scales, stream_h)
+
+    def _reset(self, a, b, c, alpha, beta, epilog_inputs, quantization_scales, stream_h):
+        released = getattr(self, "_released", None)
+        if released:
+            missing = sorted(n for n, new in (("a", a), ("b", b), ("c", c)) if n in released and new is None)
+            if missing:
+                raise NvblasltValueError(f"{', '.join(missing)}: release_operands() dropped the operands; give all "
+                                         f"of them again")
+            self._released = None
+        for name, new in (("a", a), ("b", b), ("c", c)):
+            if new is None:
+                continue
+            old = self._operands[name]
+            if old is None:
+                raise NvblasltValueError(f"{name}: the plan was made without {name}; make a new Matmul")
+            op = _operands.read(new, name, stream_h)
+            if _operands.kind_of(new) != self._kind or op.host != self._host:
+                raise NvblasltTypeError(f"{name}: expected an array like the original ({self._kind}, "
+                                        f"{'host' if self._host else 'GPU'} memory)")
+            if op.host:
+                _require_same(name, self._host_operands[name], op)
+                self._host_operands[name] = op
+                _host.refresh(op, old.ptr, stream_h)
+                op = _operands.Operand(op.obj, old.ptr, op.shape, op.strides, op.dtype, self._device, op.readonly,
+                                       op.kind)
+            else:
+                _require_same(name, old, op)
+            self._operands[name] = op
+        if epilog_inputs:
+            if not self._planned:
+                raise NvblasltValueError("epilog_inputs: call plan() before resetting epilog inputs")
+            unknown = [k for k in epilog_inputs if k not in self._epilog_inputs]
+            if unknown:
+                raise NvblasltValueError(f"epilog_inputs: {self.epilog.name} takes {list(self._epilog_inputs)}; "
+                                         f"unknown {unknown}")
+            for key, value in epilog_inputs.items():
+                name = f"epilog_inputs['{key}']"
+                op = _operands.read(value, name, stream_h)
+                if op.host:
+                    _host.refresh(op, self._staged[key].pointer, stream_h)
+                    continue
+                old = self._epilog_inputs[key]
+                new = check_bias(op, self.problem) if key == "bias" else check_aux(op, key, self.problem)
+                if (new.ld, new.batch_stride, new.dtype) != (old.ld, old.batch_stride, old.dtype):
+                    raise NvblasltValueError(f"{name}: the plan was made for another layout or dtype; make a new "
+                                             f"plan for it")
+                if new.alignment < old.alignment:
+                    raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but "
+                                             f"the plan assumed {old.alignment}")
+                self._epilog_inputs[key] = new
+                self._input_setters[key](new.ptr)
+        if quantization_scales is not None:
+            new_scales = self._check_scales(quantization_scales)
+            if set(new_scales) != set(self._scale_inputs) or any(
+                    isinstance(new_scales[k], float) != isinstance(self._scale_inputs[k], float) for k in new_scales):
+                raise NvblasltValueError("quantization_scales: give the same keys, each again a number or an array, "
+                                         "as when the Matmul was made")
+            self._scale_inputs = new_scales
+            self._write_scales()
+            if self._planned:
+                problem = self.problem
+                for cuda_key, key in {"A": problem.a.source, "B": problem.b.source, "C": "c", "D": "d"}.items():
+                    pointer = self._scale_pointer(key)
+                    if pointer is not None:
+                        self._desc.set(f"{cuda_key}_SCALE_POINTER", pointer)
+        if self._split is not None:
+            self._split.reset_operands(a=a, b=b, c=c, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
+                                       stream=stream_h)
+        if alpha is not None:
+            self._alpha.set(alpha)
+        if beta is not None:
+            if self._operands["c"] is None:
+                raise NvblasltValueError("beta: the plan has no c for beta to scale")
+            self._beta.set(beta)
+        if self._planned:
+            self._rebuild_arguments()
+
+    def release_operands(self) -> None:
+        """Drop the references to the operands (nvmath-python's ``release_operands``): the plan
+        stays; ``reset_operands`` must give new operands before the next ``execute``."""
+        self._check_alive()
+        self._forget_arrays()
+        self._released = {name for name, op in self._operands.items() if op is not None}
+
+    def _set_operands(self, a, b, c, inputs: dict, alpha, beta) -> None:
+        """The function form's checked path on a cache hit: the key already matched every check."""
+        self._operands["a"], self._operands["b"], self._operands["c"] = a, b, c
+        self._rebind([a.ptr, b.ptr, c.ptr if c is not None else None, *(op.ptr for op in inputs.values())],
+                     tuple(inputs), alpha, beta)
+
+    def _rebind(self, pointers: list, input_names: tuple, alpha, beta) -> None:
+        """The function form's fast path: new pointers for a, b, c, then the named epilog inputs."""
+        problem = self.problem
+        by_name = {"a": pointers[0], "b": pointers[1]}
+        self._a_pointer.value, self._b_pointer.value = by_name[problem.a.source], by_name[problem.b.source]
+        if pointers[2] is not None:
+            self._c_pointer.value = pointers[2]
+        for key, pointer in zip(input_names, pointers[3:]):
+            if pointer != self._epilog_inputs[key].ptr:
+                self._input_setters[key](pointer)
+                self._epilog_inputs[key] = _replace_ptr(self._epilog_inputs[key], pointer)
+        if alpha != self._alpha.value:
+            self._alpha.set(alpha)
+        if beta != self._beta.value:
+            self._beta.set(beta)
+
+    def _forget_arrays(self) -> None:
+        """Drop references to the caller's arrays (pointers and layouts stay)."""
+        for op in self._operands.values():
+            if op is not None:
+                op.obj = None
+
+    # ---- lifetime ----------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._freed:
+            raise NvblasltValueError("this Matmul was freed; make a new one")
+
+    def _check_planned(self) -> None:
+        self._check_alive()
+        if self._released:
+            raise NvblasltValueError("execute: release_operands() dropped the operands; call reset_operands() first")
+        if not self._planned:
+            raise NvblasltValueError("execute/autotune: call plan() first")
+
+    def _release_plan(self) -> None:
+        for owned in (getattr(self, "_desc", None), getattr(self, "_preference", None),
+                      *getattr(self, "_layouts", ())):
+            if owned is not None:
+                owned.close()
+        if self._workspace is not None:
+            self._workspace.release()
+            self._workspace = None
+
+    def free(self) -> None:
+        """Release descriptors and device memory, stream-ordered after the work already queued."""
+        if not self._freed:
+            with self._lock:
+                if self._split is not None:
+                    self._split.free()
+                    self._split = None
+                self._release_plan()
+                for owned in (self._scales, *self._staged.values()):
+                    if owned is not None:
+                        owned.release()
+                self._planned = False
+                self._freed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else (self.epilog.name if self._planned else "not planned")
+        return f"<Matmul {self.operands.describe()} {state}>"
+
+
+class _ForeignHandle:
+    """A cublasLtHandle_t the caller owns (``options.handle``): used, never destroyed."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def close(self) -> None:
+        pass
+
+
+def _replace_ptr(value, pointer: int):
+    from dataclasses import replace
+
+    return replace(value, ptr=pointer)
+
+
+def _pointer_of(array) -> int:
+    fingerprint = _operands.fingerprint(array, _operands.kind_of(array))
+    if fingerprint is not None:
+        return fingerprint[0]
+    return _operands.read(array, "result", 0).ptr
+
+
+def _require_same(name: str, old, new) -> None:
+    for what in ("shape", "strides", "dtype", "device"):
+        if getattr(old, what) != getattr(new, what):
+            raise NvblasltValueError(f"{name}: the plan was made for {what} {getattr(old, what)}, got "
+                                     f"{getattr(new, what)}; make a new Matmul for a different problem")
+    if new.alignment < old.alignment:
+        raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but the "
+                                 f"plan's algorithms assume {old.alignment}; make a new Matmul")
+
+
+def _guard_known_bad(found: list[HeuristicResult], problem) -> list[HeuristicResult]:
+    """Drop algorithms seen to give wrong results for this problem (see ``_known_bad``)."""
+    from ._known_bad import refuses
+
+    return [r for r in found if not refuses(r, problem)]
+
+
+def _unsupported_hint(problem, epilog) -> str:
+    if problem.fp8:
+        return "fp8 kernels need a row-major A and a column-major B (the 'TN' layout) and a supported result type"
+    if epilog.name in ("BGRADA", "BGRADB"):
+        return (f"{epilog.name} has kernels only for some layouts (on cuBLASLt 13.1: BGRADA with a column-major A, "
+                f"BGRADB with a row-major B)")
+    rows = [problem.a.layout.order, problem.b.layout.order]
+    if any(o != COL for o in rows):
+        return "this layout needed cuBLASLt's row-major order, which has no kernel here; pass column-major operands"
+    return f"no algorithm for {problem.describe()} on this GPU"
+
+
+__all__ = ["Matmul", "MatmulOptions", "MatmulPlanPreferences", "OP_N", "OP_T"]
