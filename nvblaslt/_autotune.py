@@ -1,51 +1,535 @@
-"""Time a plan's algorithms with CUDA events, flushing L2 between runs so that every run
-reads its operands from device memory as a real workload would."""
+"""Time a plan's algorithms and choose one: ``autotune`` over the heuristic list, and the search
+beyond it, which never loses to it.
+
+Timing: CUDA events around each run, L2 flushed before it (every run reads its operands from
+device memory, as in a real workload), runs interleaved round-robin (clocks drift as the GPU heats
+up; interleaving spreads the drift over every candidate alike).
+
+The search keeps an incumbent, autotune's pick, and switches only to a challenger that is faster
+beyond the measured noise. Candidates are screened cheaply first (one run each, next to a run of
+the incumbent, most promising first, until the screening budget is spent). Then the few closest
+challengers duel the incumbent in interleaved rounds: each round gives one paired ratio per
+challenger (its time over the incumbent's in the same round), so drift cancels. A challenger wins
+when the distribution-free upper bound on its median ratio (the sign test inverted, Bonferroni
+over the challengers) is below 1 and its median gains at least ``MIN_GAIN``. Otherwise the
+incumbent stays. For DRELU_BGRAD/DGELU_BGRAD the fused kernel then duels the split form
+(masking epilog + row-sum GEMV) the same way. Everything is budgeted: ``SEARCH_BUDGET_S`` per search.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
 import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from cuda.bindings import runtime as cudart
 
-from . import _cuda
+from . import _cuda, _search, _tuning_cache
+from ._descriptors import HeuristicResult
+from ._errors import CublasLtError
 from ._memory import DeviceBuffer
+from ._split_bgrad import MASKING, SplitBiasGradient
+from ._streams import stream_handle
+
+logger = logging.getLogger("nvblaslt")
+
+SEARCH_BUDGET_S = 10.0  # a whole search, its autotune and the bias-gradient form included
+ALPHA = 0.01  # chance of switching to a challenger that is not faster (over all challengers)
+MIN_GAIN = 0.005  # a switch must gain at least this much (median), or it is not worth a kernel change
+SHORTLIST = 4  # challengers that duel the incumbent
+SHORTLIST_RATIO = 1.02  # screened within this of the incumbent to be a challenger
+RESCREEN_RATIO = 1.08  # a first run may include loading the kernel: close ones are run again
+RESCREEN_MAX = 16
+RUNNERS_UP = 2  # heuristic picks within RUNNER_UP_RATIO of autotune's also duel (its pick was one sample)
+RUNNER_UP_RATIO = 1.01
+MIN_ROUNDS = 10  # with 10 rounds a challenger must win all of them to pass at ALPHA
+MAX_ROUNDS = 60
+BLOCK = 5  # rounds between decisions
+DROP_RATIO = 1.01  # a challenger whose median is this much slower leaves the duel
+PROGRESS_S = 2.0  # seconds between progress lines
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device: int) -> int:
+    return _cuda.device_properties(device).l2CacheSize
+
+
+class Timer:
+    """Milliseconds of one call on ``stream``, L2 flushed before it, CUDA events around it."""
+
+    def __init__(self, device: int, stream: int):
+        self.stream = stream
+        self._flush = DeviceBuffer(max(2 * _l2_bytes(device), 1 << 20), stream)
+        self._start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
+        self._stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
+
+    def __call__(self, run: Callable[[], object], prepare: Callable[[], object] | None = None) -> float:
+        """Time ``run()``; ``prepare()`` (host-side set-up, such as selecting the algorithm) runs first, untimed."""
+        if prepare is not None:
+            prepare()
+        stream = self.stream
+        _cuda.check(cudart.cudaMemsetAsync(self._flush.pointer, 0, self._flush.size, stream), "cudaMemsetAsync")
+        _cuda.check(cudart.cudaEventRecord(self._start, stream), "cudaEventRecord")
+        run()
+        _cuda.check(cudart.cudaEventRecord(self._stop, stream), "cudaEventRecord")
+        _cuda.check(cudart.cudaEventSynchronize(self._stop), "cudaEventSynchronize")
+        return _cuda.check(cudart.cudaEventElapsedTime(self._start, self._stop), "cudaEventElapsedTime")
+
+    def synchronize(self) -> None:
+        _cuda.check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+
+    def close(self) -> None:
+        cudart.cudaEventDestroy(self._start)
+        cudart.cudaEventDestroy(self._stop)
+        self._flush.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class Contestant:
+    """One thing to time: ``prepare`` (untimed) then ``run`` (timed)."""
+
+    name: str
+    run: Callable[[], object]
+    prepare: Callable[[], object] | None = None
+    result: HeuristicResult | None = None
+
+
+def _algorithm(plan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
+    return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan._run(stream, stream, None),
+                      lambda: plan._select(result), result)
+
+
+def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> list[list[float]]:
+    """Samples (ms) of each contestant over ``rounds`` interleaved rounds, after one warm-up run each."""
+    for contestant in contestants:  # module load, first-launch costs
+        if contestant.prepare is not None:
+            contestant.prepare()
+        contestant.run()
+    timer.synchronize()
+    samples: list[list[float]] = [[] for _ in contestants]
+    for _ in range(max(1, rounds)):
+        for index, contestant in enumerate(contestants):
+            samples[index].append(timer(contestant.run, contestant.prepare))
+    return samples
 
 
 def time_calls(device: int, calls: list, stream: int, iterations: int) -> list[float]:
-    """Median milliseconds of each zero-argument call, each preceded by an L2 flush.
-
-    Round-robin, not one call after another: clocks drift as the GPU heats up, and interleaving
-    spreads that drift over every call alike."""
-    flush = DeviceBuffer(max(2 * _cuda.device_properties(device).l2CacheSize, 1 << 20), 0)
-    start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
-    stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
-    samples: list[list[float]] = [[] for _ in calls]
-    try:
-        for call in calls:  # warm-up: module load, first-launch costs
-            call()
-        for _ in range(max(1, iterations)):
-            for index, call in enumerate(calls):
-                _cuda.check(cudart.cudaMemsetAsync(flush.pointer, 0, flush.size, stream), "cudaMemsetAsync")
-                _cuda.check(cudart.cudaEventRecord(start, stream), "cudaEventRecord")
-                call()
-                _cuda.check(cudart.cudaEventRecord(stop, stream), "cudaEventRecord")
-                _cuda.check(cudart.cudaEventSynchronize(stop), "cudaEventSynchronize")
-                samples[index].append(_cuda.check(cudart.cudaEventElapsedTime(start, stop), "cudaEventElapsedTime"))
-    finally:
-        cudart.cudaEventDestroy(start)
-        cudart.cudaEventDestroy(stop)
-        flush.release()
+    """Median milliseconds of each zero-argument call, each preceded by an L2 flush, round-robin."""
+    with Timer(device, stream) as timer:
+        samples = _round_robin(timer, [Contestant(str(i), call) for i, call in enumerate(calls)], iterations)
     return [statistics.median(s) for s in samples]
 
 
-def time_algorithms(plan, candidates, stream: int, iterations: int):
+def time_algorithms(plan, candidates, stream: int, iterations: int) -> list[tuple[HeuristicResult, float]]:
     """[(HeuristicResult, median ms)] for every candidate algorithm of ``plan``, fastest first."""
+    with Timer(plan._device, stream) as timer:
+        samples = _round_robin(timer, [_algorithm(plan, c, stream) for c in candidates], iterations)
+    return sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
 
-    def running(candidate):
-        def call():
-            plan._select(candidate)
-            plan.execute(stream=stream)
-        return call
 
-    medians = time_calls(plan._device, [running(c) for c in candidates], stream, iterations)
-    return sorted(zip(candidates, medians), key=lambda pair: pair[1])
+# ---- deciding on noisy paired samples ------------------------------------------------------------------
+def _upper_tail(n: int, k: int) -> float:
+    """P(Binomial(n, 1/2) >= k)."""
+    return sum(math.comb(n, i) for i in range(max(k, 0), n + 1)) / 2 ** n
+
+
+def median_bounds(samples: list[float], alpha: float) -> tuple[float, float]:
+    """(lower, upper) bounds on the median of the distribution ``samples`` come from, each holding
+    with probability at least 1 - ``alpha``, whatever the distribution: order statistics (the sign
+    test inverted). ±inf where there are too few samples for that confidence."""
+    ordered, n = sorted(samples), len(samples)
+    rank = next((u for u in range(1, n + 1) if _upper_tail(n, u) <= alpha), None)
+    if rank is None:
+        return -math.inf, math.inf
+    return ordered[n - rank], ordered[rank - 1]
+
+
+def faster_confidence(log_ratios: list[float]) -> float:
+    """Confidence that the median log ratio is below 0 (the challenger is faster): 1 - the one-sided
+    sign test's p-value. Ties are left out."""
+    faster = sum(1 for x in log_ratios if x < 0)
+    slower = sum(1 for x in log_ratios if x > 0)
+    return 1.0 - _upper_tail(faster + slower, faster) if faster + slower else 0.0
+
+
+@dataclass
+class Standing:
+    """One challenger's record against the incumbent."""
+
+    contestant: Contestant
+    samples: list[float] = field(default_factory=list)  # its ms
+    log_ratios: list[float] = field(default_factory=list)  # log(its ms / the incumbent's ms), same round
+    verdict: str = "undecided"  # "faster", "slower" or "undecided"
+    lower: float = -math.inf  # bounds on the median ratio
+    upper: float = math.inf
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(statistics.median(self.log_ratios)) if self.log_ratios else math.nan
+
+    @property
+    def confidence(self) -> float:
+        return faster_confidence(self.log_ratios)
+
+    def judge(self, alpha: float, min_gain: float) -> None:
+        lower, upper = median_bounds(self.log_ratios, alpha)
+        self.lower, self.upper = math.exp(lower), math.exp(upper)
+        ratio, rounds = self.ratio, len(self.log_ratios)
+        if self.upper < 1.0 and ratio < 1.0 - min_gain:
+            self.verdict = "faster"
+        elif self.lower > 1.0 or ratio > DROP_RATIO or (rounds >= 2 * MIN_ROUNDS and ratio > 1.0 - min_gain / 2):
+            self.verdict = "slower"  # slower beyond noise, or too close to ever gain min_gain
+
+
+@dataclass
+class Duel:
+    """The outcome: the incumbent's samples, each challenger's standing, and the rounds run."""
+
+    incumbent: list[float]
+    standings: list[Standing]
+    rounds: int
+
+    def winner(self) -> Standing | None:
+        faster = [s for s in self.standings if s.verdict == "faster"]
+        return min(faster, key=lambda s: s.ratio) if faster else None
+
+    def best(self) -> Standing | None:
+        """The challenger with the lowest median ratio, winner or not."""
+        measured = [s for s in self.standings if s.log_ratios]
+        return min(measured, key=lambda s: s.ratio) if measured else None
+
+
+def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadline: float,
+         alpha: float = ALPHA, min_gain: float = MIN_GAIN, min_rounds: int = MIN_ROUNDS,
+         max_rounds: int = MAX_ROUNDS, what: str = "search") -> Duel:
+    """Interleaved rounds of the incumbent and the challengers still undecided, until every
+    challenger is judged faster or slower, ``max_rounds`` pass, or the clock reaches ``deadline``
+    (``time.perf_counter()``); an undecided challenger does not win."""
+    standings = [Standing(c) for c in challengers]
+    each_alpha = alpha / max(1, len(challengers))
+    incumbent_samples: list[float] = []
+    rounds, last_report = 0, time.perf_counter()
+    for contestant in [incumbent, *challengers]:  # warm-up
+        if contestant.prepare is not None:
+            contestant.prepare()
+        contestant.run()
+    timer.synchronize()
+    while rounds < max_rounds:
+        alive = [s for s in standings if s.verdict == "undecided"]
+        if not alive:
+            break
+        round_started = time.perf_counter()
+        order: list = [None, *alive]  # None: the incumbent; the order turns each round
+        shift = rounds % len(order)
+        times = {}
+        for entry in order[shift:] + order[:shift]:
+            contestant = incumbent if entry is None else entry.contestant
+            times[id(entry)] = timer(contestant.run, contestant.prepare)
+        incumbent_ms = times[id(None)]
+        incumbent_samples.append(incumbent_ms)
+        for standing in alive:
+            ms = times[id(standing)]
+            standing.samples.append(ms)
+            standing.log_ratios.append(math.log(ms / incumbent_ms) if ms > 0 and incumbent_ms > 0 else 0.0)
+        rounds += 1
+        if rounds >= min_rounds and (rounds - min_rounds) % BLOCK == 0:
+            for standing in alive:
+                standing.judge(each_alpha, min_gain)
+        now = time.perf_counter()
+        if now - last_report > PROGRESS_S:
+            last_report = now
+            best = min(alive, key=lambda s: s.ratio)
+            logger.info("%s: duel round %d, %d challengers undecided, best %s at %.4f× the incumbent", what,
+                        rounds, sum(s.verdict == "undecided" for s in standings), best.contestant.name, best.ratio)
+        if now + (now - round_started) > deadline:
+            break
+    for standing in standings:  # final bounds for the report, whatever stopped the duel
+        if standing.log_ratios and standing.verdict == "undecided":
+            standing.judge(each_alpha, min_gain)
+            if standing.verdict == "faster" and len(standing.log_ratios) < min_rounds:
+                standing.verdict = "undecided"
+    return Duel(incumbent_samples, standings, rounds)
+
+
+# ---- the report ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TuningReport:
+    """What autotune decided and how sure it is; set as ``plan.tuning_report``."""
+
+    searched: bool
+    chosen: str
+    chosen_ms: float
+    incumbent: str  # autotune's pick over the heuristic list
+    incumbent_ms: float
+    switched: bool
+    ratio: float = 1.0  # chosen / incumbent, median of paired rounds (1.0 when the incumbent stays)
+    confidence: float = 0.0  # that the switch is faster (sign test); when kept, that the best challenger was
+    interval: tuple[float, float] = (math.nan, math.nan)  # bounds on the best challenger's ratio
+    best_challenger: str | None = None
+    rounds: int = 0
+    heuristics: int = 0
+    screened: int = 0
+    seconds: float = 0.0
+    bias_gradient_form: tuple | None = None  # (form, its ms, the other form's ms)
+    note: str = ""
+
+    def __str__(self) -> str:
+        if not self.searched:
+            return (f"autotune: {self.chosen} at {self.chosen_ms:.4f} ms, fastest of {self.heuristics} heuristic "
+                    f"picks ({self.seconds:.1f} s)")
+        lo, hi = self.interval
+        if self.switched:
+            verdict = (f"switched to {self.chosen}: {self.ratio:.4f}× the incumbent {self.incumbent} "
+                       f"(bound [{lo:.4f}, {hi:.4f}], confidence {self.confidence:.1%}, {self.rounds} rounds)")
+        elif self.best_challenger:
+            verdict = (f"kept {self.incumbent}: no challenger faster beyond noise; best {self.best_challenger} "
+                       f"{self.ratio:.4f}× (bound [{lo:.4f}, {hi:.4f}], confidence {self.confidence:.1%}, "
+                       f"{self.rounds} rounds)")
+        else:
+            verdict = f"kept {self.incumbent}: {self.note or 'no challenger came close in screening'}"
+        form = ""
+        if self.bias_gradient_form:
+            name, ms, other = self.bias_gradient_form
+            form = f"; {name} bias-gradient form ({ms:.4f} vs {other:.4f} ms)"
+        return (f"search: {verdict}; {self.chosen_ms:.4f} ms; {self.screened} candidates screened beyond "
+                f"{self.heuristics} heuristic picks in {self.seconds:.1f} s{form}")
+
+
+# ---- the search -----------------------------------------------------------------------------------------
+def _ensure_workspace(plan, nbytes: int, timer: Timer) -> None:
+    """Grow the plan's workspace to ``nbytes``; the plan's own method where it has one."""
+    ensure = getattr(plan, "_ensure_workspace", None)
+    if ensure is not None:
+        ensure(nbytes)
+        return
+    workspace = plan._workspace
+    if workspace is not None and workspace.size >= nbytes:
+        return
+    timer.synchronize()  # nothing queued may still use the old one
+    if workspace is not None:
+        workspace.release()
+    plan._workspace = DeviceBuffer(nbytes, 0)
+
+
+def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicResult], stream: int,
+            deadline: float) -> tuple[list[tuple[HeuristicResult, float]], int, bool]:
+    """[(candidate, its ms over the incumbent's)] from one run each, in groups of 8 each timed next
+    to a run of the incumbent (so drift between groups cancels), until ``deadline`` or the pool
+    runs dry; how many failed to run; whether the pool ran dry."""
+    screened: list[tuple[HeuristicResult, float]] = []
+    failed, last_report, started = 0, time.perf_counter(), time.perf_counter()
+    exhausted = False
+    while not exhausted and time.perf_counter() < deadline:
+        group = []
+        while len(group) < 8:
+            candidate = next(pool, None)  # enumerating may itself take time: one at a time
+            if candidate is None:
+                exhausted = True
+                break
+            group.append(candidate)
+            if time.perf_counter() >= deadline:
+                break
+        if not group:
+            break
+        _ensure_workspace(plan, max(c.workspace_size for c in group), timer)
+        reference = timer(incumbent.run, incumbent.prepare)
+        for candidate in group:
+            try:
+                ms = timer(lambda: plan._run(stream, stream, None), lambda c=candidate: plan._select(c))
+            except CublasLtError as error:  # accepted by the check, refused at launch
+                logger.debug("search: %s failed to run (%s)", _tuning_cache.describe_algorithm(candidate), error)
+                failed += 1
+                continue
+            screened.append((candidate, ms / reference))
+        now = time.perf_counter()
+        if now - last_report > PROGRESS_S and screened:
+            last_report = now
+            logger.info("search: screened %d candidates in %.1f s, best %.3f× the incumbent", len(screened),
+                        now - started, min(r for _, r in screened))
+    return screened, failed, exhausted
+
+
+def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
+              deadline: float) -> list[tuple[HeuristicResult, float]]:
+    """The close ones run again, now warm, next to the incumbent; their second ratio replaces the first."""
+    screened = sorted(screened, key=lambda pair: pair[1])
+    close = [pair for pair in screened[:RESCREEN_MAX] if pair[1] < RESCREEN_RATIO]
+    again = []
+    for candidate, first in close:
+        if time.perf_counter() >= deadline:
+            again.append((candidate, first))
+            continue
+        reference = timer(incumbent.run, incumbent.prepare)
+        ms = timer(lambda: plan._run(stream, stream, None), lambda c=candidate: plan._select(c))
+        again.append((candidate, ms / reference))
+    return sorted(again + screened[len(close):], key=lambda pair: pair[1])
+
+
+def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult, float]], stream: int,
+                      started: float, deadline: float) -> tuple[HeuristicResult, float, dict]:
+    """The search over algorithms: (the choice, its ms, facts for the report and the timings list)."""
+    incumbent_result, incumbent_ms = heuristic[0]
+    incumbent = _algorithm(plan, incumbent_result, stream)
+    remaining = deadline - time.perf_counter()
+    # the duel's share: at least its minimum rounds with a full shortlist
+    duel_minimum = 1.2 * (1 + SHORTLIST + RUNNERS_UP) * (MIN_ROUNDS + 1) * incumbent_ms / 1000
+    screen_deadline = time.perf_counter() + max(0.0, min(0.55 * remaining, remaining - duel_minimum))
+    logger.info("search: incumbent %s at %.4f ms (autotune's pick of %d); screening until %.1f s", incumbent.name,
+                incumbent_ms, len(heuristic), screen_deadline - started)
+    enumeration_started = time.perf_counter()
+    pool = _search.candidates(plan, workspace_limit=plan._workspace_limit, incumbent=incumbent_result)
+    screened, failed, exhausted = _screen(plan, timer, incumbent, pool, stream, screen_deadline)
+    logger.info("search: screened %d candidates (%d failed to run) in %.1f s%s", len(screened), failed,
+                time.perf_counter() - enumeration_started,
+                "" if exhausted else "; the budget ended before the candidates did")
+    duel_deadline = deadline
+    screened = _rescreen(timer, incumbent, screened, plan, stream,
+                         time.perf_counter() + 0.15 * (duel_deadline - time.perf_counter()))
+    challengers = [_algorithm(plan, c, stream) for c, ratio in screened[:SHORTLIST] if ratio < SHORTLIST_RATIO]
+    challengers += [_algorithm(plan, r, stream, _tuning_cache.describe_algorithm(r) + " (heuristic)")
+                    for r, ms in heuristic[1:1 + RUNNERS_UP] if ms < incumbent_ms * RUNNER_UP_RATIO]
+    facts = {"screened": len(screened), "estimates": [(c, ratio * incumbent_ms) for c, ratio in screened]}
+    if not challengers:
+        facts["note"] = "no challenger within 2% in screening"
+        return incumbent_result, incumbent_ms, facts
+    logger.info("search: duel of the incumbent against %d challengers: %s", len(challengers),
+                ", ".join(c.name for c in challengers))
+    outcome = duel(timer, incumbent, challengers, deadline=duel_deadline)
+    winner, best = outcome.winner(), outcome.best()
+    facts.update(duel=outcome, best=best, incumbent_duel_ms=statistics.median(outcome.incumbent))
+    if winner is None:
+        return incumbent_result, statistics.median(outcome.incumbent), facts
+    facts["winner"] = winner
+    return winner.contestant.result, statistics.median(winner.samples), facts
+
+
+def _choose_bias_gradient_form(plan, timer: Timer, iterations: int, stream: int, recalled_split, deadline: float,
+                               call_ms: float):
+    """Fused *_BGRAD against masking epilog + row-sum GEMV; the form the plan had (fused, unless an
+    earlier search's split form was recalled) stays unless the other is faster beyond noise.
+    Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen)."""
+    split = recalled_split or SplitBiasGradient(plan, iterations)
+    fused = Contestant("fused", lambda: plan._run(stream, stream, None))
+    two_calls = Contestant("split", lambda: split.run(stream, stream, None))
+    incumbent, challenger = (two_calls, fused) if recalled_split is not None else (fused, two_calls)
+    # the duel gets its minimum rounds even past the budget: a decision on fewer would be noise
+    deadline = max(deadline, time.perf_counter() + 2.5 * (MIN_ROUNDS + 1) * call_ms / 1000)
+    outcome = duel(timer, incumbent, [challenger], deadline=deadline, max_rounds=3 * MIN_ROUNDS,
+                   what="bias-gradient form")
+    standing = outcome.standings[0]
+    measured = {incumbent.name: statistics.median(outcome.incumbent),
+                challenger.name: statistics.median(standing.samples)}
+    chosen = challenger.name if standing.verdict == "faster" else incumbent.name
+    other = "fused" if chosen == "split" else "split"
+    logger.info("search: %s bias-gradient form (%s at %.4f× %s, confidence %.1f%%, %d rounds)", chosen,
+                challenger.name, standing.ratio, incumbent.name, 100 * standing.confidence, outcome.rounds)
+    if chosen == "fused":
+        split.free()
+        split = None
+    return (chosen, measured[chosen], measured[other]), split
+
+
+def _form_reserve(plan, iterations: int, call_ms: float, remaining: float) -> float:
+    """Seconds to keep for the bias-gradient form: autotuning the masking plan and a short duel."""
+    if plan.epilog not in MASKING:
+        return 0.0
+    calls = len(plan.algorithms) * (iterations + 1) + 2 * (MIN_ROUNDS + 1)
+    return min(0.4 * remaining, 1.25 * calls * call_ms / 1000)
+
+
+def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
+             budget_s: float = SEARCH_BUDGET_S) -> list[tuple[HeuristicResult, float]]:
+    """Time ``plan``'s heuristic list (median of ``iterations`` interleaved rounds, L2 flushed) and
+    select the fastest. With ``search``, look beyond it within ``budget_s`` seconds and switch only to
+    a challenger faster beyond the measured noise; for DRELU_BGRAD/DGELU_BGRAD choose the fused or
+    split form the same way; with ``remember``, store the choice on disk for later plans.
+
+    Returns ``[(algorithm, ms)]``, the selected one first, the rest fastest first. Sets
+    ``plan.tuning_report`` (a ``TuningReport``), and for a searched *_BGRAD plan
+    ``plan.bias_gradient_form = (form, its ms, the other form's ms)`` and ``plan._split``."""
+    started = time.perf_counter()
+    stream_h = stream_handle(stream) if stream is not None else plan._stream
+    recalled_split, plan._split = plan._split, None  # fused algorithms are timed as themselves
+    try:
+        with Timer(plan._device, stream_h) as timer:
+            candidates = list(plan.algorithms)
+            logger.info("autotune: timing %d heuristic picks, %d interleaved rounds", len(candidates),
+                        max(1, iterations))
+            samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
+            heuristic = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
+            incumbent, incumbent_ms = heuristic[0]
+            if not search:
+                plan._select(incumbent)
+                plan._split, recalled_split = recalled_split, None
+                plan.tuning_report = TuningReport(False, _tuning_cache.describe_algorithm(incumbent), incumbent_ms,
+                                                  _tuning_cache.describe_algorithm(incumbent), incumbent_ms, False,
+                                                  heuristics=len(candidates), seconds=time.perf_counter() - started)
+                logger.info("%s", plan.tuning_report)
+                return heuristic
+            deadline = started + budget_s
+            form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter())
+            chosen, chosen_ms, facts = _choose_algorithm(plan, timer, heuristic, stream_h, started,
+                                                         deadline - form_reserve)
+            plan._select(chosen)
+            form = None
+            if plan.epilog in MASKING:
+                form, split = _choose_bias_gradient_form(plan, timer, iterations, stream_h, recalled_split,
+                                                         deadline, chosen_ms)
+                recalled_split = None  # kept or freed by the choice now
+                plan.bias_gradient_form = form
+                plan._split = split
+    finally:
+        if recalled_split is not None:  # an error before the choice: the plan keeps what it had
+            plan._split = recalled_split
+    report = _report(chosen, chosen_ms, heuristic, facts, form, time.perf_counter() - started)
+    plan.tuning_report = report
+    logger.info("%s", report)
+    if remember:
+        facts_to_store = {"confidence": round(report.confidence, 4), "switched": report.switched}
+        if form is not None:
+            facts_to_store["bias_gradient_form"] = form[0]
+        _tuning_cache.remember(plan, chosen, chosen_ms, **facts_to_store)
+        if plan._split is not None:  # so that a later plan rebuilds the split form without timing
+            masked = plan._split.masked
+            _tuning_cache.remember(masked, masked.algorithm, form[1])
+    return _timings(chosen, chosen_ms, heuristic, facts)
+
+
+def _report(chosen, chosen_ms, heuristic, facts: dict, form, seconds: float) -> TuningReport:
+    incumbent, incumbent_ms = heuristic[0]
+    winner, best = facts.get("winner"), facts.get("best")
+    shown = winner or best
+    return TuningReport(
+        True, _tuning_cache.describe_algorithm(chosen), chosen_ms, _tuning_cache.describe_algorithm(incumbent),
+        facts.get("incumbent_duel_ms", incumbent_ms), winner is not None,
+        ratio=shown.ratio if shown else 1.0, confidence=shown.confidence if shown else 0.0,
+        interval=(shown.lower, shown.upper) if shown else (math.nan, math.nan),
+        best_challenger=shown.contestant.name if shown else None,
+        rounds=facts["duel"].rounds if "duel" in facts else 0, heuristics=len(heuristic),
+        screened=facts.get("screened", 0), seconds=seconds, bias_gradient_form=form, note=facts.get("note", ""))
+
+
+def _timings(chosen, chosen_ms, heuristic, facts: dict) -> list[tuple[HeuristicResult, float]]:
+    """The chosen algorithm first, then every other one timed, fastest first; each at its most
+    precise measurement (duel median, else autotune's median, else the screening estimate)."""
+    best: dict[tuple, tuple[HeuristicResult, float]] = {}
+    for result, ms in [*facts.get("estimates", []), *heuristic]:
+        best[_search.config_key(result)] = (result, ms)
+    if "duel" in facts:
+        for standing in facts["duel"].standings:
+            best[_search.config_key(standing.contestant.result)] = (standing.contestant.result,
+                                                                    statistics.median(standing.samples))
+    chosen_key = _search.config_key(chosen)
+    best.pop(chosen_key, None)
+    return [(chosen, chosen_ms), *sorted(best.values(), key=lambda pair: pair[1])]

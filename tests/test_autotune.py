@@ -1,0 +1,266 @@
+"""autotune(search=True) never loses to autotune() (issue 12 §2), checked without a GPU: the
+statistics on simulated noisy, drifting timings, and the whole orchestration on a stand-in plan
+whose "kernels" take simulated times."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+
+from nvblaslt import _autotune, _search, _tuning_cache
+from nvblaslt._autotune import Contestant, duel, faster_confidence, median_bounds
+from nvblaslt._epilogs import MatmulEpilog
+
+
+# ---- the statistics ------------------------------------------------------------------------------
+def test_median_bounds_hold_at_their_level():
+    generator = random.Random(1)
+    misses, trials = 0, 2000
+    for _ in range(trials):
+        samples = [generator.gauss(0, 1) for _ in range(30)]
+        lower, upper = median_bounds(samples, 0.05)
+        misses += upper < 0  # the true median is 0
+    assert misses / trials <= 0.05 + 0.015  # 0.05 at most, and three standard errors of 2000 trials
+
+
+def test_median_bounds_need_enough_samples():
+    assert median_bounds([-1.0] * 5, 0.01) == (-math.inf, math.inf)  # 5 wins in 5 is p = 0.03
+    lower, upper = median_bounds([-1.0 - i for i in range(10)], 0.005)
+    assert upper == -1.0 and lower == -10.0
+
+
+def test_faster_confidence_is_the_sign_test():
+    assert faster_confidence([-1.0] * 10) == pytest.approx(1 - 2 ** -10)
+    assert faster_confidence([1.0] * 10) == 0.0
+    assert faster_confidence([]) == 0.0
+
+
+class SimulatedGPU:
+    """Times drawn from each contestant's true time, with noise and a slow clock drift."""
+
+    def __init__(self, seed: int, noise: float = 0.01, drift: float = 0.04):
+        self.random, self.noise, self.drift, self.calls, self.last = random.Random(seed), noise, drift, 0, None
+
+    def __call__(self, run, prepare=None) -> float:
+        if prepare is not None:
+            prepare()
+        run()
+        self.calls += 1
+        clock = 1 + self.drift * math.sin(self.calls / 40)
+        return self.last * clock * math.exp(self.random.gauss(0, self.noise))
+
+    def synchronize(self) -> None:
+        pass
+
+    def contestant(self, name: str, ms: float) -> Contestant:
+        return Contestant(name, lambda: setattr(self, "last", ms))
+
+
+def run_duel(seed: int, challenger_ms: list[float], noise: float = 0.01):
+    gpu = SimulatedGPU(seed, noise)
+    challengers = [gpu.contestant(f"c{i}", ms) for i, ms in enumerate(challenger_ms)]
+    return duel(gpu, gpu.contestant("incumbent", 26.0), challengers, deadline=time.perf_counter() + 60)
+
+
+def test_equal_challengers_almost_never_win():
+    switches = sum(run_duel(seed, [26.0] * 4, noise=0.02).winner() is not None for seed in range(300))
+    assert switches <= 6  # ALPHA is 1 %; sequential looks are allowed a little more
+
+
+def test_slower_challengers_never_win_and_leave_early():
+    for seed in range(100):
+        outcome = run_duel(seed, [26.3, 26.5, 27.0])  # 1-4 % slower
+        assert outcome.winner() is None
+    assert outcome.rounds < _autotune.MAX_ROUNDS
+
+
+def test_a_challenger_faster_beyond_noise_wins():
+    winners = [run_duel(seed, [26.0, 25.2, 26.1]).winner() for seed in range(100)]  # c1 is 3 % faster
+    assert sum(w is not None and w.contestant.name == "c1" for w in winners) >= 95
+    assert all(w is None or w.contestant.name == "c1" for w in winners)
+
+
+def test_a_gain_below_the_minimum_is_not_worth_a_switch():
+    wins = sum(run_duel(seed, [25.95], noise=0.002).winner() is not None for seed in range(50))  # 0.2 % faster
+    assert wins <= 1
+
+
+def test_the_duel_stops_at_its_deadline():
+    gpu = SimulatedGPU(0)
+    slow = Contestant("slow", lambda: (time.sleep(0.01), setattr(gpu, "last", 26.0)))
+    started = time.perf_counter()
+    outcome = duel(gpu, slow, [gpu.contestant("c", 26.0)], deadline=started + 0.3)
+    assert time.perf_counter() - started < 0.6 and outcome.winner() is None
+
+
+# ---- the orchestration, on a stand-in plan -----------------------------------------------------------
+class FakeAlgorithm:
+    def __init__(self, algo_id: int):
+        self.id, self.tile, self.stages = algo_id, "256x128", "AUTO"
+        self.algo = bytes([algo_id % 256]) * 64
+
+    def config(self) -> dict:
+        return {"ID": self.id}
+
+
+class FakeResult:
+    def __init__(self, algo_id: int, workspace: int = 0):
+        self.algorithm, self.workspace_size = FakeAlgorithm(algo_id), workspace
+
+
+class FakeSplit:
+    instances: list = []
+
+    def __init__(self, plan, iterations):
+        self.plan, self.freed, self.masked = plan, False, type("Masked", (), {"algorithm": FakeResult(900)})()
+        FakeSplit.instances.append(self)
+
+    def run(self, stream, framework_stream, out):
+        self.plan.ran = "split"
+
+    def free(self):
+        self.freed = True
+
+
+class StandInPlan:
+    """What autotune uses of a Matmul; ``speeds`` maps an algorithm id (or "split") to its true ms."""
+
+    def __init__(self, heuristic_ids, speeds, epilog=MatmulEpilog.RELU_BIAS):
+        self.algorithms = [FakeResult(i) for i in heuristic_ids]
+        self.speeds, self.epilog = speeds, epilog
+        self.algorithm, self.ran, self._split = self.algorithms[0], None, None
+        self._device, self._stream, self._workspace_limit, self.workspace = 0, 0, 1 << 20, 0
+
+    def _select(self, result):
+        self.algorithm = result
+
+    def _run(self, stream, framework_stream, out):
+        assert self._split is None, "fused algorithms must be timed as themselves"
+        self.ran = self.algorithm.algorithm.id
+
+    def _ensure_workspace(self, nbytes):
+        self.workspace = max(self.workspace, nbytes)
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """autotune with simulated timings: returns (make a plan, what remember stored)."""
+    stored = []
+    FakeSplit.instances = []
+    monkeypatch.setattr(_tuning_cache, "remember", lambda plan, result, ms, **facts: stored.append(
+        (plan, result.algorithm.id, ms, facts)) or True)
+    monkeypatch.setattr(_autotune, "SplitBiasGradient", FakeSplit)
+
+    def make(heuristic_ids, speeds, pool_ids=(), seed=0, noise=0.01, epilog=MatmulEpilog.RELU_BIAS):
+        plan = StandInPlan(heuristic_ids, speeds, epilog)
+        generator = random.Random(seed)
+
+        class Timer:
+            calls = 0
+
+            def __init__(self, device, stream):
+                pass
+
+            def __call__(self, run, prepare=None):
+                if prepare is not None:
+                    prepare()
+                run()
+                Timer.calls += 1
+                drift = 1 + 0.03 * math.sin(Timer.calls / 30)
+                return plan.speeds[plan.ran] * drift * math.exp(generator.gauss(0, noise))
+
+            def synchronize(self):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                pass
+
+        monkeypatch.setattr(_autotune, "Timer", Timer)
+        monkeypatch.setattr(_search, "candidates", lambda p, **kw: iter([FakeResult(i, 4096) for i in pool_ids]))
+        return plan
+    return make, stored
+
+
+def test_plain_autotune_picks_the_fastest_heuristic(simulated):
+    make, stored = simulated
+    plan = make([1, 2, 3], {1: 27.0, 2: 26.0, 3: 28.0})
+    timings = _autotune.autotune(plan, iterations=5, search=False, remember=True, stream=None)
+    assert [r.algorithm.id for r, _ in timings] == [2, 1, 3]
+    assert plan.algorithm.algorithm.id == 2
+    assert not plan.tuning_report.searched and stored == []  # only a search is remembered
+
+
+def test_search_keeps_the_incumbent_when_no_one_is_faster_beyond_noise(simulated):
+    make, stored = simulated
+    switched = 0
+    for seed in range(20):
+        speeds = {1: 26.0, 2: 27.5, **{i: 26.0 + 0.05 * (i % 3) for i in range(100, 160)}}  # none faster than #1
+        plan = make([1, 2], speeds, pool_ids=range(100, 160), seed=seed, noise=0.015)
+        timings = _autotune.autotune(plan, iterations=5, search=True, remember=True, stream=None)
+        chosen = plan.algorithm.algorithm.id
+        assert speeds[chosen] <= 26.0 + 1e-9, f"seed {seed}: chose {chosen} at {speeds[chosen]} ms"
+        assert timings[0][0] is plan.algorithm and stored[-1][1] == chosen  # remembered even when kept
+        switched += plan.tuning_report.switched
+    assert switched <= 1  # an equal challenger may win by chance, rarely
+
+
+def test_search_switches_to_a_clearly_faster_challenger_and_says_how_sure(simulated):
+    make, stored = simulated
+    speeds = {1: 26.0, 2: 26.5, **{i: 26.8 for i in range(100, 140)}, 117: 25.0}
+    plan = make([1, 2], speeds, pool_ids=range(100, 140))
+    timings = _autotune.autotune(plan, iterations=5, search=True, remember=True, stream=None)
+    report = plan.tuning_report
+    assert plan.algorithm.algorithm.id == 117 and timings[0][0].algorithm.id == 117
+    assert report.switched and report.confidence > 0.99 and report.ratio < 0.98
+    assert report.interval[1] < 1.0 and report.screened == 40
+    assert plan.workspace == 4096  # grown for the candidates that need it
+    assert stored[-1][1] == 117 and stored[-1][3]["switched"] is True
+    assert "switched to id 117" in str(report)
+
+
+def test_search_keeps_to_its_budget(simulated, monkeypatch):
+    make, _ = simulated
+    speeds = {1: 1.0, 2: 1.05, **{i: 1.03 for i in range(100, 100_100)}}  # simulated ms close to the wall clock's
+    plan = make([1, 2], speeds, pool_ids=range(100, 100_100))
+    original = plan._run
+
+    def slow_run(*args):  # each "kernel" takes a millisecond of wall clock
+        time.sleep(0.001)
+        original(*args)
+    plan._run = slow_run
+    started = time.perf_counter()
+    _autotune.autotune(plan, iterations=3, search=True, remember=False, stream=None, budget_s=1.0)
+    assert time.perf_counter() - started < 2.0
+    assert 0 < plan.tuning_report.screened < 100_000
+
+
+@pytest.mark.parametrize("split_ms, expected", [(24.0, "split"), (26.1, "fused"), (25.9, "fused")])
+def test_the_bias_gradient_form_changes_only_beyond_noise(simulated, split_ms, expected):
+    make, stored = simulated
+    plan = make([1, 2], {1: 26.0, 2: 26.5, "split": split_ms}, epilog=MatmulEpilog.DRELU_BGRAD, noise=0.01)
+    _autotune.autotune(plan, iterations=5, search=True, remember=True, stream=None)
+    form, form_ms, other_ms = plan.bias_gradient_form
+    assert form == expected
+    split = FakeSplit.instances[-1]
+    if expected == "split":
+        assert plan._split is split and not split.freed and form_ms < other_ms
+        assert stored[-2][3]["bias_gradient_form"] == "split"
+        assert stored[-1][0] is split.masked  # the masking plan's own choice, for later plans
+    else:
+        assert plan._split is None and split.freed
+        assert stored[-1][3]["bias_gradient_form"] == "fused"
+
+
+def test_plain_autotune_times_fused_algorithms_and_keeps_a_recalled_split(simulated):
+    make, _ = simulated
+    plan = make([1, 2], {1: 26.0, 2: 25.0}, epilog=MatmulEpilog.DRELU_BGRAD)
+    recalled = FakeSplit(plan, 0)
+    plan._split = recalled
+    _autotune.autotune(plan, iterations=3, search=False, remember=False, stream=None)
+    assert plan._split is recalled and plan.algorithm.algorithm.id == 2
