@@ -43,20 +43,31 @@ def _header_of(node: c_ast.Node) -> str:
     return Path(node.coord.file).name if node.coord and node.coord.file else ""
 
 
-def strip_common_prefix(c_names: list[str]) -> list[str]:
+def _is_name(name: str) -> bool:
+    return name.isidentifier() and not keyword.iskeyword(name)
+
+
+def strip_common_prefix(c_names: list[str], known_prefix: str | None = None) -> list[str]:
     """RELU_AUX_BIAS from CUBLASLT_EPILOGUE_RELU_AUX_BIAS: drop the longest shared
-    ``PREFIX_`` that leaves every member a valid identifier (COMPUTE_16F, not 16F)."""
+    ``PREFIX_`` that leaves every member a valid identifier (COMPUTE_16F, not 16F).
+    Members starting with ``known_prefix`` lose that prefix instead."""
     if len(c_names) < 2:
-        return [n.split("_", 1)[-1] if "_" in n else n for n in c_names]
-    words = [n.split("_") for n in c_names]
-    shared = 0
-    while all(len(w) > shared + 1 for w in words) and len({w[shared] for w in words}) == 1:
-        shared += 1
-    for cut in range(shared, -1, -1):
-        names = ["_".join(w[cut:]) for w in words]
-        if all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
-            return names
-    return c_names
+        shared_cut = [n.split("_", 1)[-1] if "_" in n else n for n in c_names]
+    else:
+        words = [n.split("_") for n in c_names]
+        shared = 0
+        while all(len(w) > shared + 1 for w in words) and len({w[shared] for w in words}) == 1:
+            shared += 1
+        shared_cut = c_names
+        for cut in range(shared, -1, -1):
+            names = ["_".join(w[cut:]) for w in words]
+            if all(_is_name(n) for n in names):
+                shared_cut = names
+                break
+    if known_prefix is None:
+        return shared_cut
+    return [c[len(known_prefix):] if c.startswith(known_prefix) and _is_name(c[len(known_prefix):]) else s
+            for c, s in zip(c_names, shared_cut)]
 
 
 class _Walker:
@@ -165,7 +176,11 @@ class _Walker:
                 value += 1
             self.enum_values[item.name] = value
             members.append((item.name, value))
-        short = strip_common_prefix([m for m, _ in members])
+        short = strip_common_prefix([m for m, _ in members], recipe.MEMBER_PREFIXES.get(name))
+        clashes = sorted({n for n in short if short.count(n) > 1})
+        if clashes:
+            raise ParseError(f"{header}: {name}: members would share the Python names {clashes}; "
+                             "set its prefix in codegen/recipe.py MEMBER_PREFIXES")
         enum = Enum(name, header, [EnumMember(c, s, v) for (c, v), s in zip(members, short)])
         if node.name:
             self.enum_by_tag[node.name] = enum

@@ -57,9 +57,23 @@ STATUS_TYPE = "cublasStatus_t"
 # Enums whose members are descriptor attributes; each member's doc comment states its value type.
 ATTRIBUTE_ENUM = re.compile(r"^cublasLt\w*Attributes?_t$")
 
-# Where a member's doc comment states its type in a way the reader does not understand,
-# the type is given here: {member C name: C type}. Members missing from both fail generation.
-ATTRIBUTE_TYPE_OVERRIDES: dict[str, str] = {}
+# Where a member's doc comment states its type in a way the reader does not understand, or
+# states one the library disagrees with (tests/test_library_cpu.py compares every size with
+# the library's), the type is given here: {member C name: C type}. Members missing from both
+# fail generation.
+ATTRIBUTE_TYPE_OVERRIDES: dict[str, str] = {
+    # cuBLAS 13.10.0.20 documents these as uint32_t; the library reads and writes 8 bytes.
+    "CUBLASLT_MATMUL_PREF_GROUPED_AVERAGE_REDUCTION_DIM": "uint64_t",
+    "CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_ROWS": "uint64_t",
+    "CUBLASLT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_COLS": "uint64_t",
+}
+
+# Enums whose members stopped sharing one prefix: members with this prefix lose it, so their
+# Python names stay what earlier releases made them (13.10 added CUBLASLT_GROUPED_MATRIX_LAYOUT_*
+# to the layout attributes; ORDER must stay ORDER). The others lose the prefix all share.
+MEMBER_PREFIXES = {
+    "cublasLtMatrixLayoutAttribute_t": "CUBLASLT_MATRIX_LAYOUT_",
+}
 
 # Version macros of cublas_api.h, in the order of the version tuple.
 VERSION_MACROS = ("CUBLAS_VER_MAJOR", "CUBLAS_VER_MINOR", "CUBLAS_VER_PATCH", "CUBLAS_VER_BUILD")

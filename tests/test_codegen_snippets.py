@@ -69,6 +69,20 @@ def test_prefix_stripping_keeps_identifiers_valid():
     assert strip_common_prefix(["X_TILE_8x8", "X_TILE_16x8"]) == ["TILE_8x8", "TILE_16x8"]
 
 
+def test_a_known_prefix_keeps_names_when_members_stop_sharing_one():
+    """cuBLAS 13.10 added CUBLASLT_GROUPED_MATRIX_LAYOUT_* to the layout attributes."""
+    names = ["CUBLASLT_MATRIX_LAYOUT_ORDER", "CUBLASLT_MATRIX_LAYOUT_LD", "CUBLASLT_GROUPED_MATRIX_LAYOUT_LD_ARRAY"]
+    assert strip_common_prefix(names) == ["MATRIX_LAYOUT_ORDER", "MATRIX_LAYOUT_LD", "GROUPED_MATRIX_LAYOUT_LD_ARRAY"]
+    assert strip_common_prefix(names, "CUBLASLT_MATRIX_LAYOUT_") == ["ORDER", "LD", "GROUPED_MATRIX_LAYOUT_LD_ARRAY"]
+
+
+def test_members_whose_python_names_would_clash_fail_generation(tmp_path):
+    with pytest.raises(ParseError, match="MEMBER_PREFIXES"):
+        generate(tmp_path, """
+            typedef enum { CUBLASLT_MATRIX_LAYOUT_X_LD = 0, CUBLASLT_X_LD = 1 } cublasLtMatrixLayoutAttribute_t;
+        """)
+
+
 def test_functions_prototypes_arrays_callbacks_and_inline_helpers(tmp_path):
     bindings, ns = generate(tmp_path, """
         typedef struct snipContext* snipHandle_t;
