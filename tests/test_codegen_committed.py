@@ -60,16 +60,18 @@ def test_every_declared_function_is_bound(pinned):
     inline = set(re.findall(r"static\s+inline\s+\w+\s+(\w+)\s*\(", text))
     assert declared and not inline & declared
     assert set(module.FUNCTIONS) == declared
-    expected = {"cublaslt_12": 45, "cublaslt_13": 50}[module.__name__.rsplit(".", 1)[1]]
+    expected = {"cublaslt_12": 45, "cublaslt_13": 54}[module.__name__.rsplit(".", 1)[1]]
     assert len(module.FUNCTIONS) == expected
 
 
 def test_bound_functions_are_exported_by_the_library(lib):
     exported = [name for name in lib.api.FUNCTIONS if hasattr(lib.cdll, name)]
-    # the headers may declare a few symbols a given build does not export; the loader lists them
+    # what the library does not export (older releases lack newer functions) the loader lists
     assert sorted(set(lib.api.FUNCTIONS) - set(exported)) == sorted(lib.missing)
-    assert len(lib.missing) <= 2, lib.missing
     assert "cublasLtMatmul" in exported and "cublasLtMatmulAlgoGetHeuristic" in exported
+    if lib.version_tuple == lib.bindings_version[:3]:
+        # the release the module was generated from: only a few declared symbols may be absent
+        assert len(lib.missing) <= 2, lib.missing
 
 
 @pytest.mark.parametrize("pin", PINS, ids=pin_id)
