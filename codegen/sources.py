@@ -74,7 +74,8 @@ def _installed_file(dist_name: str, version: str, member: str) -> Path | None:
 
 def _download_wheel_headers(dist_name: str, version: str, target: Path) -> None:
     """pip-download one wheel and keep only its headers under ``target``."""
-    with tempfile.TemporaryDirectory() as tmp:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                "--only-binary=:all:", "--dest", tmp, f"{dist_name}=={version}"]
         print(f"codegen: downloading {dist_name}=={version} for its headers", file=sys.stderr)
@@ -82,10 +83,22 @@ def _download_wheel_headers(dist_name: str, version: str, target: Path) -> None:
         wheels = list(Path(tmp).glob("*.whl"))
         if result.returncode != 0 or not wheels:
             raise SourceError(f"could not download {dist_name}=={version}:\n{result.stderr.strip()}")
+        extracted = Path(tmp) / "headers"
         with zipfile.ZipFile(wheels[0]) as wheel:
             for member in wheel.namelist():
                 if "/include/" in member and member.endswith(".h"):
-                    wheel.extract(member, target)
+                    wheel.extract(member, extracted)
+        # renamed into place whole, so an interrupted download leaves no half-filled cache
+        shutil.rmtree(target, ignore_errors=True)
+        extracted.rename(target)
+
+
+def wheel_headers(dist_name: str, version: str) -> Path:
+    """The directory holding one wheel's headers, in the project's cache (downloaded once)."""
+    cached = CACHE_DIR / f"{dist_name}-{version}"
+    if not cached.is_dir():
+        _download_wheel_headers(dist_name, version, cached)
+    return cached
 
 
 def pinned_header(pin: Pin, header: str) -> tuple[Path, str]:
@@ -95,10 +108,7 @@ def pinned_header(pin: Pin, header: str) -> tuple[Path, str]:
     version = pin.wheels[dist_name]
     path = _installed_file(dist_name, version, member)
     if path is None:
-        cached = CACHE_DIR / f"{dist_name}-{version}"
-        if not (cached / member).is_file():
-            _download_wheel_headers(dist_name, version, cached)
-        path = cached / member
+        path = wheel_headers(dist_name, version) / member
         if not path.is_file():
             raise SourceError(f"{dist_name}=={version} has no {member}")
     digest = sha256(path)
