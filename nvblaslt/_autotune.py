@@ -345,10 +345,12 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
         _ensure_workspace(plan, max(c.workspace_size for c in group), timer)
         reference = timer(incumbent.run, incumbent.prepare)
         for candidate in group:
+            heuristic_list = list(plan.algorithms)
             try:
                 ms = timer(lambda: plan._run(stream, stream, None), lambda c=candidate: plan._select(c))
             except CublasLtError as error:  # accepted by the check, refused at launch
                 logger.debug("search: %s failed to run (%s)", _tuning_cache.describe_algorithm(candidate), error)
+                plan.algorithms[:] = heuristic_list  # the plan's launch fallback may have dropped some
                 failed += 1
                 continue
             screened.append((candidate, ms / reference))
