@@ -9,16 +9,25 @@ name, e.g. ``desc.set("EPILOGUE_AUX_LD", 256)``) and frees it deterministically:
 from __future__ import annotations
 
 import ctypes
+import enum
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from . import _cuda
-from ._attributes import attribute_size, get_attribute, set_attribute
+from ._attributes import attribute_size, get_attribute, set_attribute, supported
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._loader import Library, library
 
+# An attribute: its enum member, or the member's name without the prefix ("EPILOGUE_AUX_LD").
+Attribute = enum.IntEnum | str
 
-def _destroy(destroy, handle: int) -> None:
+
+_OwnedT = TypeVar("_OwnedT", bound="_Owned")
+
+
+def _destroy(destroy: Callable[[int], Any], handle: int) -> None:
     destroy(handle)
 
 
@@ -41,10 +50,10 @@ class _Owned:
     def close(self) -> None:
         self._finalizer()
 
-    def __enter__(self):
+    def __enter__(self: _OwnedT) -> _OwnedT:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -53,7 +62,7 @@ class _Descriptor(_Owned):
 
     _attribute_enum: str
 
-    def _member(self, attribute):
+    def _member(self, attribute: Attribute) -> enum.IntEnum:
         enum_type = getattr(self.lib.api, self._attribute_enum)
         if isinstance(attribute, str):
             try:
@@ -67,30 +76,32 @@ class _Descriptor(_Owned):
             raise NvblasltTypeError(f"attribute: expected a {enum_type.__name__} member or its name, got {attribute!r}")
         return attribute
 
-    def set(self, attribute, value) -> None:
+    def set(self, attribute: Attribute, value: Any) -> None:
+        """Set an attribute, packing ``value`` as the C type the header states."""
         set_attribute(self.lib, self.handle, self._member(attribute), value)
 
-    def get(self, attribute):
+    def get(self, attribute: Attribute) -> Any:
+        """An attribute's value: an int, float, pointer (int) or, for arrays, a list."""
         return get_attribute(self.lib, self.handle, self._member(attribute))
 
-    def size(self, attribute) -> int:
+    def size(self, attribute: Attribute) -> int:
         """Bytes the library reports for the attribute's value."""
         return attribute_size(self.lib, self.handle, self._member(attribute))
 
     def attributes(self) -> dict[str, object]:
-        """Every attribute's current value, by name (a debugging aid)."""
+        """Every attribute the loaded library knows, with its current value, by name (a debugging aid)."""
         enum_type = getattr(self.lib.api, self._attribute_enum)
-        return {m.name: self.get(m) for m in self.lib.api.ATTRIBUTES[enum_type][2]}
+        return {m.name: self.get(m) for m in supported(self.lib, enum_type)}
 
     def __repr__(self) -> str:
         state = "closed" if not self._finalizer.alive else f"0x{self._handle:x}"
         return f"<{type(self).__name__} {state}>"
 
 
-def _create(create, *args) -> int:
+def _create(create: Callable[..., Any], *args: Any) -> int:
     handle = ctypes.c_void_p()
     create(ctypes.byref(handle), *args)
-    return handle.value
+    return handle.value or 0  # never NULL: a failed create raised CublasLtError
 
 
 class MatmulDesc(_Descriptor):
@@ -161,24 +172,25 @@ class Handle(_Owned):
 class Algorithm:
     """A ``cublasLtMatmulAlgo_t`` (64 bytes, copied by value) with typed config attributes."""
 
-    def __init__(self, algo, lib: Library | None = None):
+    def __init__(self, algo: Any, lib: Library | None = None):
         self.lib = lib or library()
         self.algo = algo
 
-    def _member(self, attribute, enum_name):
+    def _member(self, attribute: Attribute, enum_name: str) -> enum.IntEnum:
         enum_type = getattr(self.lib.api, enum_name)
         return enum_type[attribute.upper()] if isinstance(attribute, str) else attribute
 
-    def get(self, attribute):
+    def get(self, attribute: Attribute) -> Any:
         """A config attribute (``ID``, ``TILE_ID``, ``STAGES_ID``, ``SPLITK_NUM``, …)."""
         member = self._member(attribute, "cublasLtMatmulAlgoConfigAttributes_t")
         return get_attribute(self.lib, ctypes.byref(self.algo), member)
 
-    def set(self, attribute, value) -> None:
+    def set(self, attribute: Attribute, value: Any) -> None:
+        """Set a config attribute (of an algorithm from cublasLtMatmulAlgoInit or the heuristics)."""
         member = self._member(attribute, "cublasLtMatmulAlgoConfigAttributes_t")
         set_attribute(self.lib, ctypes.byref(self.algo), member, value)
 
-    def capability(self, attribute):
+    def capability(self, attribute: Attribute) -> Any:
         """A capability of this algorithm id (``TILE_IDS``, ``STAGES_IDS``, ``EPILOGUE_MASK``, …)."""
         member = self._member(attribute, "cublasLtMatmulAlgoCapAttributes_t")
         return get_attribute(self.lib, ctypes.byref(self.algo), member)
@@ -196,8 +208,9 @@ class Algorithm:
         return self.lib.api.cublasLtMatmulStages_t(self.get("STAGES_ID")).name.removeprefix("STAGES_")
 
     def config(self) -> dict[str, object]:
+        """Every config attribute the loaded library knows, with its value, by name."""
         enum_type = self.lib.api.cublasLtMatmulAlgoConfigAttributes_t
-        return {m.name: self.get(m) for m in self.lib.api.ATTRIBUTES[enum_type][2]}
+        return {m.name: self.get(m) for m in supported(self.lib, enum_type)}
 
     def __repr__(self) -> str:
         return f"<Algorithm id={self.id} tile={self.tile} stages={self.stages}>"
@@ -206,7 +219,7 @@ class Algorithm:
 class HeuristicResult:
     """One algorithm the heuristics proposed, with its workspace and estimated waves."""
 
-    def __init__(self, result, lib: Library):
+    def __init__(self, result: Any, lib: Library):
         self.algorithm = Algorithm(result.algo, lib)
         self.workspace_size = int(result.workspaceSize)
         self.waves = float(result.wavesCount)
