@@ -1,4 +1,4 @@
-"""``python -m nvblaslt info`` (library, bindings, driver, GPUs) and ``bench``."""
+"""``nvblaslt info`` (library, bindings, driver, GPUs) and ``nvblaslt bench``; also ``python -m nvblaslt``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ def info() -> int:
     import cuda.bindings
 
     from . import _cuda
+    from ._attributes import unsupported
     from ._errors import NvblasltError
     from ._loader import available_modules, library
 
@@ -18,13 +19,21 @@ def info() -> int:
     except NvblasltError as exc:
         print(f"libcublasLt: not loaded: {exc}")
         return 1
+    bindings = ".".join(map(str, lib.bindings_version))
     print(f"libcublasLt:   {lib.path}")
     print(f"  found via:   {lib.found_via}")
     print(f"  version:     {'.'.join(map(str, lib.version_tuple))} (cublasLtGetVersion {lib.version})")
-    print(f"bindings:      {lib.api.__name__} (from cuBLAS {'.'.join(map(str, lib.api.CUBLAS_VERSION))} "
-          f"headers; {len(lib.api.FUNCTIONS) - len(lib.missing)}/{len(lib.api.FUNCTIONS)} functions bound)")
+    print(f"bindings:      {lib.api.__name__} (from cuBLAS {bindings} headers)")
+    if lib.version_tuple > lib.bindings_version[:3]:
+        print(f"  note:        the library is newer than these bindings: what it added since {bindings} is not bound")
+    print(f"  functions:   {len(lib.api.FUNCTIONS) - len(lib.missing)}/{len(lib.api.FUNCTIONS)} exported by this library")
     if lib.missing:
-        print(f"  not exported by this library: {', '.join(lib.missing)}")
+        print(f"    not exported: {', '.join(lib.missing)}")
+    attributes = sum(len(types) for _getter, _setter, types in lib.api.ATTRIBUTES.values())
+    unknown = unsupported(lib)
+    print(f"  attributes:  {attributes - sum(map(len, unknown.values()))}/{attributes} known to this library")
+    for enum_name, members in unknown.items():
+        print(f"    unknown {enum_name}: {', '.join(members)}")
     print(f"  committed:   cuBLAS majors {sorted(available_modules())}")
     print(f"cuda-bindings: {cuda.bindings.__version__}")
     count = _cuda.device_count()
@@ -47,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         from ._bench import main as bench_main
 
         return bench_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m nvblaslt")
+    parser = argparse.ArgumentParser(prog="nvblaslt", description="also runs as `python -m nvblaslt`")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("info", help="library path and version, bindings module, driver and GPUs")
-    commands.add_parser("bench", help="benchmarks on the GPU: python -m nvblaslt bench --help")
+    commands.add_parser("info", help="library path and version, bindings module and what the library lacks, "
+                                     "driver and GPUs")
+    commands.add_parser("bench", help="benchmarks on the GPU: nvblaslt bench --help")
     parser.parse_args(argv)
     return info()
 

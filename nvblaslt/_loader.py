@@ -8,12 +8,21 @@ import importlib
 import os
 import pkgutil
 import threading
+import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 from ._errors import CublasLtError, LibraryNotFoundError
 
 ENV_LIBRARY = "NVBLASLT_LIBRARY"
+
+# What to install when no libcublasLt is found: NVIDIA's wheels, by CUDA major.
+INSTALL_HINT = "`pip install nvidia-cublas` (CUDA 13) or `pip install nvidia-cublas-cu12` (CUDA 12)"
+
+# The generator is not part of the installed package: it runs from a source checkout.
+CODEGEN_HINT = ("from a source checkout of nvblaslt (`pip install -e \".[codegen]\"`), "
+                "`python -m codegen --header <its include dir> --out nvblaslt/_generated/cublaslt_{major}.py`")
 
 
 def available_modules() -> dict[int, str]:
@@ -27,7 +36,7 @@ def available_modules() -> dict[int, str]:
     return found
 
 
-@dataclass
+@dataclass(eq=False)  # one object per loaded library: hashable by identity, so results can be cached on it
 class Library:
     """One loaded libcublasLt with its bindings: ``lib.cublasLtMatmul(...)``, ``lib.api.<enum>``."""
 
@@ -42,7 +51,12 @@ class Library:
     def version_tuple(self) -> tuple[int, int, int]:
         return self.version // 10000, self.version // 100 % 100, self.version % 100
 
-    def __getattr__(self, name: str):
+    @property
+    def bindings_version(self) -> tuple[int, ...]:
+        """The cuBLAS release whose headers ``api`` was generated from: (13, 10, 0, 20)."""
+        return tuple(self.api.CUBLAS_VERSION)
+
+    def __getattr__(self, name: str) -> Any:
         if name in self.missing:
             raise AttributeError(
                 f"{name} is declared by the cuBLAS {'.'.join(map(str, self.api.CUBLAS_VERSION))} headers "
@@ -84,8 +98,7 @@ def _find() -> tuple[str, str]:
             "libcublasLt was not found. Searched: "
             f"${ENV_LIBRARY} (unset), then cuda-pathfinder (NVIDIA wheels in site-packages, conda, "
             f"the system loader, CUDA_HOME/CUDA_PATH), which said: {exc}. "
-            "Fix: `pip install nvblaslt[cu13]` (or [cu12]), or point "
-            f"{ENV_LIBRARY} at a libcublasLt.so"
+            f"Fix: {INSTALL_HINT}, or point {ENV_LIBRARY} at a libcublasLt.so"
         ) from exc
     return loaded.abs_path, f"cuda-pathfinder ({loaded.found_via})"
 
@@ -107,12 +120,12 @@ def load(path: str | None = None) -> Library:
     if major not in modules:
         raise LibraryNotFoundError(
             f"{path} (from {found_via}) is cuBLASLt {version}, major {major}, but nvblaslt has bindings "
-            f"only for majors {sorted(modules)}. Either install a supported cuBLAS "
-            f"(`pip install nvblaslt[cu13]`), or generate bindings for it: "
-            f"`python -m codegen --header <its include dir> --out nvblaslt/_generated/cublaslt_{major}.py`"
+            f"only for majors {sorted(modules)}. Either install a supported cuBLAS ({INSTALL_HINT}), "
+            f"or generate bindings for it {CODEGEN_HINT.format(major=major)}"
         )
     api = importlib.import_module(modules[major])
     library = Library(path, found_via, version, api, cdll)
+    _warn_if_newer_than_bindings(library)
     for name, (restype, returns_status, argtypes, _params, prototype) in api.FUNCTIONS.items():
         try:
             func = getattr(cdll, name)
@@ -125,6 +138,22 @@ def load(path: str | None = None) -> Library:
         func.__doc__ = prototype
         object.__setattr__(library, name, func)
     return library
+
+
+_warned: set[tuple[str, int]] = set()
+
+
+def _warn_if_newer_than_bindings(library: Library) -> None:
+    """Once per library: what it added since the newest committed module is not bound."""
+    if library.version_tuple <= library.bindings_version[:3] or (library.path, library.version) in _warned:
+        return
+    _warned.add((library.path, library.version))
+    major = library.version_tuple[0]
+    warnings.warn(
+        f"{library.path} is cuBLASLt {'.'.join(map(str, library.version_tuple))}, newer than nvblaslt's newest "
+        f"bindings ({library.api.__name__}, from cuBLAS {'.'.join(map(str, library.bindings_version))} headers): "
+        f"what it added since is not bound. To bind it, generate bindings {CODEGEN_HINT.format(major=major)}",
+        UserWarning, stacklevel=3)
 
 
 _lock = threading.Lock()

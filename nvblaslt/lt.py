@@ -8,34 +8,52 @@ nvblaslt found, each with argtypes/restype and a status check raising ``CublasLt
     desc = lt.cublasLtMatmulDesc_t()
     lt.cublasLtMatmulDescCreate(ctypes.byref(desc), lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
 
-Importing this module loads the library.
+The library is loaded when the first name is looked up here, not on import, so that
+``import nvblaslt.lt`` and ``from nvblaslt import *`` work on a machine without cuBLAS.
+Functions the loaded library does not export are absent.
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 from . import _attributes
 from ._loader import library as _library
 
-_lib = _library()
-library_path = _lib.path
-library_version = _lib.version
 
-globals().update({k: v for k, v in vars(_lib.api).items() if not k.startswith("__")})
-globals().update({name: getattr(_lib, name) for name in _lib.api.FUNCTIONS if name not in _lib.missing})
-
-
-def set_attribute(handle, attribute, value) -> None:
+def set_attribute(handle: Any, attribute: Any, value: Any) -> None:
     """Set a descriptor attribute, packing ``value`` as the C type the header states."""
-    _attributes.set_attribute(_lib, handle, attribute, value)
+    _attributes.set_attribute(_library(), handle, attribute, value)
 
 
-def get_attribute(handle, attribute):
+def get_attribute(handle: Any, attribute: Any) -> Any:
     """A descriptor attribute's value as a Python int, float, pointer int or list."""
-    return _attributes.get_attribute(_lib, handle, attribute)
+    return _attributes.get_attribute(_library(), handle, attribute)
 
 
-def attribute_size(handle, attribute) -> int:
+def attribute_size(handle: Any, attribute: Any) -> int:
     """Bytes the library reports for an attribute (GetAttribute with a zero-size buffer)."""
-    return _attributes.attribute_size(_lib, handle, attribute)
+    return _attributes.attribute_size(_library(), handle, attribute)
 
 
-def __dir__():
-    return sorted(globals())
+def _bound_names() -> dict[str, Any]:
+    """Every name of the generated module, and the functions bound to the loaded library."""
+    lib = _library()
+    names = {k: v for k, v in vars(lib.api).items() if not k.startswith("__")}
+    names.update({name: getattr(lib, name) for name in lib.api.FUNCTIONS if name not in lib.missing})
+    names.update(library_path=lib.path, library_version=lib.version)
+    return names
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):  # probes by import machinery and tools must not load the library
+        raise AttributeError(name)
+    names = _bound_names()
+    globals().update(names)  # from now on plain module attributes
+    if name not in names:
+        raise AttributeError(f"module 'nvblaslt.lt' has no attribute {name!r}")
+    return names[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_bound_names()})
