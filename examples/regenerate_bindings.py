@@ -7,14 +7,16 @@
    wheel, path and sha256 (this script prints them).
 4. Run the tests; `python -m codegen.survey` reports what changed against earlier releases.
 
-This script does steps 1–3 into a temporary directory and compares the result with the
-committed module, so it changes nothing in the checkout.
+This script does steps 1–3 into a temporary directory and, when the installed wheel is the
+release the committed module was generated from, compares the two, so it changes nothing in
+the checkout. Run it from a source checkout:
 
     python examples/regenerate_bindings.py     (needs pycparser, jinja2 and a cuBLAS wheel; no GPU)
 """
 
 import hashlib
 import importlib.metadata
+import json
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,16 @@ from pathlib import Path
 WHEELS = {"nvidia-cublas": ("nvidia/cu13/include", "cublaslt_13"),
           "nvidia-cublas-cu12": ("nvidia/cublas/include", "cublaslt_12")}
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pinned_version(wheel: str) -> str | None:
+    """The release of ``wheel`` the committed bindings were generated from (headers/pins)."""
+    for pin in sorted((ROOT / "headers" / "pins").glob("*.json")):
+        wheels = json.loads(pin.read_text())["wheels"]
+        if wheel in wheels:
+            return wheels[wheel]
+    return None
+
 
 for wheel, (include, module) in WHEELS.items():
     try:
@@ -45,8 +57,13 @@ for wheel, (include, module) in WHEELS.items():
             if path.exists():
                 print(f"     {name}: {hashlib.sha256(path.read_bytes()).hexdigest()}")
         committed = ROOT / "nvblaslt" / "_generated" / f"{module}.py"
-        same = out.read_text().splitlines()[6:] == committed.read_text().splitlines()[6:]
-        print(f"4. body identical to the committed {committed.name} (banners name their sources): {same}")
+        pinned = pinned_version(wheel)
+        if distribution.version != pinned:
+            print(f"4. {wheel}=={distribution.version} is not the release {committed.name} was generated from "
+                  f"({pinned}): `python -m codegen --check` compares it with the pinned headers instead")
+        else:
+            same = out.read_text().splitlines()[6:] == committed.read_text().splitlines()[6:]
+            print(f"4. body identical to the committed {committed.name} (banners name their sources): {same}")
     break
 else:
     sys.exit("install nvidia-cublas or nvidia-cublas-cu12 to have headers to generate from")
