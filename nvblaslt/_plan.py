@@ -298,11 +298,12 @@ class Matmul:
                 if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
                     raise
                 found = []
+        offered = len(found)
         found = _guard_known_bad(found, problem)
         if not found:
             status = int(api.CUBLAS_STATUS_NOT_SUPPORTED)
             raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, lib.status_name(status),
-                                lib.status_string(status), _unsupported_hint(problem, epilog))
+                                lib.status_string(status), _unsupported_hint(problem, epilog, offered > 0))
         self._release_plan()
         self.problem, self.epilog, self._spec = problem, epilog, spec
         self._handle, self._desc, self._layouts, self._preference = handle, desc, layouts, preference
@@ -349,8 +350,8 @@ class Matmul:
                 except (TypeError, ValueError):
                     raise NvblasltTypeError(f"algorithms[{index}]: expected an algorithm from plan()/autotune(), got "
                                             f"{type(item).__name__}") from None
-            self._handle, self._desc, self._layouts = handle, desc, layouts
-            result = _check(self, algo)
+            candidate = _PlanView(self._lib, handle, desc, layouts)
+            result = _check(candidate, algo)
             if result is None:
                 raise NvblasltValueError(f"algorithms[{index}]: cuBLASLt's algorithm check refuses it for this plan")
             checked.append(result)
@@ -474,6 +475,9 @@ class Matmul:
                            self._alpha.reference, self._a_pointer, ctypes.c_void_p(layouts[0].handle),
                            self._b_pointer, ctypes.c_void_p(layouts[1].handle), self._beta.reference)
         self._c_pointer = ctypes.c_void_p(c.ptr) if c is not None else None
+        # Without C, cuBLASLt still takes a C pointer; D's own is fine unless C's type differs (fp8 results),
+        # where cuBLASLt would take C == D for an in-place call with mismatched descriptors.
+        self._c_like_d = problem.types.c == problem.types.d
         self._c_layout = ctypes.c_void_p(layouts[2].handle)
         self._d_layout = ctypes.c_void_p(layouts[3].handle)
         self._args_tail = (ctypes.byref(self._algo), self._workspace_pointer, self._workspace_size)
@@ -543,7 +547,8 @@ class Matmul:
                     array, pointer = allocate(stream_h, framework_stream)
                     set_pointer(pointer)
                     aux[key] = array
-            c_pointer = self._c_pointer if self._c_pointer is not None else d_pointer
+            c_pointer = self._c_pointer if self._c_pointer is not None else (
+                d_pointer if self._c_like_d else self._a_pointer)  # beta is 0: C is never read
             try:
                 self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout,
                              *self._args_tail, stream_h)
@@ -816,6 +821,13 @@ class Matmul:
         return f"<Matmul {self.operands.describe()} {state}>"
 
 
+class _PlanView:
+    """What the algorithm check reads of a plan, before the plan is the Matmul's."""
+
+    def __init__(self, lib, handle, desc, layouts):
+        self._lib, self._handle, self._desc, self._layouts = lib, handle, desc, layouts
+
+
 class _ForeignHandle:
     """A cublasLtHandle_t the caller owns (``options.handle``): used, never destroyed."""
 
@@ -856,7 +868,10 @@ def _guard_known_bad(found: list[HeuristicResult], problem) -> list[HeuristicRes
     return [r for r in found if not refuses(r, problem)]
 
 
-def _unsupported_hint(problem, epilog) -> str:
+def _unsupported_hint(problem, epilog, refused_known_bad: bool = False) -> str:
+    if refused_known_bad:
+        return ("every algorithm cuBLASLt offers for this problem is one seen to give wrong results here "
+                "(nvblaslt._known_bad), so nvblaslt refuses rather than return them")
     if problem.fp8:
         return "fp8 kernels need a row-major A and a column-major B (the 'TN' layout) and a supported result type"
     if epilog.name in ("BGRADA", "BGRADB"):

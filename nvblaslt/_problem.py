@@ -267,15 +267,30 @@ def canonical(operands: Operands, epilog: MatmulEpilog) -> Problem:
         raise NvblasltValueError(f"c: {epilog.name} needs a column-major (Fortran-order) result, and the result "
                                  f"takes c's order; got a row-major c (strides {operands.c.op.strides}); pass c "
                                  f"in column-major order")
-    transposed = order == ROW
+    preferred = _variant(operands, epilog, transposed=order == ROW)
+    fixed = operands.c is not None or spec.needs_column_major
+    if not fixed and any(side.layout.order != COL for side in (preferred.a, preferred.b)):
+        # Only cuBLASLt's row-major storage could give D in A's order (seen with conjugated operands, which
+        # cuBLASLt then refuses): D in the other order is the same numbers, in layouts cuBLASLt runs.
+        try:
+            other = _variant(operands, epilog, transposed=order != ROW)
+        except NvblasltValueError:
+            return preferred
+        if all(side.layout.order == COL for side in (other.a, other.b)):
+            return other
+    return preferred
+
+
+def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool) -> Problem:
     t = operands.types
     m, n, k = operands.m, operands.n, operands.k
     cuda_epilog = transposed_epilog(epilog) if transposed else epilog
+    order = ROW if transposed else COL
     conj_a, conj_b = operands.conjugate
     # constraints cuBLASLt puts on the operations (as nvmath-python observes them)
-    need_a = OP_T if t.fp8 else None
+    need_a = OP_T if t.fp8 else (OP_N if cuda_epilog == MatmulEpilog.BGRADA else None)
     need_b = OP_N if t.fp8 else (OP_T if cuda_epilog == MatmulEpilog.BGRADB else None)
-    why_a = "fp8 matmuls need A transposed (the 'TN' layout)"
+    why_a = "fp8 matmuls need A transposed (the 'TN' layout)" if t.fp8 else "BGRADA needs A untransposed"
     why_b = "fp8 matmuls need B untransposed" if t.fp8 else "BGRADB needs B transposed"
     if not transposed:
         a = _side(operands.a, t.a, False, conj_a, need_a, "a", "a", why_a)

@@ -31,14 +31,15 @@ GELU here is cuBLASLt's tanh form; exact (erf) GELU is refused, never approximat
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 
 import torch
 from torch import Tensor, nn
 
-from . import CublasLtError, MatmulEpilog, NvblasltTypeError, NvblasltValueError, matmul
+from . import CublasLtError, Matmul, MatmulEpilog, NvblasltTypeError, NvblasltValueError, matmul
 
-__all__ = ["FusedLinear", "FusedSequential", "fuse", "linear"]
+__all__ = ["FusedLinear", "FusedSequential", "autotune", "fuse", "linear"]
 
 # ---- activations ------------------------------------------------------------------------------------
 
@@ -85,10 +86,16 @@ def _empty_aux(x: Tensor, activation: str, keep_aux: bool, features) -> Tensor:
     return x.new_empty_strided(shape, strides, dtype=torch.int8 if bitmask else x.dtype)
 
 
-def _link(x: Tensor, shape) -> Tensor:
-    """Zeros of ``shape`` with zero strides (one element of memory); its value is never read, its
-    gradient is what matters (see the module docstring)."""
-    return x.new_zeros((1,) * len(shape)).expand(shape)
+def _links(x: Tensor, features, keep_aux: bool, real: bool = True) -> tuple[Tensor, Tensor]:
+    """(link, link_bias): zeros of shapes (T, features) and (features,) with zero strides (one element of
+    memory each) when the forward keeps its aux for a backward pass, else empty. Their values are never
+    read; their gradients are what matters (see the module docstring)."""
+    if not keep_aux:
+        return x.new_empty(0), x.new_empty(0)
+    shapes = ((x.shape[0], features), (features,))
+    if not real:
+        return tuple(x.new_empty_strided(shape, (0,) * len(shape)) for shape in shapes)
+    return tuple(_own(x.new_zeros((1,) * len(shape)).expand(shape)) for shape in shapes)
 
 
 def _own(t: Tensor) -> Tensor:
@@ -187,9 +194,35 @@ _INPUT_GRAD_EPILOGS = {  # (previous activation, its bias gradient wanted) -> (e
 _refused_fp64: set[MatmulEpilog] = set()
 
 
+_tuning: dict | None = None  # the active autotune() context's settings
+
+
+@contextlib.contextmanager
+def autotune(*, iterations: int = 5):
+    """Search every GEMM the fused layers run inside this context (``Matmul.autotune(search=True)``:
+    the heuristics' list and configurations beyond it, and for DRELU_BGRAD / DGELU_BGRAD the two-call
+    form) and remember the winners on disk, so that later plans of the same problems start from them.
+
+    Run one training step inside it before the first ordinary step: the GEMMs run as usual, only
+    slower. Plans that ``nvblaslt.matmul`` has already cached (per thread, the autograd engine's
+    included) are not revisited; a new process picks the winners up."""
+    global _tuning
+    previous, _tuning = _tuning, {"iterations": iterations}
+    try:
+        yield
+    finally:
+        _tuning = previous
+
+
 def _gemm(a: Tensor, b: Tensor, epilog: MatmulEpilog = E.DEFAULT, inputs: dict | None = None):
     """(D, aux dict or None) of nvblaslt's function form: plans cached per thread, current torch stream."""
-    result = matmul(a, b, epilog=epilog, epilog_inputs=inputs)
+    if _tuning is not None:
+        with Matmul(a, b) as plan:
+            plan.plan(epilog=epilog, epilog_inputs=inputs)
+            plan.autotune(iterations=_tuning["iterations"], search=True)
+            result = plan.execute()
+    else:
+        result = matmul(a, b, epilog=epilog, epilog_inputs=inputs)
     return result if isinstance(result, tuple) else (result, None)
 
 
@@ -280,20 +313,20 @@ _BACKWARD_SCHEMA = ("(Tensor? grad_out, Tensor? grad_link, Tensor x, Tensor weig
 def _linear_op(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias):
     """(out, aux, link, link_bias) for a 2-D x; ``prev_*`` and the links only carry the backward pass."""
     out, aux = _forward_composite(x, weight, bias, activation, keep_aux)
-    return out, aux, _own(_link(x, out.shape)), _own(_link(x, (weight.shape[0],)))
+    return out, aux, *_links(x, weight.shape[0], keep_aux and activation != "none")
 
 
 @_linear_op.register_kernel("cuda")
 def _linear_cuda(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias):
     out, aux = _forward_cuda(x, weight, bias, activation, keep_aux)
-    return out, aux, _own(_link(x, out.shape)), _own(_link(x, (weight.shape[0],)))
+    return out, aux, *_links(x, weight.shape[0], keep_aux and activation != "none")
 
 
 @_linear_op.register_fake
 def _linear_fake(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias):
     features = weight.shape[0]
     return (x.new_empty((x.shape[0], features)), _empty_aux(x, activation, keep_aux, features),
-            _link(x, (x.shape[0], features)), _link(x, (features,)))
+            *_links(x, features, keep_aux and activation != "none", real=False))
 
 
 def _backward(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux, prev_activation,

@@ -140,7 +140,10 @@ def test_batches_broadcast_collapse_and_mismatch():
 
 def test_conjugate_qualifiers_use_op_c():
     p = problem(fortran((4, 3), "complex64"), fortran((3, 5), "complex64"), conjugate=(True, False))
-    assert p.a.op == OP_C and p.a.layout.order == ROW  # conj(A) = (Aᵀ read row-major)ᴴ
+    # conj(A) of a column-major A needs row-major storage; Aᴴ does not: so cuBLASLt computes Dᵀ = Bᵀ·Aᴴ
+    assert p.transposed and p.b.op == OP_C and p.b.layout.order == COL and p.b.source == "a"
+    p = problem(FakeDLPack((4, 3), dtype="complex64"), FakeDLPack((3, 5), dtype="complex64"), conjugate=(True, True))
+    assert not p.transposed and (p.a.op, p.b.op) == (OP_C, OP_C)
 
 
 def test_fp8_needs_transposed_a():
