@@ -197,7 +197,7 @@ def test_bias_shapes_as_nvmath_python_takes_them():
         epilog_attributes(E.BIAS, FakeDLPack((3, 8, 4)), FakeDLPack((4, 6)), {"bias": FakeDLPack((1, 8))})
     with pytest.raises(NvblasltValueError, match=r"batch dimensions \(2,\) must match"):
         epilog_attributes(E.BIAS, FakeDLPack((3, 8, 4)), FakeDLPack((4, 6)), {"bias": FakeDLPack((2, 8, 1))})
-    with pytest.raises(NvblasltTypeError, match="expected dtype float16 or float32"):
+    with pytest.raises(NvblasltTypeError, match="expected dtype float16 for a float16 result"):
         epilog_attributes(E.BIAS, FakeDLPack((8, 4), dtype="float16"), FakeDLPack((4, 6), dtype="float16"),
                           {"bias": FakeDLPack((8,), dtype="float64")})
 
