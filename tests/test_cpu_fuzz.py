@@ -1,0 +1,285 @@
+"""CPU fuzz of the public API (no GPU needed): hundreds of bad inputs — stand-in arrays, malformed
+DLPack capsules and CAI dicts, bad scalars, epilogs, epilog inputs, options, preferences,
+qualifiers, scales, streams, descriptor arguments — and valid calls beside them, through
+``matmul``, ``Matmul(...).plan(...)``, ``MatrixLayout``, ``MatmulDesc`` and ``MatmulPreference``.
+
+The cases live in ``_fuzz_inputs.py``. They run in worker processes, 60 to a process; when a
+process dies, the case it was running is re-run alone to confirm the crash, and the rest of the
+batch goes on in a new process. Required of every case:
+
+- no crash and no hang (a worker that dies or stalls is a failure, never the end of the run);
+- every refusal is an ``nvblaslt.NvblasltError`` (never a raw ctypes.ArgumentError, KeyError, …);
+- an invalid input is refused by nvblaslt's own checks, before anything needs a GPU, and the
+  message names the argument (``a:``, ``epilog_inputs['bias']``, ``alpha``, …);
+- a valid input gets as far as the first step that needs a GPU, and fails there with a clear
+  nvblaslt error about the missing GPU/driver.
+
+Each test below asserts one of these and lists its offending inputs compactly, grouped.
+``python tests/test_cpu_fuzz.py [--only PREFIX]`` prints the whole report without pytest.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+sys.path.insert(0, str(TESTS))
+
+BATCH = 60
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+BATCH_TIMEOUT_S = 60
+
+
+def _environment() -> dict:
+    env = dict(os.environ)
+    env.pop("NVBLASLT_LIBRARY", None)  # default discovery, as a user gets it
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")  # a GPU machine fuzzes the CPU path too
+    env["PYTHONFAULTHANDLER"] = "1"
+    return env
+
+
+def _spawn(args: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """(return code or None on timeout, stdout, stderr) of a worker."""
+    try:
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=_environment(), capture_output=True,
+                              text=True, timeout=timeout)
+        return done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        return None, out, err
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+def _run_batch(ids: list[str]) -> dict[str, dict]:
+    """Run ``ids`` in workers; every id gets a record, crashes and hangs included."""
+    records: dict[str, dict] = {}
+    pending = list(ids)
+    while pending:
+        code, out, err = _spawn([str(TESTS / "_fuzz_inputs.py"), *pending], BATCH_TIMEOUT_S)
+        started, ended = None, False
+        for line in out.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "start":
+                started = event["id"]
+            elif event.get("event") == "done":
+                records[event["id"]] = event
+                started = None
+            elif event.get("event") == "end":
+                ended = True
+        if code == 0 and ended:
+            break
+        if ended:  # every case reported, then the interpreter died on the way out
+            for case_id in pending:
+                records.setdefault(case_id, {})["teardown"] = f"exit {code} after the last case: {_tail(err)}"
+            break
+        if started is None:  # died before its first case: nvblaslt (or the case table) cannot even load
+            for case_id in pending:
+                records[case_id] = {"outcome": "worker-failed", "message": f"exit {code}: {_tail(err, 12)}"}
+            break
+        what = "hang" if code is None else "crash"
+        if len(pending) > 1:  # confirm alone: a crash only in company is still this case's
+            alone_code, _, alone_err = _spawn([str(TESTS / "_fuzz_inputs.py"), started], BATCH_TIMEOUT_S)
+            alone = alone_code != 0
+            note = "" if alone else " (only after the cases before it in one process)"
+            err = alone_err if alone else err
+        else:
+            note = ""
+        records[started] = {"outcome": what, "message": f"exit {code}{note}: {_tail(err)}"}
+        pending = [i for i in pending if i not in records]
+    return records
+
+
+def run_all(only: str | None = None) -> tuple[dict, dict[str, dict]]:
+    from _fuzz_inputs import build_cases
+
+    cases = build_cases()
+    ids = [i for i in cases if only is None or i.startswith(only)]
+    batches = [ids[i:i + BATCH] for i in range(0, len(ids), BATCH)]
+    records: dict[str, dict] = {}
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for result in pool.map(_run_batch, batches):
+            records.update(result)
+    return cases, records
+
+
+# ---- judging one case ------------------------------------------------------------------------------
+def verdict(case, record: dict) -> tuple[str, str] | None:
+    """(failure class, detail) or None when the case behaved."""
+    outcome = record.get("outcome")
+    if record.get("teardown"):
+        return "crash", f"interpreter teardown: {record['teardown']}"
+    if outcome in ("crash", "hang", "worker-failed"):
+        return outcome if outcome != "worker-failed" else "crash", record.get("message", "")
+    if outcome is None:
+        return "crash", "no record"
+    kind = case.kind
+    message = record.get("message", "")
+    short = f"{record.get('type')}: {message[:200]} [{record.get('where')}]"
+    if outcome == "returned":
+        if kind in ("ok", "any", "optional"):
+            return None
+        if kind == "invalid":
+            return "accepted", "returned without an error"
+        return "returned-without-gpu", "returned, though nothing can run without a GPU"
+    if record.get("type") == "MemoryError":  # the worker's address-space cap caught a runaway read
+        return "crash", f"{short} (without the worker's memory cap: exhausted memory or crashed)"
+    if not record.get("nvblaslt"):
+        return ("foreign-exception" if record.get("stand_in") else "raw-exception"), short
+    if kind == "any":
+        return None
+    if kind == "ok":
+        return "valid-refused", short
+    no_gpu = record.get("no_gpu")
+    named = any(re.search(token, message) for token in case.tokens)
+    if kind == "optional":
+        return None if named else ("unnamed", short)
+    if kind == "valid":
+        return None if no_gpu else ("valid-refused", short)
+    if kind == "invalid" and no_gpu:
+        return "not-checked-before-gpu", short
+    if no_gpu:  # either
+        return None
+    return None if named else ("unnamed", short)
+
+
+CLASSES = {
+    "crash": "crashed or failed to start (the whole process died)",
+    "hang": f"hung (no answer in {BATCH_TIMEOUT_S} s)",
+    "raw-exception": "raised something other than an NvblasltError",
+    "foreign-exception": "let an exception raised by the caller's object escape unwrapped",
+    "unnamed": "refused without naming the argument",
+    "not-checked-before-gpu": "invalid, but not refused until a GPU was needed",
+    "accepted": "invalid, but accepted",
+    "valid-refused": "valid (nvmath-python accepts it), but refused",
+    "returned-without-gpu": "returned although no GPU is present",
+}
+
+
+def report(cases, records, classes=None) -> list[str]:
+    """Failures grouped by class, then by case family/variant, with the positions/entries hit."""
+    groups: dict[tuple[str, str], list] = collections.defaultdict(list)
+    for case_id, case in cases.items():
+        if case_id not in records:
+            continue
+        found = verdict(case, records[case_id])
+        if found is None or (classes is not None and found[0] not in classes):
+            continue
+        parts = case_id.split("/")
+        family = "/".join(parts[:2])
+        groups[(found[0], family)].append(("/".join(parts[2:]) or "-", found[1]))
+    lines = []
+    for failure_class in CLASSES:
+        families = sorted(k for k in groups if k[0] == failure_class)
+        if not families:
+            continue
+        count = sum(len(groups[k]) for k in families)
+        lines.append(f"{failure_class}: {CLASSES[failure_class]} — {count} cases in {len(families)} groups")
+        for key in families:
+            hits = groups[key]
+            where = ", ".join(sorted({h[0] for h in hits}))
+            lines.append(f"  {key[1]} [{where}]: {hits[0][1]}")
+    return lines
+
+
+# ---- pytest ----------------------------------------------------------------------------------------------
+def _library_installed() -> str | None:
+    code, _, err = _spawn(["-c", "import nvblaslt; nvblaslt.library()"], 120)
+    if code == 0:
+        return None
+    if "LibraryNotFoundError" in err:
+        return f"no libcublasLt installed: {_tail(err, 2)}"
+    return None  # another failure: let the fuzz report it
+
+
+@pytest.fixture(scope="module")
+def fuzz():
+    reason = _library_installed()
+    if reason:
+        pytest.skip(reason)
+    start = time.perf_counter()
+    cases, records = run_all()
+    print(f"\ncpu fuzz: {len(cases)} cases in {time.perf_counter() - start:.0f} s")
+    return cases, records
+
+
+def _check(fuzz, classes: set[str]):
+    cases, records = fuzz
+    lines = report(cases, records, classes)
+    if lines:
+        pytest.fail("\n".join(lines), pytrace=False)
+
+
+def test_every_case_ran(fuzz):
+    cases, records = fuzz
+    assert set(records) == set(cases)
+    kinds = collections.Counter(case.kind for case in cases.values())
+    assert len(cases) >= 500 and kinds["invalid"] >= 300 and kinds["valid"] >= 50, kinds
+
+
+def test_no_crash_and_no_hang(fuzz):
+    _check(fuzz, {"crash", "hang"})
+
+
+def test_every_refusal_is_an_nvblaslt_error(fuzz):
+    _check(fuzz, {"raw-exception"})
+
+
+def test_exceptions_from_callers_objects_are_wrapped(fuzz):
+    """A producer whose ``__dlpack__`` (or ``__float__``, stream method, …) raises: the refusal is
+    still an NvblasltError naming the argument, with the producer's exception as its cause."""
+    _check(fuzz, {"foreign-exception"})
+
+
+def test_invalid_inputs_are_refused_naming_the_argument(fuzz):
+    _check(fuzz, {"unnamed", "accepted"})
+
+
+def test_invalid_inputs_are_refused_before_a_gpu_is_needed(fuzz):
+    _check(fuzz, {"not-checked-before-gpu"})
+
+
+def test_valid_inputs_get_as_far_as_the_gpu(fuzz):
+    _check(fuzz, {"valid-refused", "returned-without-gpu"})
+
+
+def test_no_gpu_error_says_so_in_nvblaslts_words(fuzz):
+    """Issue 10, first contact: without a driver the error is nvblaslt's own, naming the GPU/driver."""
+    cases, records = fuzz
+    record = records.get("valid/plain/fn", {})
+    message = record.get("message", "")
+    assert record.get("nvblaslt") and re.search(r"\bGPU\b", message) and re.search(r"driver", message, re.I), (
+        f"matmul without a GPU said: {record.get('type')}: {message}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run only the case ids starting with this")
+    options = parser.parse_args()
+    begin = time.perf_counter()
+    all_cases, all_records = run_all(options.only)
+    lines = report({k: v for k, v in all_cases.items() if k in all_records}, all_records)
+    print("\n".join(lines))
+    failed = sum(1 for k in all_records if verdict(all_cases[k], all_records[k]))
+    print(f"cpu fuzz: {len(all_records)} cases in {time.perf_counter() - begin:.0f} s, {failed} failed")
+    sys.exit(1 if failed else 0)
