@@ -207,7 +207,7 @@ def percall_section(args, torch, results: dict) -> None:
     for fn in cases.values():  # warm-up: plans, caches, first launches
         for _ in range(50):
             fn()
-    samples = {name: [] for name in cases}
+    samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, fn in cases.items():
             samples[name].append(_host_burst(fn, calls))
@@ -241,7 +241,7 @@ def _profile(fn, calls: int, top: int = 8) -> list[dict]:
     for _ in range(calls):
         fn()
     profiler.disable()
-    stats = pstats.Stats(profiler).stats
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     rows = sorted(((tottime, f"{Path(file).name}:{line} {name}") for (file, line, name), (_, _, tottime, _, _)
                    in stats.items()), reverse=True)[:top]
     return [{"function": where, "us": seconds / calls * 1e6} for seconds, where in rows]
@@ -526,8 +526,24 @@ def mlp_section(args, torch, results: dict) -> None:
         results["mlp"] = {"skipped": "nvblaslt._bench_mlp is not there"}
         return
     module = importlib.import_module("nvblaslt._bench_mlp")
-    outcome = module.main(args)
+    argv = ["--json", str(args.out / "mlp.json")] + (["--quick", "--no-compile"] if args.quick else [])
+    _progress(f"mlp: nvblaslt._bench_mlp.main({argv})")
+    outcome = module.main(argv)
     results["mlp"] = outcome if isinstance(outcome, dict) else {"returned": repr(outcome)}
+    results["mlp"]["summary_lines"] = _mlp_lines(results["mlp"])
+
+
+def _mlp_lines(outcome: dict) -> list[str]:
+    """Its table in short: each step's ms and × eager PyTorch, per activation."""
+    rows = outcome.get("rows")
+    if not isinstance(rows, dict):
+        return []
+    lines = []
+    for label, per_activation in rows.items():
+        cells = "  ".join(f"{activation} {figures['ms']:8.2f} ms {figures['x_eager']:6.3f}×"
+                          for activation, figures in per_activation.items() if isinstance(figures, dict))
+        lines.append(f"{label[:44]:44s} {cells}")
+    return lines
 
 
 def import_section(args, torch, results: dict) -> None:
@@ -611,7 +627,7 @@ def summary_lines(results: dict) -> list[str]:
                          f"{'same' if r['same_kernel'] else 'other':8s} {other:18s} {decision}")
     if "mlp" in results:
         mlp = results["mlp"]
-        lines += ["", "mlp (nvblaslt._bench_mlp):"]
+        lines += ["", "mlp training step (nvblaslt._bench_mlp), ms and × eager PyTorch:"]
         lines += [f"  {line}" for line in mlp.get("summary_lines", [])] or [f"  {mlp.get('skipped') or 'see JSON'}"]
     if "import" in results:
         lines += ["", f"import nvblaslt: {results['import']['seconds'] * 1000:.0f} ms (median of fresh interpreters)"]
@@ -656,6 +672,8 @@ def chart(results: dict, path: Path) -> bool:
         labels, ratios = [b[0] for b in bars][::-1], [b[1] for b in bars][::-1]
         colors = ["tab:green" if r <= 1 else "tab:red" for r in ratios]
         ax.barh(labels, [r - 1 for r in ratios], left=1.0, color=colors)
+        for y, ratio in enumerate(ratios):
+            ax.text(ratio, y, f" {ratio:.3f} ", va="center", ha="left" if ratio >= 1 else "right", fontsize=6)
         ax.axvline(1.0, color="black", linewidth=0.8)
         if log:
             ax.set_xscale("log")

@@ -1,0 +1,118 @@
+"""The bench's options, its compact tables and its chart, from made-up figures (no GPU); a short
+GPU run of its cheapest sections."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvblaslt import _bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def made_up_results() -> dict:
+    layer = []
+    for tokens in _bench.LAYER_TOKENS:
+        for d_in, d_out in _bench.LAYER_WIDTHS:
+            for epilog in _bench.LAYER_EPILOGS:
+                for case, ratio in (("torch _addmm_activation", 1.0), ("nvblaslt matmul()", 1.08),
+                                    ("nvblaslt Matmul.execute()", 0.95)):
+                    layer.append({"tokens": tokens, "in": d_in, "out": d_out, "epilog": epilog, "case": case,
+                                  "us": 20.0 * ratio, "ratio": ratio})
+    second = {"same_kernel": True, "cache_hit": True, "plan_ms": 3.0, "error": None}
+    return {
+        "machine": {"gpu": "NVIDIA H200", "driver_cuda": "13.0", "cublaslt": "13.1.0", "torch": "2.11",
+                    "nvmath": None, "python": "3.12", "date": "2026-11-23 10:00"},
+        "quick": True, "errors": {"mlp": "RuntimeError: example"},
+        "percall": {"problem": "cupy fp32 W 100x784 @ x 784x256, RELU_BIAS", "bare_matches_matmul": 0.0,
+                    "rows": [{"case": "bare ctypes cublasLtMatmul", "us_per_call": 9.0, "ratio": 1.0},
+                             {"case": "matmul() (cached plan)", "us_per_call": 13.5, "ratio": 1.5}],
+                    "profile": [{"function": "_function_form.py:58 matmul", "us": 3.2}]},
+        "layer": {"rows": layer, "baseline": "torch _addmm_activation"},
+        "seed": {"shape": [65536, 16384, 8192], "rows": [{"case": "plain matmul", "ms": 26.0, "note": ""},
+                                                          {"case": "fused RELU_BIAS", "ms": 26.3, "note": "x"}]},
+        "search": {"rows": [{"epilog": "RELU_BIAS", "first_ms": 26.4, "autotuned_ms": 26.2, "searched_ms": 26.2,
+                             "searched_over_autotuned": 1.0, "first_over_autotuned": 1.008, "search_s": 8.5,
+                             "same_kernel": True, "switched": False, "confidence": 0.4, "form": None,
+                             "second_process": second},
+                            {"epilog": "DRELU_BGRAD", "first_ms": 29.5, "autotuned_ms": 28.8, "searched_ms": 26.9,
+                             "searched_over_autotuned": 0.934, "first_over_autotuned": 1.02, "search_s": 9.9,
+                             "same_kernel": False, "switched": True, "confidence": 0.999,
+                             "form": ["split", 26.9, 28.8], "second_process": second}]},
+        "mlp": {"summary_lines": ["step 1.00 ms"]},
+        "import": {"seconds": 0.085},
+    }
+
+
+def test_the_compact_tables_fit_the_last_hundred_lines():
+    lines = _bench.summary_lines(made_up_results())
+    text = "\n".join(lines)
+    assert len(lines) < 100
+    for expected in ("NVIDIA H200", "1.50×", "execute()", "DRELU_BGRAD", "split form", "same, hit",
+                     "step 1.00 ms", "import nvblaslt: 85 ms", "section mlp failed"):
+        assert expected in text, expected
+    assert max(len(line) for line in lines) < 160
+
+
+def test_the_chart_shows_ratios_from_one(tmp_path):
+    pytest.importorskip("matplotlib")
+    assert _bench.chart(made_up_results(), tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+
+
+def test_options_quick_sections_and_their_defaults():
+    args = _bench._arguments(["--quick", "--sections", "layer,search"])
+    assert args.sections == ["layer", "search"] and args.repeats == 5 and args.calls == 500
+    assert args.search_epilogs == _bench.QUICK_SEARCH_EPILOGS
+    full = _bench._arguments([])
+    assert full.sections == list(_bench.SECTIONS) and full.repeats == 10
+    with pytest.raises(SystemExit):
+        _bench._arguments(["--sections", "layers"])
+
+
+def test_the_mlp_hook_passes_options_and_keeps_a_short_table(monkeypatch, tmp_path):
+    import types
+
+    given = []
+
+    def main(argv):
+        given.append(argv)
+        return {"rows": {"PyTorch eager": {"relu": {"ms": 10.0, "x_eager": 1.0, "x_floor": 1.1}},
+                         "FusedLinear eager": {"relu": {"ms": 9.0, "x_eager": 0.9, "x_floor": 0.99}}}}
+    monkeypatch.setitem(sys.modules, "nvblaslt._bench_mlp", types.SimpleNamespace(main=main))
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    results: dict = {}
+    _bench.mlp_section(_bench._arguments(["--quick", "--out", str(tmp_path)]), None, results)
+    assert "--quick" in given[0] and str(tmp_path / "mlp.json") in given[0]
+    assert any("FusedLinear eager" in line and "0.900×" in line for line in results["mlp"]["summary_lines"])
+
+
+def test_the_mlp_hook_skips_without_its_module(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    results: dict = {}
+    _bench.mlp_section(_bench._arguments(["--quick"]), None, results)
+    assert "skipped" in results["mlp"]
+
+
+def test_bench_without_a_gpu_says_so():
+    done = subprocess.run([sys.executable, "-m", "nvblaslt", "bench", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "--sections" in done.stdout and "--quick" in done.stdout
+
+
+@pytest.mark.gpu
+def test_the_cheap_sections_run_on_the_gpu(tmp_path):
+    pytest.importorskip("torch")
+    code = _bench.main(["--sections", "percall,import", "--calls", "20", "--rounds", "2", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert code == 0, results["errors"]
+    assert results["percall"]["bare_matches_matmul"] < 1e-5
