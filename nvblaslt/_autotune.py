@@ -329,9 +329,12 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
     runs dry; how many failed to run; whether the pool ran dry."""
     screened: list[tuple[HeuristicResult, float]] = []
     failed, last_report, started = 0, time.perf_counter(), time.perf_counter()
+
+    def run() -> None:
+        plan._run(stream, stream, None)
     exhausted = False
     while not exhausted and time.perf_counter() < deadline:
-        group = []
+        group: list[HeuristicResult] = []
         while len(group) < 8:
             candidate = next(pool, None)  # enumerating may itself take time: one at a time
             if candidate is None:
@@ -347,7 +350,7 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
         for candidate in group:
             heuristic_list = list(plan.algorithms)
             try:
-                ms = timer(lambda: plan._run(stream, stream, None), lambda c=candidate: plan._select(c))
+                ms = timer(run, functools.partial(plan._select, candidate))
             except CublasLtError as error:  # accepted by the check, refused at launch
                 logger.debug("search: %s failed to run (%s)", _tuning_cache.describe_algorithm(candidate), error)
                 plan.algorithms[:] = heuristic_list  # the plan's launch fallback may have dropped some
@@ -373,7 +376,7 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
             again.append((candidate, first))
             continue
         reference = timer(incumbent.run, incumbent.prepare)
-        ms = timer(lambda: plan._run(stream, stream, None), lambda c=candidate: plan._select(c))
+        ms = timer(functools.partial(plan._run, stream, stream, None), functools.partial(plan._select, candidate))
         again.append((candidate, ms / reference))
     return sorted(again + screened[len(close):], key=lambda pair: pair[1])
 
@@ -413,7 +416,9 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     if winner is None:
         return incumbent_result, statistics.median(outcome.incumbent), facts
     facts["winner"] = winner
-    return winner.contestant.result, statistics.median(winner.samples), facts
+    chosen = winner.contestant.result
+    assert chosen is not None  # every challenger here is an algorithm
+    return chosen, statistics.median(winner.samples), facts
 
 
 def _choose_bias_gradient_form(plan, timer: Timer, iterations: int, stream: int, recalled_split, deadline: float,
@@ -502,7 +507,7 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
         if form is not None:
             facts_to_store["bias_gradient_form"] = form[0]
         _tuning_cache.remember(plan, chosen, chosen_ms, **facts_to_store)
-        if plan._split is not None:  # so that a later plan rebuilds the split form without timing
+        if form is not None and form[0] == "split":  # so that a later plan rebuilds it without timing
             masked = plan._split.masked
             _tuning_cache.remember(masked, masked.algorithm, form[1])
     return _timings(chosen, chosen_ms, heuristic, facts)

@@ -198,6 +198,9 @@ class Matmul:
             raise NvblasltValueError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd', got "
                                      f"{scales!r}")
         checked = {}
+        if scales.get("d") is not None and self.operands.types.d not in _dtypes.FLOAT8:
+            raise NvblasltValueError(f"quantization_scales['d']: only fp8 results take a D scale; the result is "
+                                     f"{self.operands.types.d.name}")
         for key, value in scales.items():
             value = _scale_value(value, key)
             if value is None:
@@ -869,6 +872,10 @@ def _guard_known_bad(found: list[HeuristicResult], problem) -> list[HeuristicRes
 
 
 def _unsupported_hint(problem, epilog, refused_known_bad: bool = False) -> str:
+    rows = [side.layout.order != COL for side in (problem.a, problem.b)]
+    if any(rows) and any(side.op == 2 for side in (problem.a, problem.b)):
+        return ("conjugating a column-major operand needs cuBLASLt's row-major order (OP_C also transposes), "
+                "which has no kernel here; conjugate a row-major A/B, or pass both in the same order")
     if refused_known_bad:
         return ("every algorithm cuBLASLt offers for this problem is one seen to give wrong results here "
                 "(nvblaslt._known_bad), so nvblaslt refuses rather than return them")

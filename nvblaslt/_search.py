@@ -66,8 +66,9 @@ def _rechecked(plan, results: Iterable[HeuristicResult], workspace_limit: int) -
 
 def _deeper_heuristics(plan) -> list[HeuristicResult]:
     """The heuristics' own ranking for this plan, past the plan's ``limit``."""
+    a, b, c, d = plan._layouts
     try:
-        return heuristics(plan._handle, plan._desc, *plan._layouts, plan._preference, count=DEEPER_HEURISTICS)
+        return heuristics(plan._handle, plan._desc, a, b, c, d, plan._preference, count=DEEPER_HEURISTICS)
     except CublasLtError:
         return []
 
@@ -96,7 +97,8 @@ def _heuristics_of_other_epilogs(plan, workspace_limit: int) -> list[HeuristicRe
     plan: tiles the heuristics never pair with an aux epilogue, such as Hopper's 192x192, are
     reached only this way (they are not in the capability lists)."""
     lib = plan._lib
-    found = []
+    a, b, c, d = plan._layouts
+    found: list[HeuristicResult] = []
     with MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib) as preference:
         for name in ("A", "B", "C", "D"):
             member = f"MIN_ALIGNMENT_{name}_BYTES"
@@ -106,7 +108,7 @@ def _heuristics_of_other_epilogs(plan, workspace_limit: int) -> list[HeuristicRe
                 continue
             try:
                 with _desc_with_epilog(plan, epilog) as desc:
-                    others = heuristics(plan._handle, desc, *plan._layouts, preference, count=16)
+                    others = heuristics(plan._handle, desc, a, b, c, d, preference, count=16)
             except CublasLtError:
                 continue
             found += _rechecked(plan, others, workspace_limit)

@@ -34,7 +34,7 @@ from pathlib import Path
 try:
     import fcntl
 except ImportError:  # not POSIX: writes stay atomic, without the lock
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger("nvblaslt")
 
@@ -219,7 +219,7 @@ class TuningCache:
                 _warn_once(None, "write", "cannot be written; choices are kept in memory for this process")
                 return False
             try:
-                self._write()
+                self._write(self.path)
             except (OSError, _Unwritable) as error:
                 reason = error.strerror or str(error) if isinstance(error, OSError) else str(error)
                 _warn_once(self.path, "write", f"cannot be written ({reason}); choices are kept in memory "
@@ -243,11 +243,11 @@ class TuningCache:
         if contents.problem:
             _warn_once(self.path, "read", contents.problem)
 
-    def _write(self) -> None:
-        directory = self.path.parent
+    def _write(self, path: Path) -> None:
+        directory = path.parent
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        with self._locked():
-            contents, _ = _read(self.path)  # read again under the lock: other processes' entries
+        with self._locked(path):
+            contents, _ = _read(path)  # read again under the lock: other processes' entries
             if not contents.replaceable:
                 raise _Unwritable(contents.problem)
             merged = _newest(contents.entries, self._memory)
@@ -260,25 +260,25 @@ class TuningCache:
                     file.write(_document(merged))
                     file.flush()
                     os.fsync(file.fileno())
-                os.replace(temporary, self.path)
+                os.replace(temporary, path)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(temporary)
                 raise
             self._disk = merged
             try:
-                info = os.stat(self.path)
+                info = os.stat(path)
                 self._identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
             except OSError:
                 self._identity = None
 
     @contextlib.contextmanager
-    def _locked(self):
+    def _locked(self, path: Path):
         """An exclusive flock on ``tuning.json.lock``: writers take turns, so none loses another's entries."""
         if fcntl is None:
             yield
             return
-        lock_path = self.path.with_name(self.path.name + ".lock")
+        lock_path = path.with_name(path.name + ".lock")
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, 0o600)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
