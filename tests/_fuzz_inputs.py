@@ -277,7 +277,7 @@ def arg(name: str) -> tuple[str, ...]:
     n = re.escape(name)
     found = [rf"(?<![\w.\[])'?{n}'?\s*[:=]", rf"['\"`]{n}['\"`]", rf"(?<![\w.\[]){n},\s", rf",\s*{n}\b:",
              rf"\b{n}\s*\(", rf"\b(argument|operand|parameter|option|preference)s?\s+['\"`]?{n}\b",
-             rf"(?<![\w.\[]){n} (is|has)\b", rf"(?<![\w.\[]){n}'s\b"]
+             rf"(?<![\w.\[]){n} (is|has)\b", rf"(?<![\w.\[]){n}'s\b", rf"(?<![\w.\[]){n}(\[|\.\w)"]
     if len(name) == 1:  # operands a, b, c: nvmath says "operand A"
         upper = re.escape(name.upper())
         found += [rf"\boperands?\s+{upper}\b", rf"(?<![\w.\[]){upper}:"]
@@ -788,7 +788,7 @@ def _lifecycle_cases():
 
     yield Case("lifecycle/execute-before-plan", "invalid", execute_before_plan, (r"\bplan\b",))
     yield Case("lifecycle/autotune-before-plan", "invalid", autotune_before_plan, (r"\bplan\b",))
-    yield Case("lifecycle/reset_operands-before-plan", "either", reset_before_plan, (r"\bplan\b",) + arg("a"))
+    yield Case("lifecycle/reset_operands-before-plan", "optional", reset_before_plan, (r"\bplan\b",) + arg("a"))
     yield Case("lifecycle/reset_operands-wrong-shape", "either", reset_wrong_shape, arg("a") + (r"\bplan\b",))
     yield Case("lifecycle/plan-after-free", "invalid", plan_after_free, (r"\bfree", r"\bclosed", r"released"))
     yield Case("lifecycle/plan-algorithms-string", "invalid", plan_algorithms("fast"), arg("algorithms"))
