@@ -321,9 +321,11 @@ def cache_at(path: Path | None) -> TuningCache:
 
 
 # ---- the problem key, read from the plan's C descriptors -----------------------------------------
-# Set per execute for output epilogs (aux, bias gradient), so their nullness says only whether the
-# plan has run; EPILOGUE already says whether they exist.
-_PER_CALL_POINTERS = frozenset({"BIAS_POINTER", "EPILOGUE_AUX_POINTER"})
+# Outputs' pointers (aux, bias gradient, amax, output scales) are set per execute, so their nullness
+# says only whether the plan has run; EPILOGUE says whether bias and aux exist, and the algorithm
+# check at recall refuses a kernel that cannot write an amax the plan asks for.
+_PER_CALL_POINTERS = frozenset({"BIAS_POINTER", "EPILOGUE_AUX_POINTER", "AMAX_D_POINTER", "EPILOGUE_AUX_AMAX_POINTER",
+                                "D_OUT_SCALE_POINTER"})
 # Checked at recall instead (a remembered algorithm must fit the plan's workspace), so that plans
 # with other limits still find the entry.
 _CHECKED_AT_RECALL = frozenset({"MAX_WORKSPACE_BYTES"})

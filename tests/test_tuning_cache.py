@@ -400,6 +400,7 @@ def test_the_key_ignores_pointer_values_and_per_call_pointers(plans):
     before = key_of(plan)
     plan._desc.set("BIAS_POINTER", 0x3000)
     plan._desc.set("EPILOGUE_AUX_POINTER", 0x4000)  # set by execute() for aux outputs
+    plan._desc.set("AMAX_D_POINTER", 0x5000)  # and for result_amax
     assert key_of(plan) == before
 
 
