@@ -342,17 +342,23 @@ def gpu_identity(device: int) -> dict:
             "sms": int(props.multiProcessorCount)}
 
 
+_unreadable: dict[tuple, set] = {}  # (library, enum) -> attributes the library does not have
+
+
 def _attribute_values(descriptor, enum_name: str, skip=frozenset()) -> dict:
     """Every attribute the loaded library reports for ``descriptor``; pointers as set or not."""
     lib = descriptor.lib
     enum_type = getattr(lib.api, enum_name)
+    unreadable = _unreadable.setdefault((lib.path, lib.version, enum_name), set())
     values = {}
     for member, (ctype, _is_array) in lib.api.ATTRIBUTES[enum_type][2].items():
-        if member.name in skip or (ctype is ctypes.c_void_p and member.name in _PER_CALL_POINTERS):
+        if member.name in skip or member in unreadable or (ctype is ctypes.c_void_p and
+                                                          member.name in _PER_CALL_POINTERS):
             continue
         try:
             value = descriptor.get(member)
-        except Exception:  # an attribute the loaded library does not have (it fails the same way every time)
+        except Exception:  # an attribute the loaded library does not have: it fails the same way every time
+            unreadable.add(member)
             continue
         values[member.name] = value is not None and value != 0 if ctype is ctypes.c_void_p else value
     return values
