@@ -104,7 +104,7 @@ def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_in
     prefs = as_options(MatmulPlanPreferences, preferences, "preferences") if preferences is not None else \
         _DEFAULT_PREFERENCES
     epilog = as_epilog(epilog)
-    framework_stream = _streams.framework_stream_of(kind, a)
+    framework_stream = 0 if _operands.is_host_array(a) else _streams.framework_stream_of(kind, a)
     stream_h = stream_handle(stream) if stream is not None else framework_stream
     # On the framework's own stream no handshake is needed, so arrays seen before are not re-exported.
     read = _operands.read_cached if stream_h == framework_stream else _operands.read

@@ -174,6 +174,18 @@ def _read_host_interface(obj, name: str) -> Operand:
     return Operand(obj, pointer, shape, strides, dtype, -1, readonly, kind_of(obj), True)
 
 
+def is_host_array(obj) -> bool:
+    """Whether ``obj`` lives in host memory (asked cheaply, before any framework stream is queried:
+    a CPU-only PyTorch build cannot answer questions about CUDA streams)."""
+    device = getattr(obj, "__dlpack_device__", None)
+    if device is not None:
+        try:
+            return device()[0] in (_dlpack.KDL_CPU, _dlpack.KDL_CUDA_HOST)
+        except Exception:  # noqa: BLE001 - an odd producer: let read() say what is wrong with it
+            return False
+    return hasattr(obj, "__array_interface__") and not hasattr(obj, "__cuda_array_interface__")
+
+
 def fingerprint(obj, kind: str):
     """A cheap identity of a CuPy/PyTorch array's memory and shape, or None for other arrays.
 

@@ -107,7 +107,12 @@ class Matmul:
                                     f"{', '.join(f'{n}: {k}' for n, k in kinds.items())}")
         self._kind = kinds["a"]
         self._stream = stream_handle(stream) if stream is not None else None
-        read_stream = self._stream if self._stream is not None else _streams.current_stream(self._kind, None)
+        if self._stream is not None:
+            read_stream = self._stream
+        elif _operands.is_host_array(a):
+            read_stream = 0  # host operands: no framework stream to ask (nor, on CPU-only builds, one to have)
+        else:
+            read_stream = _streams.current_stream(self._kind, None)
         ops = [_operands.read(x, name, read_stream) for x, name in given]
         self._setup(ops, c is not None, alpha=alpha, beta=beta, qualifiers=qualifiers,
                     quantization_scales=quantization_scales)
@@ -644,9 +649,6 @@ class Matmul:
             raise NvblasltValueError("out: the array is read-only (JAX arrays and read-only exports cannot be written)")
         if op.device != self._device:
             raise NvblasltValueError(f"out: on GPU {op.device}, but the plan runs on GPU {self._device}")
-        if op.alignment < 256:
-            raise NvblasltValueError(f"out: pointer 0x{op.ptr:x} is aligned to {op.alignment} bytes; the plan's "
-                                     f"algorithms assume 256 (as fresh allocations are)")
         c = self._operands["c"]
         if c is not None and overlaps(op, c) and (op.ptr, op.shape, op.strides) != (c.ptr, c.shape, c.strides):
             raise NvblasltValueError("out: partly overlaps c; pass c itself (in place) or separate memory")
@@ -656,6 +658,10 @@ class Matmul:
         for key, inp in self._epilog_inputs.items():
             if op.ptr <= inp.ptr < op.ptr + op.dtype.itemsize * _memory.span_elements(op.shape, op.strides):
                 raise NvblasltValueError(f"out: overlaps epilog_inputs['{key}']; write to separate memory")
+        if op.alignment < 256:
+            raise NvblasltValueError(f"out: pointer 0x{op.ptr:x} is aligned to {op.alignment} bytes; the plan's "
+                                     f"algorithms assume 256 (as fresh allocations are)")
+
 
     # ---- operands ----------------------------------------------------------------------------------
     def reset_operands(self, a=None, b=None, c=None, *, alpha=None, beta=None, epilog_inputs=None,
