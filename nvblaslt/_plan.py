@@ -662,7 +662,6 @@ class Matmul:
             raise NvblasltValueError(f"out: pointer 0x{op.ptr:x} is aligned to {op.alignment} bytes; the plan's "
                                      f"algorithms assume 256 (as fresh allocations are)")
 
-
     # ---- operands ----------------------------------------------------------------------------------
     def reset_operands(self, a=None, b=None, c=None, *, alpha=None, beta=None, epilog_inputs=None,
                        quantization_scales=None, stream=None):

@@ -43,7 +43,6 @@ __all__ = ["FusedLinear", "FusedSequential", "autotune", "fuse", "linear"]
 
 # ---- activations ------------------------------------------------------------------------------------
 
-ACTIVATIONS = ("none", "relu", "gelu")
 _ALIASES = {None: "none", "none": "none", "identity": "none", "relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu"}
 _EXACT_GELU = ("gelu_erf", "gelu_exact", "gelu_none", "exact_gelu")
 _EXACT_GELU_HINT = ("cuBLASLt fuses only the tanh approximation of GELU; use activation='gelu' "
@@ -132,7 +131,8 @@ def _pack_relu_mask(positive: Tensor, aux: Tensor) -> None:
     ld_bytes = aux.shape[0]
     bits = positive.new_zeros((tokens, ld_bytes * 8), dtype=torch.uint8)
     bits[:, :features] = positive
-    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=positive.device)
+    weights = torch.ones(8, dtype=torch.uint8, device=positive.device) << torch.arange(8, dtype=torch.uint8,
+                                                                                        device=positive.device)
     packed = (bits.view(tokens, ld_bytes, 8) * weights).sum(-1, dtype=torch.uint8)
     aux.T.copy_(packed.view(torch.int8))
 
@@ -178,17 +178,17 @@ def _input_grad_composite(weight, dz, prev_activation, x, prev_aux, prev_bias_gr
 
 # ---- CUDA: nvblaslt ----------------------------------------------------------------------------------
 
-E = MatmulEpilog
+_E = MatmulEpilog
 _FORWARD_EPILOGS = {  # (activation, has bias, keep aux) -> epilog
-    ("none", False, False): E.DEFAULT, ("none", True, False): E.BIAS,
-    ("relu", False, False): E.RELU, ("relu", False, True): E.RELU_AUX,
-    ("relu", True, False): E.RELU_BIAS, ("relu", True, True): E.RELU_AUX_BIAS,
-    ("gelu", False, False): E.GELU, ("gelu", False, True): E.GELU_AUX,
-    ("gelu", True, False): E.GELU_BIAS, ("gelu", True, True): E.GELU_AUX_BIAS,
+    ("none", False, False): _E.DEFAULT, ("none", True, False): _E.BIAS,
+    ("relu", False, False): _E.RELU, ("relu", False, True): _E.RELU_AUX,
+    ("relu", True, False): _E.RELU_BIAS, ("relu", True, True): _E.RELU_AUX_BIAS,
+    ("gelu", False, False): _E.GELU, ("gelu", False, True): _E.GELU_AUX,
+    ("gelu", True, False): _E.GELU_BIAS, ("gelu", True, True): _E.GELU_AUX_BIAS,
 }
 _INPUT_GRAD_EPILOGS = {  # (previous activation, its bias gradient wanted) -> (epilog, aux key, bias-gradient key)
-    ("relu", False): (E.DRELU, "relu_aux", None), ("relu", True): (E.DRELU_BGRAD, "relu_aux", "drelu_bgrad"),
-    ("gelu", False): (E.DGELU, "gelu_aux", None), ("gelu", True): (E.DGELU_BGRAD, "gelu_aux", "dgelu_bgrad"),
+    ("relu", False): (_E.DRELU, "relu_aux", None), ("relu", True): (_E.DRELU_BGRAD, "relu_aux", "drelu_bgrad"),
+    ("gelu", False): (_E.DGELU, "gelu_aux", None), ("gelu", True): (_E.DGELU_BGRAD, "gelu_aux", "dgelu_bgrad"),
 }
 # float64 epilogs this process's cuBLASLt refused: those steps run as torch ops (see _fp64_refuses).
 _refused_fp64: set[MatmulEpilog] = set()
@@ -214,7 +214,7 @@ def autotune(*, iterations: int = 5):
         _tuning = previous
 
 
-def _gemm(a: Tensor, b: Tensor, epilog: MatmulEpilog = E.DEFAULT, inputs: dict | None = None):
+def _gemm(a: Tensor, b: Tensor, epilog: MatmulEpilog = _E.DEFAULT, inputs: dict | None = None):
     """(D, aux dict or None) of nvblaslt's function form: plans cached per thread, current torch stream."""
     if _tuning is not None:
         with Matmul(a, b) as plan:
@@ -242,11 +242,11 @@ def _fp64_refuses(dtype: torch.dtype, epilog: MatmulEpilog, error: CublasLtError
 def _forward_cuda(x, weight, bias, activation, keep_aux):
     tokens, features = x.shape[0], weight.shape[0]
     epilog = _FORWARD_EPILOGS[activation, bias is not None, keep_aux and activation != "none"]
-    if tokens == 0 or x.shape[1] == 0 or _fp64_refuses(x.dtype, epilog):
+    if x.numel() == 0 or features == 0 or _fp64_refuses(x.dtype, epilog):
         return _forward_composite(x, weight, bias, activation, keep_aux)
     x, weight = x.detach(), weight.detach()  # DLPack refuses tensors that require grad
     try:
-        if bias is None and epilog in (E.DEFAULT, E.RELU, E.GELU):
+        if bias is None and epilog in (_E.DEFAULT, _E.RELU, _E.GELU):
             d, extra = _gemm(x, weight.T, epilog)  # elementwise epilog: either orientation; this one is y itself
             out = _row_major(d)
         else:  # the bias runs along D's rows: D = W xᵀ is (features, tokens)
@@ -268,7 +268,7 @@ def _forward_cuda(x, weight, bias, activation, keep_aux):
 
 
 def _weight_grad_cuda(x, dz, bias_grad):
-    epilog = E.BGRADB if bias_grad else E.DEFAULT
+    epilog = _E.BGRADB if bias_grad else _E.DEFAULT
     if not _fp64_refuses(x.dtype, epilog):
         try:
             d, extra = _gemm(x.detach().T, dz, epilog)  # B = dz row-major: what BGRADB has kernels for
@@ -282,7 +282,7 @@ def _weight_grad_cuda(x, dz, bias_grad):
 def _input_grad_cuda(weight, dz, prev_activation, x, prev_aux, prev_bias_grad):
     weight = weight.detach()
     if prev_activation == "none":
-        epilog, aux_key, bias_key, inputs = E.DEFAULT, None, None, None
+        epilog, aux_key, bias_key, inputs = _E.DEFAULT, None, None, None
     else:
         epilog, aux_key, bias_key = _INPUT_GRAD_EPILOGS[prev_activation, prev_bias_grad]
         inputs = {aux_key: prev_aux}
@@ -365,7 +365,7 @@ def _linear_backward_op(grad_out, grad_link, x, weight, out, aux, activation, bi
 def _linear_backward_cuda(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
                           prev_activation, prev_bias_grad, input_grad, weight_grad):
     return _backward(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux, prev_activation,
-                     prev_bias_grad, input_grad, weight_grad, cuda=x.numel() > 0)
+                     prev_bias_grad, input_grad, weight_grad, cuda=x.numel() > 0 and weight.numel() > 0)
 
 
 @_linear_backward_op.register_fake
