@@ -30,7 +30,7 @@ def _signature(op) -> tuple | None:
 
 def _fast_lookup(kind, cache, a, b, c, inputs, settings):
     """(key, plan or None, input names, pointers) for CuPy/PyTorch device arrays, else None."""
-    fingerprint, array_type = _operands.fingerprint, type(a)
+    fingerprint, array_type = _FINGERPRINTS[kind], type(a)
     arrays = (a, b, c, *inputs.values()) if inputs else (a, b, c)
     pointers, layout = [], []
     for array in arrays:
@@ -40,12 +40,11 @@ def _fast_lookup(kind, cache, a, b, c, inputs, settings):
             continue
         if type(array) is not array_type:
             return None
-        p = fingerprint(array, kind)
-        if p[4] < 0:  # a CPU tensor: host operands take the checked path
+        pointer, shape, strides, dtype, device = fingerprint(array)
+        if device < 0:  # a CPU tensor: host operands take the checked path
             return None
-        pointer = p[0]
         pointers.append(pointer)
-        layout.append((p[1], p[2], p[3], p[4], min(256, pointer & -pointer) if pointer else 256))
+        layout.append((shape, strides, dtype, device, 256 if not pointer & 255 else pointer & -pointer))
     names = tuple(inputs) if inputs else ()
     key = (kind, settings, names, tuple(layout))
     try:
@@ -53,6 +52,17 @@ def _fast_lookup(kind, cache, a, b, c, inputs, settings):
     except TypeError:  # an unhashable setting: the checked path will say what is wrong with it
         return None
     return key, plan, names, pointers
+
+
+def _torch_fingerprint(t):
+    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
+
+
+def _cupy_fingerprint(x):
+    return x.data.ptr, x.shape, x.strides, x.dtype, x.device.id
+
+
+_FINGERPRINTS = {"torch": _torch_fingerprint, "cupy": _cupy_fingerprint}
 
 
 def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None, qualifiers=None,
@@ -72,18 +82,15 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
         cache = _local.plans = OrderedDict()
     if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
         raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
-    plain = options is None and qualifiers is None and algorithm is None and quantization_scales is None
-    settings = (epilog, compute_type, result_type, beta is None, preferences if preferences is None or
-                isinstance(preferences, MatmulPlanPreferences) else None)
     fast_key = None
-    # Fast path: on the framework's own stream (no handshake due), without out=, scales or options.
-    if plain and stream is None and out is None and kind in ("torch", "cupy") and (
-            preferences is None or isinstance(preferences, MatmulPlanPreferences)):
-        found = _fast_lookup(kind, cache, a, b, c, epilog_inputs, settings)
+    # Fast path: on the framework's own stream (no handshake due), with no out=, scales, options or
+    # preferences; the key is the arrays' fingerprints, read without a DLPack export.
+    if kind in _FINGERPRINTS and stream is None and out is None and options is None and qualifiers is None \
+            and algorithm is None and quantization_scales is None and preferences is None:
+        found = _fast_lookup(kind, cache, a, b, c, epilog_inputs, (epilog, compute_type, result_type, beta is None))
         if found is not None:
             fast_key, plan, names, pointers = found
             if plan is not None:
-                cache.move_to_end(fast_key)
                 plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
                 framework_stream = _streams.framework_stream_of(kind, a)  # the current stream now
                 if plan._several_devices and _cuda.current_device() != plan._device:

@@ -482,6 +482,7 @@ class Matmul:
         self._args_head = (ctypes.c_void_p(self._handle.handle), ctypes.c_void_p(self._desc.handle),
                            self._alpha.reference, self._a_pointer, ctypes.c_void_p(layouts[0].handle),
                            self._b_pointer, ctypes.c_void_p(layouts[1].handle), self._beta.reference)
+        self._swapped = problem.a.source == "b"
         self._c_pointer = ctypes.c_void_p(c.ptr) if c is not None else None
         # Without C, cuBLASLt still takes a C pointer; D's own is fine unless C's type differs (fp8 results),
         # where cuBLASLt would take C == D for an in-place call with mismatched descriptors.
@@ -763,9 +764,10 @@ class Matmul:
 
     def _rebind(self, pointers: list, input_names: tuple, alpha, beta) -> None:
         """The function form's fast path: new pointers for a, b, c, then the named epilog inputs."""
-        problem = self.problem
-        by_name = {"a": pointers[0], "b": pointers[1]}
-        self._a_pointer.value, self._b_pointer.value = by_name[problem.a.source], by_name[problem.b.source]
+        if self._swapped:  # the transposed problem: cuBLASLt's A is the caller's B
+            self._a_pointer.value, self._b_pointer.value = pointers[1], pointers[0]
+        else:
+            self._a_pointer.value, self._b_pointer.value = pointers[0], pointers[1]
         if pointers[2] is not None:
             self._c_pointer.value = pointers[2]
         for key, pointer in zip(input_names, pointers[3:]):
