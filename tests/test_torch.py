@@ -296,6 +296,129 @@ def unpack_relu_mask(aux, rows):
     return bits.reshape(-1, aux.shape[1])[:rows].bool()
 
 
+# ---- the CUDA path's orchestration, against an emulated nvblaslt.matmul on the CPU -------------------------
+
+class EmulatedMatmul:
+    """nvblaslt.matmul's contract, emulated with torch ops on CPU tensors: the epilogs' math, the aux and
+    bias-gradient layouts, and the checks whose failure would mean the CUDA path calls it wrongly (tensors
+    that require grad, which DLPack refuses; BGRADB without a row-major B; an aux not as the forward made it).
+    ``order``: how D is laid out — nvmath-python's rule ("nvmath"), always column-major ("column", the
+    rule before it) or always row-major ("row"); the CUDA path must be right under each."""
+
+    def __init__(self, order="nvmath", bias_gradient_shape="vector", relu_aux_dtype=torch.int8):
+        self.order, self.bias_gradient_shape, self.relu_aux_dtype = order, bias_gradient_shape, relu_aux_dtype
+        self.epilogs = []
+
+    def __call__(self, a, b, *, epilog=None, epilog_inputs=None):
+        from nvblaslt import MatmulEpilog
+
+        name = MatmulEpilog(epilog).name
+        self.epilogs.append(name)
+        inputs = dict(epilog_inputs or {})
+        for t in (a, b, *inputs.values()):
+            assert not t.requires_grad, "DLPack refuses tensors that require grad"
+        z = a @ b
+        m, n = z.shape
+        outputs = {}
+        if "bias" in inputs:
+            assert inputs["bias"].shape == (m,) and inputs["bias"].dtype == z.dtype
+            z = z + inputs["bias"][:, None]
+        if name in ("RELU", "RELU_BIAS", "RELU_AUX", "RELU_AUX_BIAS"):
+            if "AUX" in name:
+                aux = torch.empty_strided((-(-m // 128) * 16, n), (1, -(-m // 128) * 16), dtype=torch.int8)
+                nvtorch._pack_relu_mask((z > 0).T, aux)
+                outputs["relu_aux"] = aux.view(self.relu_aux_dtype)
+            z = torch.relu(z)
+        elif name in ("GELU", "GELU_BIAS", "GELU_AUX", "GELU_AUX_BIAS"):
+            if "AUX" in name:
+                ld = -(-m // 8) * 8
+                aux = torch.full((n, ld), float("nan"), dtype=z.dtype).T  # padding never read
+                aux[:m] = z
+                outputs["gelu_aux"] = aux
+            z = nn.functional.gelu(z, approximate="tanh")
+        elif name in ("DRELU", "DRELU_BGRAD"):
+            aux = inputs["relu_aux"]
+            assert aux.dtype in (torch.int8, torch.uint8) and aux.shape[1] == n and aux.stride() == (1, aux.shape[0])
+            z = z * unpack_relu_mask(aux.view(torch.int8), m)
+            if name == "DRELU_BGRAD":
+                outputs["drelu_bgrad"] = z.sum(1)
+        elif name in ("DGELU", "DGELU_BGRAD"):
+            aux = inputs["gelu_aux"]
+            assert aux.dtype == z.dtype and aux.shape[1] == n and aux.stride() == (1, aux.shape[0])
+            z = torch.ops.aten.gelu_backward(z, aux[:m], approximate="tanh")
+            if name == "DGELU_BGRAD":
+                outputs["dgelu_bgrad"] = z.sum(1)
+        elif name == "BGRADB":
+            assert b.stride()[1] == 1, "BGRADB has kernels only for a row-major B"
+            outputs["bgradb"] = b.sum(0)
+        else:
+            assert name in ("DEFAULT", "BIAS"), name
+        for key in ("drelu_bgrad", "dgelu_bgrad", "bgradb"):
+            if key in outputs and self.bias_gradient_shape == "column":
+                outputs[key] = outputs[key][:, None]
+        column = {"column": True, "row": False}.get(self.order, bool(inputs or outputs) or a.stride()[0] == 1)
+        d = z.T.contiguous().T if column else z.contiguous()
+        return (d, outputs) if outputs else d
+
+
+@pytest.fixture(params=[("nvmath", "vector", torch.int8), ("column", "column", torch.uint8),
+                        ("row", "vector", torch.int8)], ids=["nvmath-order", "column-major", "row-major"])
+def emulated_cuda_path(request, monkeypatch):
+    """Run the ops' CUDA implementation on the CPU, with nvblaslt.matmul emulated."""
+    emulated = EmulatedMatmul(*request.param)
+    monkeypatch.setattr(nvtorch, "matmul", emulated)
+    monkeypatch.setattr(nvtorch, "_forward_composite", nvtorch._forward_cuda)
+    monkeypatch.setattr(nvtorch, "_weight_grad_composite", nvtorch._weight_grad_cuda)
+    monkeypatch.setattr(nvtorch, "_input_grad_composite", nvtorch._input_grad_cuda)
+    return emulated
+
+
+@pytest.mark.parametrize("variant", ["chained", "chained-bgradb", "standalone", "no-bias"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_cuda_path_orchestration_matches_nn_linear(emulated_cuda_path, activation, variant):
+    torch.manual_seed(17)
+    reference = mlp((7, 20, 9, 4), activation, bias=variant != "no-bias").double()
+    fused = fuse(copy.deepcopy(reference), bias_gradient="bgradb" if variant == "chained-bgradb" else "epilog")
+    if variant == "standalone":
+        fused = nn.Sequential(*fused)
+    x = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
+    (y0, g0), (y1, g1) = run_both(reference, fused, x, torch.randn(2, 5, 4, dtype=torch.float64))
+    torch.testing.assert_close(y1, y0)
+    for a, e in zip(g1, g0):
+        torch.testing.assert_close(a, e)
+        assert a.is_contiguous()
+    used = set(emulated_cuda_path.epilogs)
+    fused_forward = {"relu": "RELU_AUX_BIAS", "gelu": "GELU_AUX_BIAS"}[activation]
+    if variant == "no-bias":
+        assert fused_forward.replace("_BIAS", "") in used and "BIAS" not in used and "BGRADB" not in used
+    else:
+        assert {fused_forward, "BIAS", "BGRADB"} <= used
+    prefix = {"relu": "DRELU", "gelu": "DGELU"}[activation]
+    if variant == "chained":
+        assert f"{prefix}_BGRAD" in used and prefix not in used
+    elif variant in ("chained-bgradb", "no-bias"):
+        assert prefix in used and f"{prefix}_BGRAD" not in used
+    else:
+        assert not used & {prefix, f"{prefix}_BGRAD"}
+
+
+def test_cuda_path_gradcheck_and_inference(emulated_cuda_path):
+    torch.manual_seed(18)
+    model = fuse(mlp((4, 9, 6, 3), "gelu", last_activation=True).double())
+    names = [n for n, _ in model.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_() for p in model.parameters())
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+
+    def f(x, *params):
+        return torch.func.functional_call(model, dict(zip(names, params)), (x,))
+
+    assert torch.autograd.gradcheck(f, (x, *params))
+    emulated_cuda_path.epilogs.clear()
+    with torch.no_grad():
+        model(x)
+    assert emulated_cuda_path.epilogs == ["GELU_BIAS", "GELU_BIAS", "GELU_BIAS"]
+
+
 # ---- fake implementations, opcheck, torch.compile -----------------------------------------------------------
 
 def _op_arguments(device="cpu", dtype=torch.float32):
