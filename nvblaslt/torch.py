@@ -309,16 +309,16 @@ _BACKWARD_SCHEMA = ("(Tensor? grad_out, Tensor? grad_link, Tensor x, Tensor weig
                     "bool input_grad, bool weight_grad) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
+def _uses_cublaslt(x: Tensor) -> bool:
+    """CUDA tensors go to nvblaslt; every other device runs the same math as torch ops."""
+    return x.is_cuda
+
+
 @torch.library.custom_op("nvblaslt::linear", mutates_args=(), schema=_LINEAR_SCHEMA)
 def _linear_op(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias):
     """(out, aux, link, link_bias) for a 2-D x; ``prev_*`` and the links only carry the backward pass."""
-    out, aux = _forward_composite(x, weight, bias, activation, keep_aux)
-    return out, aux, *_links(x, weight.shape[0], keep_aux and activation != "none")
-
-
-@_linear_op.register_kernel("cuda")
-def _linear_cuda(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias):
-    out, aux = _forward_cuda(x, weight, bias, activation, keep_aux)
+    forward = _forward_cuda if _uses_cublaslt(x) else _forward_composite
+    out, aux = forward(x, weight, bias, activation, keep_aux)
     return out, aux, *_links(x, weight.shape[0], keep_aux and activation != "none")
 
 
@@ -357,15 +357,9 @@ def _linear_backward_op(grad_out, grad_link, x, weight, out, aux, activation, bi
                         prev_activation, prev_bias_grad, input_grad, weight_grad):
     """(grad_input, grad_weight, grad_bias, grad_prev_bias); empty tensors for what was not asked for.
     grad_input is w.r.t. x, or w.r.t. the previous layer's pre-activation when ``prev_activation`` is set."""
+    cuda = _uses_cublaslt(x) and x.numel() > 0 and weight.numel() > 0
     return _backward(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux, prev_activation,
-                     prev_bias_grad, input_grad, weight_grad, cuda=False)
-
-
-@_linear_backward_op.register_kernel("cuda")
-def _linear_backward_cuda(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
-                          prev_activation, prev_bias_grad, input_grad, weight_grad):
-    return _backward(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux, prev_activation,
-                     prev_bias_grad, input_grad, weight_grad, cuda=x.numel() > 0 and weight.numel() > 0)
+                     prev_bias_grad, input_grad, weight_grad, cuda=cuda)
 
 
 @_linear_backward_op.register_fake

@@ -308,12 +308,15 @@ class EmulatedMatmul:
     def __init__(self, order="nvmath", bias_gradient_shape="vector", relu_aux_dtype=torch.int8):
         self.order, self.bias_gradient_shape, self.relu_aux_dtype = order, bias_gradient_shape, relu_aux_dtype
         self.epilogs = []
+        self.refuse = set()  # epilog names answered with CUBLAS_STATUS_NOT_SUPPORTED
 
     def __call__(self, a, b, *, epilog=None, epilog_inputs=None):
-        from nvblaslt import MatmulEpilog
+        from nvblaslt import CublasLtError, MatmulEpilog
 
         name = MatmulEpilog(epilog).name
         self.epilogs.append(name)
+        if name in self.refuse:
+            raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", 15, "CUBLAS_STATUS_NOT_SUPPORTED", "emulated")
         inputs = dict(epilog_inputs or {})
         for t in (a, b, *inputs.values()):
             assert not t.requires_grad, "DLPack refuses tensors that require grad"
@@ -367,9 +370,7 @@ def emulated_cuda_path(request, monkeypatch):
     """Run the ops' CUDA implementation on the CPU, with nvblaslt.matmul emulated."""
     emulated = EmulatedMatmul(*request.param)
     monkeypatch.setattr(nvtorch, "matmul", emulated)
-    monkeypatch.setattr(nvtorch, "_forward_composite", nvtorch._forward_cuda)
-    monkeypatch.setattr(nvtorch, "_weight_grad_composite", nvtorch._weight_grad_cuda)
-    monkeypatch.setattr(nvtorch, "_input_grad_composite", nvtorch._input_grad_cuda)
+    monkeypatch.setattr(nvtorch, "_uses_cublaslt", lambda x: True)
     return emulated
 
 
@@ -417,6 +418,32 @@ def test_cuda_path_gradcheck_and_inference(emulated_cuda_path):
     with torch.no_grad():
         model(x)
     assert emulated_cuda_path.epilogs == ["GELU_BIAS", "GELU_BIAS", "GELU_BIAS"]
+
+
+@pytest.mark.parametrize("refused", [("DRELU_BGRAD", "BGRADB"), ("RELU_AUX_BIAS", "DRELU_BGRAD"), ("BIAS",)])
+def test_cuda_path_runs_refused_float64_epilogs_as_torch_ops(emulated_cuda_path, monkeypatch, refused):
+    monkeypatch.setattr(nvtorch, "_refused_fp64", set())
+    emulated_cuda_path.refuse = set(refused)
+    torch.manual_seed(19)
+    reference = mlp((5, 12, 8, 3), "relu").double()
+    fused = fuse(copy.deepcopy(reference))
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):  # the second time, refused epilogs are not asked for again
+        (y0, g0), (y1, g1) = run_both(reference, fused, x)
+        torch.testing.assert_close(y1, y0)
+        for a, e in zip(g1, g0):
+            torch.testing.assert_close(a, e)
+    assert {e.name for e in nvtorch._refused_fp64} == set(refused)
+    assert emulated_cuda_path.epilogs.count(refused[0]) == 1
+
+
+def test_cuda_path_lets_other_errors_through(emulated_cuda_path):
+    from nvblaslt import CublasLtError
+
+    emulated_cuda_path.refuse = {"RELU_AUX_BIAS"}
+    layer = FusedLinear(4, 6, activation="relu")  # float32: no fallback
+    with pytest.raises(CublasLtError, match="NOT_SUPPORTED"):
+        layer(torch.randn(3, 4))
 
 
 # ---- fake implementations, opcheck, torch.compile -----------------------------------------------------------
