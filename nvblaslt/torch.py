@@ -441,11 +441,12 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
         raise NvblasltValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
 
 
-def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None):
+def _autocast(x, weight, bias):
     """Cast as autocast casts nn.Linear's inputs, when it is on for x's device."""
-    device = x.device.type
-    if not torch.is_autocast_enabled(device):
+    device = getattr(x, "device", None)
+    if device is None or not torch.is_autocast_enabled(device.type):
         return x, weight, bias
+    device = device.type
     dtype = torch.get_autocast_dtype(device)
     return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
@@ -474,8 +475,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     gradient); chaining layers in a ``FusedSequential`` also moves the activation's backward into
     the next layer's GEMM."""
     activation = _activation(activation)
-    _check(x, weight, bias)
     x, weight, bias = _autocast(x, weight, bias)
+    _check(x, weight, bias)
     lead = x.shape[:-1]
     out, _ = _layer(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation, None)
     return out.reshape(*lead, weight.shape[0])
@@ -523,8 +524,8 @@ class FusedLinear(nn.Module):
 
     def _chain(self, x2: Tensor, state, bias_gradient: str):
         """forward on 2-D x, taking and giving the link state a FusedSequential threads through."""
-        _check(x2, self.weight, self.bias)
         x2, weight, bias = _autocast(x2, self.weight, self.bias)
+        _check(x2, weight, bias)
         if state is not None and bias_gradient != "epilog":
             state = state[:3] + (None,)
         return _layer(x2, weight, bias, self.activation, state)

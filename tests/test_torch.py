@@ -264,15 +264,28 @@ def test_inference_keeps_no_aux_and_no_link():
         torch.testing.assert_close(layer(x), out)
 
 
-def test_zero_tokens_and_autocast():
+def test_zero_tokens():
     layer = FusedLinear(5, 4, activation="relu")
     empty = layer(torch.randn(0, 5, requires_grad=True))
     assert empty.shape == (0, 4)
     empty.sum().backward()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autocast_casts_as_for_nn_linear(compiled):
+    torch.manual_seed(20)
+    reference = mlp((5, 8, 3), "relu")
+    model = fuse(copy.deepcopy(reference))
+    if compiled:
+        torch._dynamo.reset()
+        model = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(4, 5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = layer(torch.randn(3, 5))
-        expected = torch.relu(nn.functional.linear(torch.randn(3, 5), layer.weight, layer.bias))
+        y, expected = model(x), reference(x)
     assert y.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(y, expected)
+    y.float().sum().backward()
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
 
 
 def test_relu_aux_is_cublaslts_bitmask_layout():
