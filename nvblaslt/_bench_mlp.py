@@ -22,6 +22,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Any
 
 
 def _progress(message: str) -> None:
@@ -55,7 +56,7 @@ def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> li
             run()
     if cuda:
         torch.cuda.synchronize()
-    samples = [[] for _ in cases]
+    samples: list[list[float]] = [[] for _ in cases]
     for _ in range(rounds):
         for index, (_, run) in enumerate(cases):
             if not cuda:
@@ -180,14 +181,14 @@ def main(args=None) -> dict:
     header = f"{'step':46s}" + "".join(f" | {names.get(a, a):>9s} {'×eager':>7s} {'×floor':>7s}" for a in activations)
     print(header)
     print("-" * len(header))
-    results = {"rows": {}, "checks": checks, "options": vars(options), "gpu": gpu, "torch": torch.__version__}
+    results: dict[str, Any] = {"rows": {}, "checks": checks, "options": vars(options), "gpu": gpu, "torch": torch.__version__}
     for key, label in rows:
         line = f"{label:46s}"
         for activation in activations:
-            ms = times.get((activation, label))
-            if ms is None:
+            if (activation, label) not in times:
                 line += f" | {'—':>9s} {'':7s} {'':7s}"
                 continue
+            ms = times[activation, label]
             eager = times[activation, rows[0][1]]
             floor_ms = times[activation, next(lb for k, lb in rows if k == "floor")]
             line += f" | {ms:9.2f} {ms / eager:7.3f} {ms / floor_ms:7.3f}"

@@ -63,15 +63,16 @@ _capsule_new = _api.PyCapsule_New
 _capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, _DESTRUCTOR]
 
 
-def read_capsule(capsule) -> tuple[DLTensor, bool]:
-    """(the DLTensor, read-only flag) of a ``dltensor`` or ``dltensor_versioned`` capsule."""
+def read_capsule(capsule) -> tuple[DLTensor, bool, tuple[int, int] | None]:
+    """(the DLTensor, read-only flag, (major, minor) or None for an unversioned capsule)."""
     if type(capsule).__name__ != "PyCapsule":
         raise ValueError(f"__dlpack__ returned a {type(capsule).__name__}, not a DLPack capsule")
     if _is_valid(capsule, b"dltensor_versioned"):
         managed = DLManagedTensorVersioned.from_address(_get_pointer(capsule, b"dltensor_versioned"))
-        return managed.dl_tensor, bool(managed.flags & FLAG_READ_ONLY)
+        version = (managed.version.major, managed.version.minor)
+        return managed.dl_tensor, bool(managed.flags & FLAG_READ_ONLY), version
     if _is_valid(capsule, b"dltensor"):
-        return DLManagedTensor.from_address(_get_pointer(capsule, b"dltensor")).dl_tensor, False
+        return DLManagedTensor.from_address(_get_pointer(capsule, b"dltensor")).dl_tensor, False, None
     raise ValueError("not a DLPack capsule (expected a 'dltensor' or 'dltensor_versioned' PyCapsule)")
 
 

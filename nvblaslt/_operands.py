@@ -78,6 +78,24 @@ def _checked_layout(shape, strides, name: str) -> tuple[tuple[int, ...], tuple[i
     return tuple(int(n) for n in shape), tuple(int(s) for s in strides)
 
 
+def _check_memory(pointer: int, shape, strides, dtype, name: str) -> None:
+    """The memory an array claims must be addressable: a non-NULL, element-aligned pointer whose
+    last element lies below 2**64, and no negative strides (nvblaslt reads none)."""
+    if not math.prod(shape):
+        return
+    if not pointer:
+        raise NvblasltValueError(f"{name}: NULL data pointer for a non-empty array of shape {shape}")
+    if pointer % dtype.itemsize:
+        raise NvblasltValueError(f"{name}: pointer 0x{pointer:x} is not aligned to its {dtype.itemsize}-byte elements")
+    if any(s < 0 for n, s in zip(shape, strides) if n > 1):
+        raise NvblasltValueError(f"{name}: negative strides are not supported, got shape {shape} with element "
+                                 f"strides {strides}")
+    last = pointer + sum((n - 1) * s for n, s in zip(shape, strides)) * dtype.itemsize + dtype.itemsize
+    if last > 1 << 64:
+        raise NvblasltValueError(f"{name}: shape {shape} with strides {strides} from 0x{pointer:x} runs past the end "
+                                 f"of the address space")
+
+
 def _read_dlpack(obj, name: str, stream: int) -> Operand:
     device_type, device_id = obj.__dlpack_device__()
     host = device_type in (_dlpack.KDL_CPU, _dlpack.KDL_CUDA_HOST)
@@ -91,7 +109,14 @@ def _read_dlpack(obj, name: str, stream: int) -> Operand:
             capsule = obj.__dlpack__(stream=dlpack_stream(stream), max_version=(1, 0))
         except TypeError:  # a producer from before DLPack 1.0
             capsule = obj.__dlpack__(stream=dlpack_stream(stream))
-    tensor, readonly = _dlpack.read_capsule(capsule)
+    tensor, readonly, version = _dlpack.read_capsule(capsule)
+    if version is not None and version[0] != 1:
+        raise NvblasltValueError(f"{name}: DLPack capsule of version {version[0]}.{version[1]}; nvblaslt reads "
+                                 f"major version 1")
+    if (tensor.device.device_type, tensor.device.device_id) != (device_type, device_id) and not (
+            host and tensor.device.device_type in (_dlpack.KDL_CPU, _dlpack.KDL_CUDA_HOST)):
+        raise NvblasltValueError(f"{name}: __dlpack_device__ says {(device_type, device_id)} but the capsule says "
+                                 f"{(tensor.device.device_type, tensor.device.device_id)}")
     if not 0 <= tensor.ndim <= _MAX_NDIM:
         raise NvblasltValueError(f"{name}: DLPack tensor claims {tensor.ndim} dimensions (expected 0 to {_MAX_NDIM})")
     dtype = _dtypes.from_dlpack(tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes)
@@ -103,8 +128,7 @@ def _read_dlpack(obj, name: str, stream: int) -> Operand:
     shape, strides = _dlpack.tensor_shape(tensor)
     shape, strides = _checked_layout(shape, strides or _compact_strides(shape), name)
     pointer = (tensor.data or 0) + tensor.byte_offset
-    if not pointer and math.prod(shape):
-        raise NvblasltValueError(f"{name}: NULL data pointer for a non-empty array of shape {shape}")
+    _check_memory(pointer, shape, strides, dtype, name)
     return Operand(obj, pointer, shape, strides, dtype, device_id if not host else -1, readonly, kind_of(obj), host)
 
 
@@ -150,8 +174,7 @@ def _read_interface(obj, interface: dict, name: str, protocol: str) -> tuple:
             raise NvblasltValueError(f"{name}: strides {byte_strides} (bytes) are not multiples of the item size")
         strides = tuple(s // dtype.itemsize for s in byte_strides)
     pointer = data[0]
-    if not pointer and math.prod(shape):
-        raise NvblasltValueError(f"{name}: NULL data pointer for a non-empty array of shape {shape}")
+    _check_memory(pointer, shape, strides, dtype, name)
     return pointer, shape, strides, dtype, bool(data[1])
 
 
@@ -160,7 +183,8 @@ def _read_cai(obj, name: str, stream: int) -> Operand:
     pointer, shape, strides, dtype, readonly = _read_interface(obj, interface, name, "__cuda_array_interface__")
     producer_stream = interface.get("stream")
     if producer_stream is not None:  # CAI v3: order the producer's work before ours
-        if isinstance(producer_stream, bool) or not isinstance(producer_stream, int) or producer_stream == 0:
+        if isinstance(producer_stream, bool) or not isinstance(producer_stream, int) \
+                or not 0 < producer_stream < 1 << 64:
             raise NvblasltValueError(f"{name}: __cuda_array_interface__ stream must be a non-zero int, got "
                                      f"{producer_stream!r}")
         _wait(0 if producer_stream in (1, 2) else producer_stream, stream)
@@ -224,6 +248,15 @@ def read_cached(obj, name: str, stream: int) -> Operand:
     return op
 
 
+def _has(obj, attribute: str) -> bool:
+    """hasattr() that counts a property raising something other than AttributeError as present,
+    so that reading it reports the failure instead of hasattr() propagating it."""
+    try:
+        return hasattr(obj, attribute)
+    except Exception:  # noqa: BLE001
+        return True
+
+
 def read(obj, name: str, stream: int) -> Operand:
     """The operand ``name`` as nvblaslt sees it; raises before any pointer is used.
 
@@ -235,27 +268,27 @@ def read(obj, name: str, stream: int) -> Operand:
     if hasattr(cls, "__dlpack__") and hasattr(cls, "__dlpack_device__"):
         try:
             return _read_dlpack(obj, name, stream)
-        except (NvblasltTypeError, NvblasltValueError):
+        except (NvblasltTypeError, NvblasltValueError, CudaError):
             raise
-        except CudaError:
-            raise
-        except (BufferError, RuntimeError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            if not (hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__array_interface__")):
-                raise NvblasltValueError(f"{name}: the array refused to export through DLPack: {exc}") from exc
-    if hasattr(obj, "__cuda_array_interface__"):
+        except Exception as exc:  # noqa: BLE001 - an exporter may raise anything: say it in our words
+            if not (_has(obj, "__cuda_array_interface__") or _has(obj, "__array_interface__")):
+                raise NvblasltValueError(f"{name}: the array refused to export through DLPack: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+    if _has(obj, "__cuda_array_interface__"):
         try:
             return _read_cai(obj, name, stream)
         except (NvblasltTypeError, NvblasltValueError, CudaError):
             raise
-        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError, IndexError, OverflowError) as exc:
-            raise NvblasltValueError(f"{name}: unreadable __cuda_array_interface__: {exc}") from exc
-    if hasattr(obj, "__array_interface__"):
+        except Exception as exc:  # noqa: BLE001
+            raise NvblasltValueError(f"{name}: unreadable __cuda_array_interface__: {type(exc).__name__}: "
+                                     f"{exc}") from exc
+    if _has(obj, "__array_interface__"):
         try:
             return _read_host_interface(obj, name)
         except (NvblasltTypeError, NvblasltValueError):
             raise
-        except (AttributeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
-            raise NvblasltValueError(f"{name}: unreadable __array_interface__: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise NvblasltValueError(f"{name}: unreadable __array_interface__: {type(exc).__name__}: {exc}") from exc
     raise NvblasltTypeError(
         f"{name}: expected an array exporting __dlpack__, __cuda_array_interface__ or __array_interface__ "
         f"(CuPy, PyTorch, JAX, Numba, NumPy, …), got {cls.__module__}.{cls.__qualname__}"

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import NvblasltTypeError, NvblasltValueError
 
 DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
+_MEMORY = re.compile(r"^\s*\d+(\.\d+)?\s*(%|[kmgt]i?b|b)?\s*$", re.IGNORECASE)
 
 
 @dataclass
@@ -63,6 +65,15 @@ class MatmulOptions:
             raise NvblasltValueError(f"options.sm_count_target: expected an int ≥ 0, got {self.sm_count_target!r}")
         if self.handle is not None and (isinstance(self.handle, bool) or not isinstance(self.handle, int)):
             raise NvblasltTypeError(f"options.handle: expected a cublasLtHandle_t as an int, got {self.handle!r}")
+        if self.memory_limit is None:
+            self.memory_limit = "80%"
+        if not _MEMORY.match(str(self.memory_limit)) or isinstance(self.memory_limit, bool) or \
+                not isinstance(self.memory_limit, (int, float, str)):
+            raise NvblasltValueError(f"options.memory_limit: expected bytes, a size such as '8 GiB', or a share "
+                                     f"such as '80%', got {self.memory_limit!r}")
+        if self.allocator is not None and not callable(getattr(self.allocator, "memalloc", None)):
+            raise NvblasltTypeError(f"options.allocator: expected an object with memalloc(size) (nvmath-python's "
+                                    f"BaseCUDAMemoryManager), got {type(self.allocator).__name__}")
         if self.logger is not None and not isinstance(self.logger, logging.Logger):
             raise NvblasltTypeError(f"options.logger: expected a logging.Logger, got {type(self.logger).__name__}")
 
@@ -162,6 +173,9 @@ def conjugate_flags(qualifiers) -> tuple[bool, bool]:
     ``matrix_qualifiers_dtype`` (or a sequence of dicts with ``is_conjugate``)."""
     if qualifiers is None:
         return False, False
+    if getattr(qualifiers, "ndim", 1) != 1:
+        raise NvblasltValueError(f"qualifiers: expected a 1-D array of 3 matrix qualifiers, got "
+                                 f"{getattr(qualifiers, 'ndim')} dimensions")
     try:
         entries = [qualifiers[i] for i in range(len(qualifiers))]
     except TypeError:

@@ -56,10 +56,14 @@ class Scalar:
                 value = complex(value)
                 struct.pack_into(self._format, self.buffer, 0, value.real, value.imag)
             else:
+                value = float(value)  # also runs a float subclass's own conversion, which may refuse
                 struct.pack_into(self._format, self.buffer, 0, value)
-        except (OverflowError, struct.error):
+        except (ArithmeticError, struct.error):
             raise NvblasltValueError(f"{self._argument}: {value!r} does not fit the plan's scale type "
                                      f"({self._format[1:]} per component)") from None
+        except Exception as exc:  # noqa: BLE001 - a number type whose conversion raises
+            raise NvblasltTypeError(f"{self._argument}: {type(value).__name__} could not be converted to a number: "
+                                    f"{exc}") from exc
         self.value = value
 
 
@@ -70,7 +74,13 @@ def _scale_value(value, key: str):
     if isinstance(value, bool):
         raise NvblasltTypeError(f"quantization_scales['{key}']: expected a number or a float32 array, got {value!r}")
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = float("inf")
+        if not abs(number) <= 3.4028234663852886e38:  # a float32 (NaN is refused too)
+            raise NvblasltValueError(f"quantization_scales['{key}']: {value!r} is not a finite float32 value")
+        return number
     if hasattr(value, "__array_interface__") and not hasattr(value, "__cuda_array_interface__") \
             and getattr(value, "size", 0) == 1:
         return float(value.reshape(()) if hasattr(value, "reshape") else value)  # NumPy scalars and 1-element arrays
@@ -100,6 +110,9 @@ class Matmul:
         self.options = options
         self._logger = options.logger or logger
         self._lib = library()
+        for name, x in (("a", a), ("b", b)):
+            if x is None:
+                raise NvblasltTypeError(f"{name}: expected an array, got None")
         given = [(x, name) for x, name in ((a, "a"), (b, "b"), (c, "c")) if x is not None]
         kinds = {name: _operands.kind_of(x) for x, name in given}
         if len(set(kinds.values())) > 1:
@@ -296,9 +309,10 @@ class Matmul:
         if prefs.numerical_impl_mask is not None:
             preference.set("IMPL_MASK", prefs.numerical_impl_mask)
 
+        given_algos = self._algorithm_structs(algorithms) if algorithms is not None else None
         handle = Handle.for_device(self._device) if self.options.handle is None else _ForeignHandle(self.options.handle)
-        if algorithms is not None:
-            found = self._given_algorithms(algorithms, handle, desc, layouts)
+        if given_algos is not None:
+            found = self._given_algorithms(given_algos, handle, desc, layouts)
         else:
             try:
                 found = heuristics(handle, desc, *layouts, preference, count=prefs.limit)
@@ -319,11 +333,10 @@ class Matmul:
         self.algorithms = found
         self._workspace_limit = prefs.workspace_limit
         if algorithms is None:
-            from . import _search
+            from . import _tuning_cache
 
-            tuned, remembered = _search.recall(self)  # what an earlier autotune(search=True) found
+            tuned, remembered = _tuning_cache.recall(self)  # what an earlier autotune(search=True) found
             if tuned is not None:
-                self._logger.info("plan %s: using the remembered autotuned algorithm %s", problem.describe(), tuned)
                 found.insert(0, tuned)
         else:
             remembered = {}
@@ -340,26 +353,33 @@ class Matmul:
             self._split = SplitBiasGradient(self, iterations=0)  # its masking plan recalls its own choice
         return found
 
-    def _given_algorithms(self, algorithms, handle, desc, layouts) -> list[HeuristicResult]:
-        """The caller's algorithms (nvmath-python's ``Algorithm`` or ours), each checked for this plan."""
-        from ._search import _check
-
+    def _algorithm_structs(self, algorithms) -> list:
+        """``cublasLtMatmulAlgo_t`` values from the caller's algorithms (ours, nvmath-python's, or their bytes)."""
         if not isinstance(algorithms, (list, tuple)) or not algorithms:
             raise NvblasltTypeError(f"algorithms: expected a non-empty list of algorithms, got {algorithms!r}")
-        checked = []
+        struct_type = self._lib.api.cublasLtMatmulAlgo_t
+        structs = []
         for index, item in enumerate(algorithms):
             algo = getattr(item, "algorithm", item)
             algo = getattr(algo, "algo", algo)
-            if not isinstance(algo, self._lib.api.cublasLtMatmulAlgo_t):
-                raw = getattr(item, "algorithm", None)
-                try:  # nvmath-python's Algorithm holds the algorithm's bytes as a NumPy array
-                    data = bytes(memoryview(raw if raw is not None else item))
-                    algo = self._lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(data)
-                except (TypeError, ValueError):
+            if not isinstance(algo, struct_type):
+                raw = getattr(item, "algorithm", item)
+                try:  # nvmath-python's Algorithm keeps the algorithm's bytes (a NumPy array)
+                    data = bytes(memoryview(raw))
+                    algo = struct_type.from_buffer_copy(data)
+                except (TypeError, ValueError, BufferError):
                     raise NvblasltTypeError(f"algorithms[{index}]: expected an algorithm from plan()/autotune(), got "
                                             f"{type(item).__name__}") from None
-            candidate = _PlanView(self._lib, handle, desc, layouts)
-            result = _check(candidate, algo)
+            structs.append(algo)
+        return structs
+
+    def _given_algorithms(self, structs, handle, desc, layouts) -> list[HeuristicResult]:
+        """The caller's algorithms, each checked by cuBLASLt for this plan."""
+        from ._search import check_algorithm
+
+        checked = []
+        for index, algo in enumerate(structs):
+            result = check_algorithm(_PlanView(self._lib, handle, desc, layouts), algo)
             if result is None:
                 raise NvblasltValueError(f"algorithms[{index}]: cuBLASLt's algorithm check refuses it for this plan")
             checked.append(result)
@@ -495,7 +515,8 @@ class Matmul:
     def autotune(self, *, iterations: int = 5, search: bool = False, remember: bool = True,
                  stream=None) -> list[tuple[HeuristicResult, float]]:
         """Time the planned algorithms (median of ``iterations``, L2 flushed before each run) and
-        keep the fastest. Returns ``[(algorithm, milliseconds)]``, fastest first.
+        keep the fastest. Returns ``[(algorithm, milliseconds)]``, the selected one first, the rest
+        fastest first; sets ``tuning_report`` (and ``bias_gradient_form`` for *_BGRAD searches).
 
         ``search=True`` also times configurations the heuristics do not return, keeps a
         challenger only when it beats the incumbent beyond the measured noise, and with
@@ -579,6 +600,8 @@ class Matmul:
 
     def _next_algorithm(self) -> bool:
         """Drop an algorithm cuBLASLt refused at launch (seen: aux epilogs with M=1); False if none is left."""
+        if not any(r is self.algorithm for r in self.algorithms):
+            return False  # autotune is timing a candidate of its own: it handles the refusal
         while self.algorithms and self.algorithms[0] is not self.algorithm:
             self.algorithms.pop(0)
         if len(self.algorithms) <= 1:

@@ -4,18 +4,34 @@ from __future__ import annotations
 
 import sys
 
-from ._errors import NvblasltTypeError
+from ._errors import NvblasltTypeError, NvblasltValueError
 
 
 def stream_handle(stream) -> int:
     """The ``cudaStream_t`` of ``stream``: an int, anything with ``__cuda_stream__`` (cuda.core),
-    a CuPy or PyTorch stream, or a cuda.bindings stream object."""
+    a CuPy or PyTorch stream, or a cuda.bindings stream object. 0, 1 and 2 are CUDA's legacy,
+    legacy (explicit) and per-thread default streams."""
+    try:
+        handle = _raw_handle(stream)
+    except NvblasltTypeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the object raised, say it in our words
+        raise NvblasltTypeError(f"stream: could not read a stream handle from {type(stream).__name__}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    if isinstance(handle, bool) or not isinstance(handle, int) or not 0 <= handle < 1 << 64:
+        raise NvblasltValueError(f"stream: expected a cudaStream_t (an int from 0 to 2**64 - 1), got {handle!r}")
+    return handle
+
+
+def _raw_handle(stream):
     if isinstance(stream, int) and not isinstance(stream, bool):
         return stream
     protocol = getattr(stream, "__cuda_stream__", None)
     if protocol is not None:
-        _version, handle = protocol() if callable(protocol) else protocol
-        return int(handle)
+        version_and_handle = protocol() if callable(protocol) else protocol
+        if not isinstance(version_and_handle, tuple) or len(version_and_handle) != 2:
+            raise NvblasltTypeError(f"stream: __cuda_stream__ must give (version, handle), got {version_and_handle!r}")
+        return int(version_and_handle[1])
     for attribute in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
         handle = getattr(stream, attribute, None)
         if isinstance(handle, int):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -91,10 +92,9 @@ def _links(x: Tensor, features, keep_aux: bool, real: bool = True) -> tuple[Tens
     read; their gradients are what matters (see the module docstring)."""
     if not keep_aux:
         return x.new_empty(0), x.new_empty(0)
-    shapes = ((x.shape[0], features), (features,))
     if not real:
-        return tuple(x.new_empty_strided(shape, (0,) * len(shape)) for shape in shapes)
-    return tuple(_own(x.new_zeros((1,) * len(shape)).expand(shape)) for shape in shapes)
+        return x.new_empty_strided((x.shape[0], features), (0, 0)), x.new_empty_strided((features,), (0,))
+    return _own(x.new_zeros((1, 1)).expand(x.shape[0], features)), _own(x.new_zeros(1).expand(features))
 
 
 def _own(t: Tensor) -> Tensor:
@@ -155,8 +155,7 @@ def _gelu_input(aux: Tensor, features: int) -> Tensor:
     return aux[:features].T
 
 
-def _activation_backward(grad: Tensor, activation: str, out: Tensor | None, aux: Tensor | None,
-                         features: int) -> Tensor:
+def _activation_backward(grad: Tensor, activation: str, out, aux, features: int) -> Tensor:
     """grad ⊙ act'(z), from what the forward kept: the output for ReLU (z > 0 ⇔ out > 0), the aux for GELU."""
     if activation == "relu":
         return torch.ops.aten.threshold_backward(grad, out, 0)
@@ -489,6 +488,10 @@ class FusedLinear(nn.Module):
     ``activation``: None, ``"relu"`` or ``"gelu"`` (tanh form). Inputs of any leading shape."""
 
     __constants__ = ["in_features", "out_features", "activation"]
+    in_features: int
+    out_features: int
+    weight: Tensor
+    bias: Tensor | None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  device=None, dtype=None) -> None:
@@ -505,7 +508,7 @@ class FusedLinear(nn.Module):
 
     def reset_parameters(self) -> None:
         """``nn.Linear``'s init, drawing the same random numbers."""
-        nn.Linear.reset_parameters(self)
+        nn.Linear.reset_parameters(cast(nn.Linear, self))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activation: str | None = None) -> FusedLinear:
@@ -613,12 +616,14 @@ def _fuse(module: nn.Module, bias_gradient: str, where: str) -> nn.Module:
         index = 0
         while index < len(items):
             name, child = items[index]
-            nxt = items[index + 1] if index + 1 < len(items) else None
             if isinstance(child, nn.Linear) and not isinstance(child, FusedLinear):
-                activation = _activation_of(nxt[1], f"{where}[{nxt[0]}]") if nxt else None
+                activation = None
+                if index + 1 < len(items):
+                    next_name, next_child = items[index + 1]
+                    activation = _activation_of(next_child, f"{where}[{next_name}]")
                 converted[name] = FusedLinear.from_linear(child, activation)
                 if activation is not None:
-                    converted[nxt[0]] = nn.Identity()
+                    converted[next_name] = nn.Identity()
                     index += 1
             else:
                 converted[name] = _fuse(child, bias_gradient, f"{where}[{name}]")
