@@ -8,7 +8,8 @@ library_types.h from the CUDA runtime wheel its major's pin names. Prints a Mark
 per release the API size, per step what was added and removed, and whether each committed
 module (generated from the newest release of its major) serves every release of that major:
 nothing it shares with an older release may differ in value, Python name, prototype, struct
-layout or attribute type (opaque storage may grow; ``*_END`` sentinels count members and grow too). Exits 1 if a release fails to generate or a module conflicts.
+layout or attribute type (opaque storage may grow; ``*_END`` sentinels count members and grow
+too). Exits 1 if a release fails to generate or a module conflicts.
 """
 
 from __future__ import annotations

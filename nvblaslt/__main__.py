@@ -26,7 +26,8 @@ def info() -> int:
     print(f"bindings:      {lib.api.__name__} (from cuBLAS {bindings} headers)")
     if lib.version_tuple > lib.bindings_version[:3]:
         print(f"  note:        the library is newer than these bindings: what it added since {bindings} is not bound")
-    print(f"  functions:   {len(lib.api.FUNCTIONS) - len(lib.missing)}/{len(lib.api.FUNCTIONS)} exported by this library")
+    functions = len(lib.api.FUNCTIONS)
+    print(f"  functions:   {functions - len(lib.missing)}/{functions} exported by this library")
     if lib.missing:
         print(f"    not exported: {', '.join(lib.missing)}")
     attributes = sum(len(types) for _getter, _setter, types in lib.api.ATTRIBUTES.values())

@@ -15,6 +15,8 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
+import numbers
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -119,24 +121,37 @@ def attribute_spec(lib: Library, attribute: enum.IntEnum) -> tuple[str, str | No
     return getter, setter, ctype, is_array
 
 
+def _integer(attribute: enum.IntEnum, value: Any, expected: str) -> int:
+    """``value`` as a Python int (NumPy integers count, bool does not), or an error naming the attribute."""
+    if isinstance(value, bool):
+        raise NvblasltTypeError(f"{attribute.name}: expected {expected}, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise NvblasltTypeError(f"{attribute.name}: expected {expected}, got {value!r}") from None
+
+
 def _pack(attribute: enum.IntEnum, ctype: Any, is_array: bool, value: Any) -> Any:
     if is_array:
-        values = list(value)
+        values = [_pack(attribute, ctype, False, v).value for v in value]
         return (ctype * len(values))(*values)
     if ctype is ctypes.c_void_p:
-        if value is not None and not isinstance(value, int):
-            raise NvblasltTypeError(f"{attribute.name}: expected a pointer as int or None, got {value!r}")
-        return ctypes.c_void_p(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise NvblasltTypeError(f"{attribute.name}: expected a number ({_C_NAMES[ctype]}), got {value!r}")
-    if ctype not in (ctypes.c_float, ctypes.c_double) and not isinstance(value, int):
-        raise NvblasltTypeError(f"{attribute.name}: expected an integer ({_C_NAMES[ctype]}), got {value!r}")
-    if ctype not in (ctypes.c_float, ctypes.c_double):
-        bits = 8 * ctypes.sizeof(ctype)
-        low, high = (0, 2**bits - 1) if ctype(-1).value > 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-        if not low <= value <= high:
-            raise NvblasltValueError(f"{attribute.name}: expected {_C_NAMES[ctype]} in [{low}, {high}], got {value}")
-    return ctype(value)
+        if value is None:
+            return ctypes.c_void_p(None)
+        pointer = _integer(attribute, value, "a pointer as int or None")
+        if not 0 <= pointer < 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)):
+            raise NvblasltValueError(f"{attribute.name}: expected a pointer (an address, not negative), got {pointer}")
+        return ctypes.c_void_p(pointer)
+    if ctype in (ctypes.c_float, ctypes.c_double):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise NvblasltTypeError(f"{attribute.name}: expected a number ({_C_NAMES[ctype]}), got {value!r}")
+        return ctype(float(value))
+    number = _integer(attribute, value, f"an integer ({_C_NAMES[ctype]})")
+    bits = 8 * ctypes.sizeof(ctype)
+    low, high = (0, 2**bits - 1) if ctype(-1).value > 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    if not low <= number <= high:
+        raise NvblasltValueError(f"{attribute.name}: expected {_C_NAMES[ctype]} in [{low}, {high}], got {number}")
+    return ctype(number)
 
 
 def set_attribute(lib: Library, handle: Any, attribute: enum.IntEnum, value: Any) -> None:

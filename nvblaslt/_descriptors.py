@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import operator
 import threading
 import weakref
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 from . import _cuda
 from ._attributes import attribute_size, get_attribute, set_attribute, supported
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._errors import NvblasltTypeError, NvblasltValueError, argument_error
 from ._loader import Library, library
 
 # An attribute: its enum member, or the member's name without the prefix ("EPILOGUE_AUX_LD").
@@ -98,6 +99,23 @@ class _Descriptor(_Owned):
         return f"<{type(self).__name__} {state}>"
 
 
+_INT32 = (-(2**31), 2**31 - 1)  # a C enum (data type, compute type, order)
+_EXTENT = (0, 2**63 - 1)  # rows, columns, leading dimension: int64_t in the library
+
+
+def _integer(argument: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an int in [low, high] (NumPy integers count, bool does not), checked before C sees it."""
+    if isinstance(value, bool):
+        raise argument_error(NvblasltTypeError, argument, repr(value), "an integer")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise argument_error(NvblasltTypeError, argument, f"{value!r} ({type(value).__name__})", "an integer") from None
+    if not low <= number <= high:
+        raise argument_error(NvblasltValueError, argument, number, f"an integer in [{low}, {high}]")
+    return number
+
+
 def _create(create: Callable[..., Any], *args: Any) -> int:
     handle = ctypes.c_void_p()
     create(ctypes.byref(handle), *args)
@@ -111,6 +129,8 @@ class MatmulDesc(_Descriptor):
     _destroy_name = "cublasLtMatmulDescDestroy"
 
     def __init__(self, compute_type: int, scale_type: int, *, lib: Library | None = None):
+        compute_type = _integer("compute_type", compute_type, *_INT32)
+        scale_type = _integer("scale_type", scale_type, *_INT32)
         lib = lib or library()
         super().__init__(lib, _create(lib.cublasLtMatmulDescCreate, compute_type, scale_type))
 
@@ -123,10 +143,15 @@ class MatrixLayout(_Descriptor):
 
     def __init__(self, data_type: int, rows: int, cols: int, ld: int, *, order: int | None = None,
                  batch_count: int = 1, batch_stride: int = 0, lib: Library | None = None):
+        data_type = _integer("data_type", data_type, *_INT32)
+        rows, cols = _integer("rows", rows, *_EXTENT), _integer("cols", cols, *_EXTENT)
+        ld = _integer("ld", ld, *_EXTENT)
+        order = None if order is None else _integer("order", order, *_INT32)
+        batch_count = _integer("batch_count", batch_count, 1, _INT32[1])
         lib = lib or library()
         super().__init__(lib, _create(lib.cublasLtMatrixLayoutCreate, data_type, rows, cols, ld))
         if order is not None:
-            self.set("ORDER", int(order))
+            self.set("ORDER", order)
         if batch_count != 1:
             self.set("BATCH_COUNT", batch_count)
             self.set("STRIDED_BATCH_OFFSET", batch_stride)

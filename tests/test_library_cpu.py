@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import nvblaslt
@@ -117,9 +118,20 @@ def test_bad_python_values_are_refused_before_c(lib):
             desc.set("NO_SUCH_ATTRIBUTE", 1)
         with pytest.raises(nvblaslt.NvblasltTypeError, match="cublasLtMatmulDescAttributes_t"):
             desc.set(api.CUBLASLT_MATRIX_LAYOUT_LD, 1)
+        with pytest.raises(nvblaslt.NvblasltValueError, match="BIAS_POINTER: expected a pointer"):
+            desc.set("BIAS_POINTER", -1)
+        desc.set("EPILOGUE_AUX_LD", np.int64(256))  # NumPy integers are integers
+        assert desc.get("EPILOGUE_AUX_LD") == 256
     desc.close()
     with pytest.raises(nvblaslt.NvblasltValueError, match="closed"):
         desc.get("EPILOGUE")
+    with pytest.raises(nvblaslt.NvblasltValueError, match=r"rows: expected an integer in \[0, "):
+        nvblaslt.MatrixLayout(api.CUDA_R_32F, -1, 4, 4, lib=lib)
+    with pytest.raises(nvblaslt.NvblasltTypeError, match=r"ld: expected an integer, got .*4\.0"):
+        nvblaslt.MatrixLayout(api.CUDA_R_32F, 4, 4, np.float64(4.0), lib=lib)
+    with pytest.raises(nvblaslt.NvblasltTypeError, match="compute_type: expected an integer"):
+        nvblaslt.MatmulDesc(None, api.CUDA_R_32F, lib=lib)
+    nvblaslt.MatrixLayout(api.CUDA_R_32F, np.int64(4), 4, 4, lib=lib).close()
 
 
 def test_handle_without_gpu_raises_a_clear_error(lib):
