@@ -420,7 +420,7 @@ def _operand_cases():
                     tokens += arg("a")  # a mismatch between two operands may name the other one
                 yield Case(f"operand/{variant}/{position}/{entry}", kind, call, tokens)
     # out= exists on the function form only; checking it may wait for the plan (that is, a GPU)
-    for variant, make, kind in operand_faults("out"):
+    for variant, make, _kind in operand_faults("out"):
         def call(make=make):
             ops = base_ops("out")
             ops["out"] = make()
