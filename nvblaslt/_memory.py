@@ -102,13 +102,6 @@ def _wait(producer: int, consumer: int) -> None:
     _cuda.check(cudart.cudaEventDestroy(event), "cudaEventDestroy")
 
 
-def column_major(batch: tuple[int, ...], rows: int, cols: int, ld: int) -> tuple[tuple, tuple]:
-    """(shape, element strides) of batch x rows x cols matrices stored column-major with ``ld``."""
-    if batch:
-        return (*batch, rows, cols), (ld * cols, 1, ld)
-    return (rows, cols), (1, ld)
-
-
 def _allocator(kind: str, shape: tuple, strides: tuple, dtype: DType, device: int, cupy_empty):
     """``allocate(stream, framework_stream) -> (array, pointer)`` for arrays of ``shape`` and element
     ``strides`` in ``kind``'s framework, for work on ``stream``. The framework's pool allocates on
@@ -117,11 +110,12 @@ def _allocator(kind: str, shape: tuple, strides: tuple, dtype: DType, device: in
     CuPy array (CuPy has no empty_strided)."""
     if kind == "torch":
         torch = sys.modules["torch"]
-        empty_strided, options = torch.empty_strided, {"dtype": getattr(torch, dtype.name),
-                                                       "device": torch.device("cuda", device)}
+        # new_empty_strided on a template skips parsing dtype and device on every call
+        new_empty_strided = torch.empty(0, dtype=getattr(torch, dtype.name),
+                                        device=torch.device("cuda", device)).new_empty_strided
 
         def allocate_torch(stream: int, framework_stream: int):
-            array = empty_strided(shape, strides, **options)
+            array = new_empty_strided(shape, strides)
             if stream != framework_stream:
                 array.record_stream(torch.cuda.ExternalStream(stream or 0, device=device))
             return array, array.data_ptr()
@@ -137,30 +131,19 @@ def _allocator(kind: str, shape: tuple, strides: tuple, dtype: DType, device: in
                 else:
                     array = cupy_empty(cupy)
             return array, array.data.ptr
-        return allocate_cupy
+
+        def allocate_cupy_one_gpu(stream: int, framework_stream: int):
+            if stream != framework_stream:
+                return allocate_cupy(stream, framework_stream)
+            array = cupy_empty(cupy)
+            return array, array.data.ptr
+        return allocate_cupy if _cuda.several_devices() else allocate_cupy_one_gpu
     size = (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * dtype.itemsize
 
     def allocate_own(stream: int, framework_stream: int):
         buffer = DeviceBuffer(size, stream)
         return DeviceArray(buffer, shape, strides, dtype, device, stream), buffer.pointer
     return allocate_own
-
-
-def allocator(kind: str, batch: tuple[int, ...], rows: int, cols: int, ld: int, dtype: DType, device: int):
-    """Column-major (…, rows, cols) matrices with leading dimension ``ld`` (see ``_allocator``)."""
-    shape, strides = column_major(batch, rows, cols, ld)
-    stored = (*batch, cols, ld)
-
-    def cupy_empty(cupy):
-        base = cupy.empty(stored, dtype=dtype.name)
-        return (base if ld == rows else base[..., :rows]).swapaxes(-1, -2)
-    return _allocator(kind, shape, strides, dtype, device, cupy_empty)
-
-
-def vector_allocator(kind: str, batch: tuple[int, ...], length: int, dtype: DType, device: int):
-    """Contiguous (…, length) vectors, such as bias gradients (see ``_allocator``)."""
-    shape, strides = (*batch, length), ((length, 1) if batch else (1,))
-    return _allocator(kind, shape, strides, dtype, device, lambda cupy: cupy.empty(shape, dtype=dtype.name))
 
 
 def to_framework(kind: str, array):
@@ -191,8 +174,28 @@ def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...
     """Arrays of any ``shape`` and element ``strides`` (see ``_allocator``)."""
     span = span_elements(shape, strides)
     byte_strides = tuple(s * dtype.itemsize for s in strides)
+    c_order = _c_strides(shape)
+    swapped = (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
 
-    def cupy_empty(cupy):
-        base = cupy.empty((span,), dtype=dtype.name)
-        return cupy.lib.stride_tricks.as_strided(base, shape, byte_strides)
+    if strides == c_order or span == 1:
+        def cupy_empty(cupy):
+            return cupy.empty(shape, dtype=dtype.name)
+    elif len(shape) >= 2 and strides == _swap_last(_c_strides(swapped)):  # column-major matrices
+        def cupy_empty(cupy):
+            return cupy.empty(swapped, dtype=dtype.name).swapaxes(-1, -2)
+    else:  # padded layouts (aux matrices, bias gradients): CuPy has no empty_strided
+        def cupy_empty(cupy):
+            return cupy.lib.stride_tricks.as_strided(cupy.empty((span,), dtype=dtype.name), shape, byte_strides)
     return _allocator(kind, shape, strides, dtype, device, cupy_empty)
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.insert(0, step)
+        step *= max(extent, 1)
+    return tuple(strides)
+
+
+def _swap_last(strides: tuple[int, ...]) -> tuple[int, ...]:
+    return (*strides[:-2], strides[-1], strides[-2])

@@ -159,6 +159,8 @@ class Matmul:
         if len(hosts) > 1:
             raise NvblasltTypeError("a, b, c: operands must all be in GPU memory or all in host memory")
         self._host = hosts.pop()
+        self._blocking = self._host or options.blocking is True
+        self._hand_back = self._kind not in ("cupy", "torch") and not self._host
         if self._host:
             self._device = options.device_id
         else:
@@ -496,7 +498,7 @@ class Matmul:
         problem = self.problem
         layouts = self._layouts
         a, b, c = self._operands[problem.a.source], self._operands[problem.b.source], self._operands["c"]
-        self._matmul = self._lib.cublasLtMatmul
+        self._matmul = _unchecked(self._lib.cublasLtMatmul)  # the hot path checks the status itself
         # A, B and C pointers are mutable ctypes objects: new operands update them in place.
         self._a_pointer, self._b_pointer = ctypes.c_void_p(a.ptr), ctypes.c_void_p(b.ptr)
         self._args_head = (ctypes.c_void_p(self._handle.handle), ctypes.c_void_p(self._desc.handle),
@@ -546,10 +548,11 @@ class Matmul:
         if algorithm is not None:
             self._select(getattr(algorithm, "_result", algorithm))
         result = self._run(stream_h, self._framework_stream(), out)
-        if self._host:
-            result = self._to_host(result, stream_h)
-        elif self.options.blocking is True:
-            _cuda.check(cudart.cudaStreamSynchronize(stream_h), "cudaStreamSynchronize")
+        if self._blocking:  # host operands (copied back, which waits) or options.blocking=True
+            if self._host:
+                result = self._to_host(result, stream_h)
+            else:
+                _cuda.check(cudart.cudaStreamSynchronize(stream_h), "cudaStreamSynchronize")
         if release_workspace and self._workspace is not None:
             self._workspace.release()
             self._workspace = None
@@ -579,24 +582,32 @@ class Matmul:
                     aux[key] = array
             c_pointer = self._c_pointer if self._c_pointer is not None else (
                 d_pointer if self._c_like_d else self._a_pointer)  # beta is 0: C is never read
-            try:
-                self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout,
-                             *self._args_tail, stream_h)
-            except CublasLtError as error:
-                if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED" or not self._next_algorithm():
-                    raise
-                self._logger.info("cublasLtMatmul refused %s for %s; trying the next algorithm", self.algorithm,
-                                  self.problem.describe())
-                self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout,
-                             *self._args_tail, stream_h)
-        kind = self._kind
-        if out is None and kind not in ("cupy", "torch") and not self._host and self._alloc_d is not None:
-            d = _memory.to_framework(kind, d)
-        if aux is None:
-            return d
-        if kind not in ("cupy", "torch") and not self._host:
-            aux = {k: _memory.to_framework(kind, v) for k, v in aux.items()}
-        return d, aux
+            status = self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout,
+                                  *self._args_tail, stream_h)
+            if status:
+                self._launch_refused(status, c_pointer, d_pointer, stream_h)
+        if self._hand_back:  # nvblaslt's own DeviceArrays, handed to JAX / Numba zero-copy
+            kind = self._kind
+            if out is None and self._alloc_d is not None:
+                d = _memory.to_framework(kind, d)
+            if aux is not None:
+                aux = {k: _memory.to_framework(kind, v) for k, v in aux.items()}
+        return d if aux is None else (d, aux)
+
+    def _launch_refused(self, status: int, c_pointer, d_pointer, stream_h: int) -> None:
+        """cublasLtMatmul said no: try the next algorithm where it refused this one (NOT_SUPPORTED,
+        seen for aux epilogs with M=1 on an algorithm the heuristics offered), else raise."""
+        lib = self._lib
+        name = lib.status_name(status)
+        while name == "CUBLAS_STATUS_NOT_SUPPORTED" and self._next_algorithm():
+            self._logger.info("cublasLtMatmul refused an algorithm for %s; trying %s", self.problem.describe(),
+                              self.algorithm)
+            status = self._matmul(*self._args_head, c_pointer, self._c_layout, d_pointer, self._d_layout,
+                                  *self._args_tail, stream_h)
+            if not status:
+                return
+            name = lib.status_name(status)
+        raise CublasLtError("cublasLtMatmul", status, name, lib.status_string(status))
 
     def _next_algorithm(self) -> bool:
         """Drop an algorithm cuBLASLt refused at launch (seen: aux epilogs with M=1); False if none is left."""
@@ -648,13 +659,13 @@ class Matmul:
     def _out_pointer(self, out, stream_h: int) -> int:
         """Check ``out=`` once per array: the same object with the same fingerprint is not re-read."""
         last = self._last_out
-        if last is not None and last[0]() is out and last[1] == _operands.fingerprint(out, self._kind):
+        if last is not None and last[0]() is out and last[1] == _operands.fingerprint(out, _operands.kind_of(out)):
             return last[2]
         if self._host or self.problem.inplace:
             raise NvblasltValueError("out: not available for host operands or in-place plans")
         d_op = _operands.read(out, "out", stream_h)
         self._check_out(d_op)
-        fingerprint = _operands.fingerprint(out, self._kind)
+        fingerprint = _operands.fingerprint(out, _operands.kind_of(out))
         if fingerprint is not None:
             self._last_out = (weakref.ref(out), fingerprint, d_op.ptr)
         return d_op.ptr
@@ -869,6 +880,12 @@ class _ForeignHandle:
 
     def close(self) -> None:
         pass
+
+
+def _unchecked(function):
+    """The same C function without the status-raising errcheck: the caller checks the status."""
+    raw = ctypes.CFUNCTYPE(function.restype, *function.argtypes)(ctypes.cast(function, ctypes.c_void_p).value)
+    return raw
 
 
 def _replace_ptr(value, pointer: int):
