@@ -97,7 +97,7 @@ def _find() -> tuple[str, str]:
         raise LibraryNotFoundError(
             "libcublasLt was not found. Searched: "
             f"${ENV_LIBRARY} (unset), then cuda-pathfinder (NVIDIA wheels in site-packages, conda, "
-            f"the system loader, CUDA_HOME/CUDA_PATH), which said: {exc}. "
+            f"the system loader, CUDA_HOME/CUDA_PATH), which said: {str(exc).strip()}. "
             f"Fix: {INSTALL_HINT}, or point {ENV_LIBRARY} at a libcublasLt.so"
         ) from exc
     return loaded.abs_path, f"cuda-pathfinder ({loaded.found_via})"
