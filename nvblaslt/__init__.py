@@ -32,7 +32,7 @@ from ._plan import Matmul
 from ._memory import DeviceArray
 from ._logging import set_log_level
 
-__version__ = "0.1.0"
+from ._version import __version__  # written once, in _version.py (pyproject reads it too)
 
 __all__ = [
     "Algorithm", "CublasLtError", "CudaError", "DeviceArray", "Handle", "HeuristicResult", "Library",

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._dtypes import DType
 
 
 class MatmulEpilog(enum.IntEnum):
@@ -132,7 +136,7 @@ class EpilogInput:
 
     key: str
     ptr: int
-    dtype: object
+    dtype: DType
     ld: int  # aux inputs: leading dimension in elements (bytes for the ReLU mask); 0 for the bias
     batch_stride: int  # 0: one vector or matrix for every batch
     alignment: int
@@ -145,7 +149,7 @@ class EpilogOutput:
     key: str
     shape: tuple[int, ...]
     strides: tuple[int, ...]
-    dtype: object
+    dtype: DType
     attribute: str  # the MatmulDesc pointer attribute it is written through
     ld: int
     batch_stride: int
@@ -242,6 +246,8 @@ def check_aux(op, key: str, problem) -> EpilogInput:
 
 def outputs(spec: EpilogSpec, problem, relu_aux_dtype) -> list[EpilogOutput]:
     """The outputs of ``spec`` on ``problem``, shaped as nvmath-python returns them."""
+    from ._memory import c_strides
+
     batch = tuple(problem.batch_shape)
     batch_count = problem.batch_count
     found = []
@@ -250,24 +256,16 @@ def outputs(spec: EpilogSpec, problem, relu_aux_dtype) -> list[EpilogOutput]:
         rows = relu_aux_ld_bytes(problem.m) if relu else gelu_aux_ld(problem.m)
         dtype = relu_aux_dtype if relu else problem.types.d
         matrix = rows * problem.n
-        strides = (*_c_strides(batch, matrix), 1, rows)
+        strides = (*c_strides(batch, matrix), 1, rows)
         ld = rows * 8 if relu else rows
         found.append(EpilogOutput(spec.aux_output, (*batch, rows, problem.n), strides, dtype,
                                   "EPILOGUE_AUX_POINTER", ld, (matrix * (8 if relu else 1)) if batch_count > 1 else 0))
     if spec.bias_output:
         length = problem.n if bias_gradient_length_is_n(problem.epilog) else problem.m
         if batch:
-            shape, strides = (*batch, length, 1), (*_c_strides(batch, length), 1, length)
+            shape, strides = (*batch, length, 1), (*c_strides(batch, length), 1, length)
         else:
             shape, strides = (length,), (1,)
         found.append(EpilogOutput(spec.bias_output, shape, strides, problem.types.d, "BIAS_POINTER", 0,
                                   length if batch_count > 1 else 0))
     return found
-
-
-def _c_strides(batch: tuple[int, ...], size: int) -> tuple[int, ...]:
-    strides, step = [], size
-    for extent in reversed(batch):
-        strides.insert(0, step)
-        step *= extent
-    return tuple(strides)

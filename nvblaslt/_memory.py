@@ -174,13 +174,13 @@ def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...
     """Arrays of any ``shape`` and element ``strides`` (see ``_allocator``)."""
     span = span_elements(shape, strides)
     byte_strides = tuple(s * dtype.itemsize for s in strides)
-    c_order = _c_strides(shape)
+    c_order = c_strides(shape)
     swapped = (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
 
     if strides == c_order or span == 1:
         def cupy_empty(cupy):
             return cupy.empty(shape, dtype=dtype.name)
-    elif len(shape) >= 2 and strides == _swap_last(_c_strides(swapped)):  # column-major matrices
+    elif len(shape) >= 2 and strides == _swap_last(c_strides(swapped)):  # column-major matrices
         def cupy_empty(cupy):
             return cupy.empty(swapped, dtype=dtype.name).swapaxes(-1, -2)
     else:  # padded layouts (aux matrices, bias gradients): CuPy has no empty_strided
@@ -189,8 +189,10 @@ def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...
     return _allocator(kind, shape, strides, dtype, device, cupy_empty)
 
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
+def c_strides(shape: tuple[int, ...], unit: int = 1) -> tuple[int, ...]:
+    """Element strides of a C-order (row-major, last index fastest) array of ``unit``-element items."""
+    strides: list[int] = []
+    step = unit
     for extent in reversed(shape):
         strides.insert(0, step)
         step *= max(extent, 1)

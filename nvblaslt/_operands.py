@@ -15,7 +15,7 @@ from cuda.bindings import runtime as cudart
 
 from . import _cuda, _dlpack, _dtypes
 from ._errors import CudaError, NvblasltTypeError, NvblasltValueError
-from ._memory import DeviceArray, _wait
+from ._memory import DeviceArray, _wait, c_strides
 from ._streams import dlpack_stream
 
 # Top-level module of an array's type -> the framework results are returned in.
@@ -55,14 +55,6 @@ def kind_of(obj) -> str:
     if kind is None:
         kind = _kind_by_type[cls] = _KINDS.get(cls.__module__.partition(".")[0], "protocol")
     return kind
-
-
-def _compact_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= max(extent, 1)
-    return tuple(reversed(strides))
 
 
 def _checked_layout(shape, strides, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -126,7 +118,7 @@ def _read_dlpack(obj, name: str, stream: int) -> Operand:
             f"{tensor.dtype.lanes} lanes); expected one of {', '.join(d.name for d in _dtypes.ALL)}"
         )
     shape, strides = _dlpack.tensor_shape(tensor)
-    shape, strides = _checked_layout(shape, strides or _compact_strides(shape), name)
+    shape, strides = _checked_layout(shape, strides or c_strides(shape), name)
     pointer = (tensor.data or 0) + tensor.byte_offset
     _check_memory(pointer, shape, strides, dtype, name)
     return Operand(obj, pointer, shape, strides, dtype, device_id if not host else -1, readonly, kind_of(obj), host)
@@ -164,7 +156,7 @@ def _read_interface(obj, interface: dict, name: str, protocol: str) -> tuple:
         raise NvblasltTypeError(f"{name}: {protocol} data must be (pointer, read-only flag), got {data!r}")
     byte_strides = interface.get("strides")
     if byte_strides is None:
-        shape, strides = _checked_layout(tuple(shape), _compact_strides(tuple(s if isinstance(s, int) else 1
+        shape, strides = _checked_layout(tuple(shape), c_strides(tuple(s if isinstance(s, int) else 1
                                                                                  for s in shape)), name)
     else:
         if not isinstance(byte_strides, (tuple, list)) or len(byte_strides) != len(shape):

@@ -156,7 +156,8 @@ def as_options(cls, value, argument: str):
         return cls()
     if isinstance(value, cls):
         return dataclasses.replace(value)
-    if type(value).__name__ == cls.__name__ and dataclasses.is_dataclass(value):  # nvmath-python's own class
+    if type(value).__name__ == cls.__name__ and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # nvmath-python's own class of the same name
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in dataclasses.asdict(value).items() if k in known})
     if isinstance(value, dict):

@@ -56,7 +56,7 @@ class Scalar:
                 value = complex(value)
                 struct.pack_into(self._format, self.buffer, 0, value.real, value.imag)
             else:
-                value = float(value)  # also runs a float subclass's own conversion, which may refuse
+                value = float(value)  # type: ignore[arg-type]  # (complex refused above) also runs a float subclass's own conversion, which may refuse
                 struct.pack_into(self._format, self.buffer, 0, value)
         except (ArithmeticError, struct.error):
             raise NvblasltValueError(f"{self._argument}: {value!r} does not fit the plan's scale type "
@@ -146,13 +146,13 @@ class Matmul:
 
     def _setup(self, ops, has_c: bool, *, alpha, beta, qualifiers, quantization_scales) -> None:
         self._lock = threading.Lock()
-        self._released = None
+        self._released: set[str] | None = None
         self._planned = False
         self._freed = False
-        self._workspace = None
+        self._workspace: _memory.DeviceBuffer | None = None
         self._split = None  # a SplitBiasGradient, when autotune found the two-call form faster
         self._staged: dict[str, _memory.DeviceBuffer] = {}
-        self._scales = None
+        self._scales: _memory.DeviceBuffer | None = None
         self.algorithms: list[HeuristicResult] = []
         options = self.options
         hosts = {op.host for op in ops}
@@ -240,7 +240,7 @@ class Matmul:
     def _write_scales(self) -> None:
         for slot, key in enumerate("abcd"):
             value = self._scale_inputs.get(key)
-            if isinstance(value, float):
+            if isinstance(value, float) and self._scales is not None:
                 _cuda.check(cudart.cudaMemcpyAsync(self._scales.pointer + slot * _SCALE_SLOT, struct.pack("<f", value),
                                                    4, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self._stream),
                             "cudaMemcpyAsync")
@@ -251,6 +251,7 @@ class Matmul:
         if value is None:
             return None
         if isinstance(value, float):
+            assert self._scales is not None  # numbers live in the plan's scale buffer
             return self._scales.pointer + "abcd".index(key) * _SCALE_SLOT
         return value.ptr
 
@@ -410,7 +411,7 @@ class Matmul:
         if self.options.result_amax:
             allocate = _memory.strided_allocator(alloc_kind, (1,), (1,), _dtypes.FLOAT32, device)
             self._alloc_aux.append(("result_amax", allocate, self._pointer_setter("AMAX_D_POINTER")))
-        self._last_out = None
+        self._last_out: tuple | None = None
 
     def _pointer_setter(self, attribute: str):
         """set(pointer) for one pointer attribute of the plan's MatmulDesc, its ctypes call prebuilt."""
@@ -802,7 +803,7 @@ class Matmul:
             self._a_pointer.value, self._b_pointer.value = pointers[1], pointers[0]
         else:
             self._a_pointer.value, self._b_pointer.value = pointers[0], pointers[1]
-        if pointers[2] is not None:
+        if pointers[2] is not None and self._c_pointer is not None:
             self._c_pointer.value = pointers[2]
         for key, pointer in zip(input_names, pointers[3:]):
             if pointer != self._epilog_inputs[key].ptr:

@@ -21,6 +21,7 @@ from . import _types
 from ._dtypes import DType
 from ._epilogs import SPECS, MatmulEpilog, transposed_epilog
 from ._errors import NvblasltValueError
+from ._memory import c_strides
 from ._operands import Operand
 
 OP_N, OP_T, OP_C = 0, 1, 2
@@ -128,9 +129,9 @@ class Operands:
                                      f"{c.shape}; add a dimension to make a column")
         if inplace and c is None:
             raise NvblasltValueError("options.inplace: the result is written into c, but no c was given")
-        for name, op in (("a", a), ("b", b), ("c", c)):
-            if op is not None:
-                _check_extents(op, name)
+        for name, given in (("a", a), ("b", b), ("c", c)):
+            if given is not None:
+                _check_extents(given, name)
         self.a_vector, self.b_vector = len(a.shape) == 1, len(b.shape) == 1
         self.a = _matrix(a, "a", "row" if self.a_vector else None)
         self.b = _matrix(b, "b", "col" if self.b_vector else None)
@@ -146,7 +147,7 @@ class Operands:
         self.batch_shape = ab or bb
         self.batch_count = math.prod(self.batch_shape) if self.batch_shape else 1
         self.inplace = inplace
-        self.c = None
+        self.c: Matrix | None = None
         self.c_broadcast_columns = False
         if c is not None:
             self.c = _matrix(c, "c")
@@ -253,8 +254,9 @@ class Problem:
 
 def result_order(operands: Operands, epilog: MatmulEpilog) -> int:
     """nvmath-python's rule: C's order, else the order the epilog needs, else A's order."""
-    if operands.c is not None:
-        return operands.c_order
+    c_order = operands.c_order
+    if c_order is not None:
+        return c_order
     if SPECS[epilog].needs_column_major:
         return COL
     return operands.a.natural_order()
@@ -264,8 +266,9 @@ def canonical(operands: Operands, epilog: MatmulEpilog) -> Problem:
     spec = SPECS[epilog]
     order = result_order(operands, epilog)
     if order == ROW and spec.needs_column_major:
+        c_strides_given = operands.c.op.strides if operands.c is not None else ()
         raise NvblasltValueError(f"c: {epilog.name} needs a column-major (Fortran-order) result, and the result "
-                                 f"takes c's order; got a row-major c (strides {operands.c.op.strides}); pass c "
+                                 f"takes c's order; got a row-major c (strides {c_strides_given}); pass c "
                                  f"in column-major order")
     preferred = _variant(operands, epilog, transposed=order == ROW)
     fixed = operands.c is not None or spec.needs_column_major
@@ -303,6 +306,7 @@ def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool) -> Prob
     batched = operands.batch_count > 1
     if operands.inplace:
         c_matrix = operands.c
+        assert c_matrix is not None  # Operands refuses inplace without c
         ld = c_matrix.orders()[order]
         d = Layout(t.d, rows, cols, ld, COL, c_matrix.batch_stride if batched else 0)
         c = d
@@ -311,7 +315,7 @@ def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool) -> Prob
         d = Layout(t.d, rows, cols, rows, COL, rows * cols if batched else 0)
         c = None
         if operands.c is not None:
-            cm = operands.c
+            cm: Matrix = operands.c
             batch_stride = cm.batch_stride if batched else 0
             if operands.c_broadcast_columns:  # ld 0: every column reads the same (M, 1) vector
                 c = Layout(t.c, rows, cols, 0, COL, batch_stride)
@@ -319,7 +323,7 @@ def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool) -> Prob
                 c = Layout(t.c, rows, cols, cm.orders()[order], COL, batch_stride)
         matrix_strides = (rows, 1) if transposed else (1, rows)  # rows: the caller's N when transposed
         shape = [*operands.batch_shape, m, n]
-        strides = [*_batch_strides(operands.batch_shape, m * n), *matrix_strides]
+        strides = [*c_strides(operands.batch_shape, m * n), *matrix_strides]
         if operands.b_vector:  # NumPy matmul: the promoted dimensions leave the result
             del shape[-1], strides[-1]
         if operands.a_vector:
@@ -327,14 +331,6 @@ def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool) -> Prob
         result_shape, result_strides = tuple(shape), tuple(strides)
     return Problem(t, rows, cols, k, operands.batch_count, operands.batch_shape, transposed, cuda_epilog, a, b, c,
                    d, operands.inplace, result_shape, result_strides)
-
-
-def _batch_strides(batch_shape: tuple[int, ...], matrix_size: int) -> list[int]:
-    strides, step = [], matrix_size
-    for extent in reversed(batch_shape):
-        strides.insert(0, step)
-        step *= extent
-    return strides
 
 
 def extent_bytes(op: Operand) -> int:

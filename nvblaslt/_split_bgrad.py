@@ -45,10 +45,9 @@ class SplitBiasGradient:
         _cuda.check(cudart.cudaMemcpyAsync(self.ones.pointer, _ONE[dtype.name] * n, n * dtype.itemsize,
                                            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        if problem.batch_count > 1:  # D as cuBLASLt wrote it: column-major m×n matrices, one after another
-            shape, strides = (problem.batch_count, m, n), (m * n, 1, m)
-        else:
-            shape, strides = (m, n), (1, m)
+        # D as cuBLASLt wrote it: column-major m×n matrices, one after another
+        shape: tuple[int, ...] = (problem.batch_count, m, n) if problem.batch_count > 1 else (m, n)
+        strides: tuple[int, ...] = (m * n, 1, m) if problem.batch_count > 1 else (1, m)
         d = Operand(None, self.ones.pointer, shape, strides, dtype, device, False, fused._kind)  # D's pointer per call
         ones = Operand(None, self.ones.pointer, (n,), (1,), dtype, device, True, fused._kind)
         self.row_sums = Matmul._from_operands(d, ones, None, stream=stream, options=MatmulOptions())

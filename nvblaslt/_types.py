@@ -167,6 +167,7 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
         d = _dtypes.parse(result_type, "result_type", cuda_values)
     else:
         d = c if c is not None else a
+    assert d is not None  # in place, Operands made sure there is a c
     if d not in allowed:
         what = "c (the in-place result)" if inplace else ("result_type" if result_type is not None else "c")
         raise NvblasltTypeError(f"{what}: {a.name} × {b.name} with {compute} gives one of "
