@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from . import _cuda
 from ._attributes import attribute_size, get_attribute, set_attribute, supported
-from ._errors import NvblasltTypeError, NvblasltValueError, argument_error
+from ._errors import NvblasltError, NvblasltTypeError, NvblasltValueError, argument_error
 from ._loader import Library, library
 
 # An attribute: its enum member, or the member's name without the prefix ("EPILOGUE_AUX_LD").
@@ -241,6 +241,15 @@ class Algorithm:
         return f"<Algorithm id={self.id} tile={self.tile} stages={self.stages}>"
 
 
+def _config_property(attribute: str, convert=int):
+    def get(self):
+        return convert(self.algorithm.get(attribute))
+
+    def set(self, value) -> None:
+        self.algorithm.set(attribute, int(value))
+    return property(get, set, doc=f"The algorithm's {attribute} config attribute (nvmath-python's name).")
+
+
 class HeuristicResult:
     """One algorithm the heuristics proposed, with its workspace and estimated waves."""
 
@@ -252,6 +261,33 @@ class HeuristicResult:
     @property
     def algo_id(self) -> int:
         return self.algorithm.id
+
+    # nvmath-python's Algorithm surface: each config attribute as a property, settable
+    algorithm_id = property(lambda self: self.algorithm.id)
+    tile = _config_property("TILE_ID")
+    stages = _config_property("STAGES_ID")
+    split_k = _config_property("SPLITK_NUM")
+    reduction_scheme = _config_property("REDUCTION_SCHEME")
+    cta_swizzling = _config_property("CTA_SWIZZLING", bool)
+    custom_option = _config_property("CUSTOM_OPTION")
+    inner_shape = _config_property("INNER_SHAPE_ID")
+    cluster_shape = _config_property("CLUSTER_SHAPE_ID")
+
+    @property
+    def capabilities(self) -> dict[str, object]:
+        """Every capability attribute of this algorithm id the loaded library knows, by name."""
+        enum_type = self.algorithm.lib.api.cublasLtMatmulAlgoCapAttributes_t
+        found = {}
+        for member in enum_type:
+            try:
+                found[member.name] = self.algorithm.capability(member)
+            except NvblasltError:  # not known to this release, or needs a GPU to answer
+                continue
+        return found
+
+    def as_bytes(self) -> bytes:
+        """The algorithm's 64 bytes, to store and give back later as ``plan(algorithms=[…])``."""
+        return bytes(memoryview(self.algorithm.algo))
 
     def __repr__(self) -> str:
         a = self.algorithm

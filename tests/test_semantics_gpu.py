@@ -212,6 +212,12 @@ def test_stateful_surface_plan_algorithms_release_and_reset():
         mm.plan(algorithms=algorithms[-1:])
         check(mm.execute(), host(a) @ host(b), "float32")
     check(matmul(a, b, algorithm=algorithms[0]), host(a) @ host(b), "float32")
+    best = algorithms[0]  # nvmath-python's Algorithm surface
+    assert best.algorithm_id == best.algo_id and isinstance(best.cta_swizzling, bool) and best.split_k >= 0
+    assert "TILE_IDS" in best.capabilities and len(best.as_bytes()) == 64
+    with Matmul(a, b) as mm:  # an algorithm stored as bytes comes back
+        mm.plan(algorithms=[best.as_bytes()])
+        check(mm.execute(), host(a) @ host(b), "float32")
 
 
 def test_mixing_packages_is_refused():
