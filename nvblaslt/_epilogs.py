@@ -244,7 +244,7 @@ def check_aux(op, key: str, problem) -> EpilogInput:
     return EpilogInput(key, op.ptr, op.dtype, ld, batch_stride * (8 if key == "relu_aux" else 1), op.alignment)
 
 
-def outputs(spec: EpilogSpec, problem, relu_aux_dtype) -> list[EpilogOutput]:
+def outputs(spec: EpilogSpec, problem, relu_aux_dtype, aux_dtype=None) -> list[EpilogOutput]:
     """The outputs of ``spec`` on ``problem``, shaped as nvmath-python returns them."""
     from ._memory import c_strides
 
@@ -254,7 +254,7 @@ def outputs(spec: EpilogSpec, problem, relu_aux_dtype) -> list[EpilogOutput]:
     if spec.aux_output:
         relu = spec.aux_output == "relu_aux"
         rows = relu_aux_ld_bytes(problem.m) if relu else gelu_aux_ld(problem.m)
-        dtype = relu_aux_dtype if relu else problem.types.d
+        dtype = relu_aux_dtype if relu else (aux_dtype or problem.types.d)
         matrix = rows * problem.n
         strides = (*c_strides(batch, matrix), 1, rows)
         ld = rows * 8 if relu else rows

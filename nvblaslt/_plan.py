@@ -30,6 +30,7 @@ logger = logging.getLogger("nvblaslt")
 _SCALAR_FORMATS = {"CUDA_R_16F": "<e", "CUDA_R_32F": "<f", "CUDA_R_64F": "<d", "CUDA_C_32F": "<ff",
                    "CUDA_C_64F": "<dd"}
 _SCALE_SLOT = 256  # cuBLASLt wants each scale pointer on its own aligned slot
+_SCALE_KEYS = ("a", "b", "c", "d", "aux")  # slots of the plan's scale buffer; "aux": the fp8 epilog aux
 
 
 class Scalar:
@@ -67,19 +68,19 @@ class Scalar:
         self.value = value
 
 
-def _scale_value(value, key: str):
+def _scale_value(value, name: str):
     """A fp8 scale: a number (returned as float) or a float32 device array of one element (returned)."""
     if value is None:
         return None
     if isinstance(value, bool):
-        raise NvblasltTypeError(f"quantization_scales['{key}']: expected a number or a float32 array, got {value!r}")
+        raise NvblasltTypeError(f"{name}: expected a number or a float32 array, got {value!r}")
     if isinstance(value, (int, float)):
         try:
             number = float(value)
         except OverflowError:
             number = float("inf")
         if not abs(number) <= 3.4028234663852886e38:  # a float32 (NaN is refused too)
-            raise NvblasltValueError(f"quantization_scales['{key}']: {value!r} is not a finite float32 value")
+            raise NvblasltValueError(f"{name}: {value!r} is not a finite float32 value")
         return number
     if hasattr(value, "__array_interface__") and not hasattr(value, "__cuda_array_interface__") \
             and getattr(value, "size", 0) == 1:
@@ -153,6 +154,8 @@ class Matmul:
         self._split = None  # a SplitBiasGradient, when autotune found the two-call form faster
         self._staged: dict[str, _memory.DeviceBuffer] = {}
         self._scales: _memory.DeviceBuffer | None = None
+        self._aux_dtype: _dtypes.DType | None = None  # an fp8 GELU aux (preferences.epilog.aux_type)
+        self._aux_amax = False
         self.algorithms: list[HeuristicResult] = []
         options = self.options
         hosts = {op.host for op in ops}
@@ -202,7 +205,6 @@ class Matmul:
         self._scale_inputs = self._check_scales(quantization_scales)
         if self._scale_inputs:
             with _cuda.on_device(self._device):
-                self._scales = _memory.DeviceBuffer(4 * _SCALE_SLOT, self._stream)
                 self._write_scales()
 
     # ---- fp8 scales --------------------------------------------------------------------------------
@@ -217,30 +219,35 @@ class Matmul:
         if not isinstance(scales, dict) or set(scales) - set("abcd"):
             raise NvblasltValueError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd', got "
                                      f"{scales!r}")
-        checked = {}
         if scales.get("d") is not None and self.operands.types.d not in _dtypes.FLOAT8:
             raise NvblasltValueError(f"quantization_scales['d']: only fp8 results take a D scale; the result is "
                                      f"{self.operands.types.d.name}")
+        return self._checked_scale_values(scales)
+
+    def _checked_scale_values(self, scales: dict, argument: str = "quantization_scales['{}']") -> dict:
+        checked = {}
         for key, value in scales.items():
-            value = _scale_value(value, key)
+            name = argument.format(key)
+            value = _scale_value(value, name)
             if value is None:
                 continue
             if not isinstance(value, float):
-                op = _operands.read(value, f"quantization_scales['{key}']", self._stream)
+                op = _operands.read(value, name, self._stream)
                 if op.host or op.dtype != _dtypes.FLOAT32 or op.shape not in ((), (1,)) or op.device != self._device:
-                    raise NvblasltValueError(f"quantization_scales['{key}']: expected a number or a float32 GPU array "
-                                             f"of shape () or (1,) on GPU {self._device}, got {op.describe()}")
+                    raise NvblasltValueError(f"{name}: expected a number or a float32 GPU array of shape () or (1,) on "
+                                             f"GPU {self._device}, got {op.describe()}")
                 if op.alignment < 4:
-                    raise NvblasltValueError(f"quantization_scales['{key}']: pointer 0x{op.ptr:x} is not 4-byte "
-                                             f"aligned")
+                    raise NvblasltValueError(f"{name}: pointer 0x{op.ptr:x} is not 4-byte aligned")
                 value = op
             checked[key] = value
         return checked
 
     def _write_scales(self) -> None:
-        for slot, key in enumerate("abcd"):
+        if self._scales is None:
+            self._scales = _memory.DeviceBuffer(len(_SCALE_KEYS) * _SCALE_SLOT, self._stream)
+        for slot, key in enumerate(_SCALE_KEYS):
             value = self._scale_inputs.get(key)
-            if isinstance(value, float) and self._scales is not None:
+            if isinstance(value, float):
                 _cuda.check(cudart.cudaMemcpyAsync(self._scales.pointer + slot * _SCALE_SLOT, struct.pack("<f", value),
                                                    4, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self._stream),
                             "cudaMemcpyAsync")
@@ -252,7 +259,7 @@ class Matmul:
             return None
         if isinstance(value, float):
             assert self._scales is not None  # numbers live in the plan's scale buffer
-            return self._scales.pointer + "abcd".index(key) * _SCALE_SLOT
+            return self._scales.pointer + _SCALE_KEYS.index(key) * _SCALE_SLOT
         return value.ptr
 
     # ---- planning ----------------------------------------------------------------------------------
@@ -279,6 +286,7 @@ class Matmul:
         prefs = as_options(MatmulPlanPreferences, preferences, "preferences")
         problem = canonical(self.operands, epilog)
         spec = SPECS[epilog]
+        epilog_inputs, aux_dtype, aux_scale = self._fp8_aux(spec, prefs.epilog, epilog_inputs)
         inputs = self._read_epilog_inputs(spec, epilog, epilog_inputs, problem)
         types = problem.types
 
@@ -294,6 +302,13 @@ class Matmul:
             pointer = self._scale_pointer(key)
             if pointer is not None:
                 desc.set(f"{cuda_key}_SCALE_POINTER", pointer)
+        self._aux_dtype, self._aux_amax = aux_dtype, bool(prefs.epilog.aux_amax)
+        if aux_dtype is not None:
+            desc.set("EPILOGUE_AUX_DATA_TYPE", int(getattr(api, aux_dtype.cuda)))
+        if aux_scale is not None:
+            self._scale_inputs["aux"] = aux_scale
+            self._write_scales()
+            desc.set("EPILOGUE_AUX_SCALE_POINTER", self._scale_pointer("aux"))
         self._configure_epilog(desc, spec, inputs, problem)
         layouts = [self._layout(problem.a.layout, problem), self._layout(problem.b.layout, problem),
                    self._layout(problem.c or problem.d.__class__(types.c, problem.d.rows, problem.d.cols,
@@ -376,6 +391,39 @@ class Matmul:
             structs.append(algo)
         return structs
 
+    def _fp8_aux(self, spec, epilog_preferences, epilog_inputs):
+        """(epilog inputs without the aux scale, the aux output's dtype or None, its scale or None):
+        nvmath-python's ``preferences.epilog.aux_type`` / ``aux_amax`` and the
+        ``aux_quantization_scale`` epilog input, for a GELU aux stored in fp8."""
+        aux_type = epilog_preferences.aux_type
+        given = dict(epilog_inputs) if isinstance(epilog_inputs, dict) else epilog_inputs
+        scale = given.pop("aux_quantization_scale", None) if isinstance(given, dict) else None
+        aux_dtype = None
+        if aux_type is not None:
+            if spec.aux_output != "gelu_aux":
+                raise NvblasltValueError("preferences.epilog.aux_type: only GELU_AUX epilogs take an aux type (the ReLU "
+                                         "aux is a bitmask)")
+            from ._types import cuda_type_names
+
+            aux_dtype = _dtypes.parse(aux_type, "preferences.epilog.aux_type", cuda_type_names(self._lib.api))
+            allowed = (*_dtypes.FLOAT8, self.operands.types.d)
+            if aux_dtype not in allowed:
+                raise NvblasltTypeError(f"preferences.epilog.aux_type: expected one of "
+                                        f"{', '.join(d.name for d in allowed)}, got {aux_dtype.name}")
+        narrow = aux_dtype in _dtypes.FLOAT8
+        if narrow and scale is None:
+            raise NvblasltValueError("epilog_inputs['aux_quantization_scale']: required when "
+                                     "preferences.epilog.aux_type is an fp8 type")
+        if scale is not None and not narrow:
+            raise NvblasltValueError("epilog_inputs['aux_quantization_scale']: only an fp8 aux "
+                                     "(preferences.epilog.aux_type) takes a scale")
+        if epilog_preferences.aux_amax and not narrow:
+            raise NvblasltValueError("preferences.epilog.aux_amax: only an fp8 aux (preferences.epilog.aux_type) has "
+                                     "an amax")
+        if scale is not None:
+            scale = self._checked_scale_values({"aux": scale}, "epilog_inputs['aux_quantization_scale']")["aux"]
+        return given, (aux_dtype if aux_dtype != self.operands.types.d else None), scale
+
     def _given_algorithms(self, structs, handle, desc, layouts) -> list[HeuristicResult]:
         """The caller's algorithms, each checked by cuBLASLt for this plan."""
         from ._search import check_algorithm
@@ -403,14 +451,16 @@ class Matmul:
         self._framework_stream = _streams.current_stream_getter(kind if not self._host else "protocol", device)
         self._alloc_d = None if problem.inplace else _memory.strided_allocator(
             alloc_kind, problem.result_shape, problem.result_strides, problem.types.d, device)
-        self._outputs = outputs(spec, problem, _dtypes.INT8)
+        self._outputs = outputs(spec, problem, _dtypes.INT8, self._aux_dtype)
         self._alloc_aux = []  # (key, allocator, pointer setter)
         for output in self._outputs:
             allocate = _memory.strided_allocator(alloc_kind, output.shape, output.strides, output.dtype, device)
             self._alloc_aux.append((output.key, allocate, self._pointer_setter(output.attribute)))
+        amax = _memory.strided_allocator(alloc_kind, (1,), (1,), _dtypes.FLOAT32, device)
+        if self._aux_amax:
+            self._alloc_aux.append((f"{spec.aux_output}_amax", amax, self._pointer_setter("EPILOGUE_AUX_AMAX_POINTER")))
         if self.options.result_amax:
-            allocate = _memory.strided_allocator(alloc_kind, (1,), (1,), _dtypes.FLOAT32, device)
-            self._alloc_aux.append(("result_amax", allocate, self._pointer_setter("AMAX_D_POINTER")))
+            self._alloc_aux.append(("result_amax", amax, self._pointer_setter("AMAX_D_POINTER")))
         self._last_out: tuple | None = None
 
     def _pointer_setter(self, attribute: str):
@@ -476,7 +526,7 @@ class Matmul:
             desc.set("EPILOGUE_AUX_LD", aux.ld)
             if batched:
                 desc.set("EPILOGUE_AUX_BATCH_STRIDE", aux.batch_stride)
-        for output in outputs(spec, problem, _dtypes.INT8):
+        for output in outputs(spec, problem, _dtypes.INT8, self._aux_dtype):
             if output.attribute == "BIAS_POINTER":
                 desc.set("BIAS_DATA_TYPE", int(getattr(api, output.dtype.cuda)))
                 if batched:
@@ -654,7 +704,7 @@ class Matmul:
         if aux is None:
             return d_host
         shapes = {o.key: (o.shape, o.strides, o.dtype) for o in self._outputs}
-        shapes["result_amax"] = ((1,), (1,), _dtypes.FLOAT32)
+        shapes["result_amax"] = shapes[f"{self._spec.aux_output}_amax"] = ((1,), (1,), _dtypes.FLOAT32)
         return d_host, {k: back(v, *shapes[k]) for k, v in aux.items()}
 
     def _out_pointer(self, out, stream_h: int) -> int:

@@ -118,6 +118,11 @@ def enum_name(value, enum, prefix: str, argument: str, aliases: dict[str, str] |
                              f"expected one of {sorted(members)}")
 
 
+def cuda_type_names(api) -> dict[int, str]:
+    """``cudaDataType`` value -> its C name (``CUDA_R_16F``), for dtypes given as values."""
+    return {int(m): (n if n.startswith("CUDA_") else f"CUDA_{n}") for n, m in api.cudaDataType.__members__.items()}
+
+
 def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scale_type=None, result_type=None,
             inplace: bool = False) -> Types:
     """Check the operand types and settle compute, scale, C and D types as nvmath-python does:
@@ -133,8 +138,7 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
                                 f"among float32, float16, bfloat16, float64, complex64, complex128, or fp8 pairs "
                                 f"e4m3×e4m3, e4m3×e5m2, e5m2×e4m3")
     complex_ = a in _dtypes.COMPLEX
-    cuda_values = {int(m): n for n, m in api.cudaDataType.__members__.items()}
-    cuda_values = {v: (n if n.startswith("CUDA_") else f"CUDA_{n}") for v, n in cuda_values.items()}
+    cuda_values = cuda_type_names(api)
     compute = scale = None
     if compute_type is not None:
         compute = enum_name(compute_type, api.cublasComputeType_t, "CUBLAS_", "compute_type", _COMPUTE_ALIASES)

@@ -297,3 +297,22 @@ def test_relu_mask_round_trip_with_batches():
     ref = np.matmul(host(g), host(gb)) * (z > 0)
     check(dz, ref, "float32")
     check(aux2["drelu_bgrad"], ref.sum(axis=-1)[..., None], "float32")
+
+
+def test_fp8_gelu_aux_with_scale_and_amax():
+    a = rand((64, 32)).to(torch.float8_e4m3fn)
+    b = rand((48, 32)).to(torch.float8_e4m3fn).T
+    prefs = {"epilog": {"aux_type": torch.float8_e4m3fn, "aux_amax": True}}
+    try:
+        d, aux = matmul(a, b, epilog=E.GELU_AUX, preferences=prefs, options={"result_type": "bfloat16"},
+                        epilog_inputs={"aux_quantization_scale": 0.5})
+    except NvblasltError as error:  # no such kernel on this GPU: said clearly
+        assert "NOT_SUPPORTED" in str(error)
+        return
+    z = host(a) @ host(b)
+    assert aux["gelu_aux"].dtype == torch.float8_e4m3fn
+    assert rel_error(host(aux["gelu_aux"])[:64], np.clip(z * 0.5, -448, 448)) < 0.1
+    assert abs(float(host(aux["gelu_aux_amax"])[0]) - np.abs(z).max()) / np.abs(z).max() < 1e-2
+    check(d, gelu(z), "bfloat16")
+    with pytest.raises(NvblasltError, match="aux_quantization_scale"):
+        matmul(a, b, epilog=E.GELU_AUX, preferences=prefs, options={"result_type": "bfloat16"})
