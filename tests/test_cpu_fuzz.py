@@ -15,6 +15,7 @@ batch goes on in a new process. Required of every case:
   nvblaslt error about the missing GPU/driver.
 
 Each test below asserts one of these and lists its offending inputs compactly, grouped.
+NVBLASLT_FUZZ_XFAIL=1 turns the failures into xfails (the report is still shown with -rx).
 ``python tests/test_cpu_fuzz.py [--only PREFIX]`` prints the whole report without pytest.
 """
 
@@ -224,6 +225,8 @@ def fuzz():
 def _check(fuzz, classes: set[str]):
     cases, records = fuzz
     lines = report(cases, records, classes)
+    if lines and os.environ.get("NVBLASLT_FUZZ_XFAIL"):  # while the validation work is in flight
+        pytest.xfail("\n".join(lines))
     if lines:
         pytest.fail("\n".join(lines), pytrace=False)
 
