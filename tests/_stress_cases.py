@@ -176,7 +176,7 @@ def bias_broadcast_batched():
                     ref = {"BIAS": z, "RELU_BIAS": np.maximum(z, 0), "GELU_BIAS": gelu(z)}[epilog]
 
                     def check(d, ref=ref, terms=terms, what=f"{epilog} {name} bias{shape}"):
-                        close(what, d, ref, terms * 1.2, name, K, extra=2.0**-16)
+                        close(what, d, ref, terms * 1.2, name, K, extra=2.0**-11)
                     refused_or(f"{epilog} {name} bias{shape} b{'3-D' if b_batched else '2-D'}",
                                lambda a=a, b=b, bias=bias, epilog=epilog: nvblaslt.matmul(
                                    a, b, epilog=epilog, epilog_inputs={"bias": bias}), check)
@@ -209,13 +209,13 @@ def aux_broadcast_batched():
 
                     def check(result, ref=ref, terms=terms, backward=backward, form=form):
                         d, outputs = split(result)
-                        close(f"{backward} {name} aux {form}: D", d, ref, terms * 1.2, name, K, extra=2.0**-16)
+                        close(f"{backward} {name} aux {form}: D", d, ref, terms * 1.2, name, K, extra=2.0**-11)
                         if backward.endswith("BGRAD"):
                             vector = outputs.get(f"d{kind.lower()}_bgrad")
                             if vector is None:
                                 raise Wrong(f"{backward}: no d{kind.lower()}_bgrad output (keys {sorted(outputs)})")
                             close(f"{backward} {name} aux {form}: bias gradient", vector, ref.sum(-1),
-                                  (terms * 1.2).sum(-1), name, K + N, extra=2.0**-16)
+                                  (terms * 1.2).sum(-1), name, K + N, extra=2.0**-11)
                     refused_or(f"{backward} {name} batched with {form} {key}",
                                lambda g=g, h=h, given=given, backward=backward, key=key: nvblaslt.matmul(
                                    g, h, epilog=backward, epilog_inputs={key: given}), check)
@@ -594,7 +594,7 @@ def misaligned_pointers():
         grad = gelu_grad(host_exact(gaux["gelu_aux"])[:M])
         refused_or(f"{name} gelu_aux misaligned", lambda: nvblaslt.matmul(g, h, epilog="DGELU", epilog_inputs={
             "gelu_aux": _offset_view(gaux["gelu_aux"])}), lambda d: close(
-                "gelu_aux misaligned", d, zg * grad, termsg * 1.2, name, K, extra=2.0**-16))
+                "gelu_aux misaligned", d, zg * grad, termsg * 1.2, name, K, extra=2.0**-11))
 
 
 # ---- CUDA graph capture -----------------------------------------------------------------------------------------
