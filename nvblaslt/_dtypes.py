@@ -72,7 +72,10 @@ def parse(value, argument: str, cuda_values: dict[int, str] | None = None) -> DT
         text = getattr(value, "name", None) if not isinstance(value, type) else None  # numpy dtype objects
         if not isinstance(text, str):
             text = getattr(value, "__name__", None) or str(value)  # numpy scalar types, torch dtypes
-    text = text.rsplit(".", 1)[-1].lower()  # 'torch.float16' -> 'float16'
+    text = text.rsplit(".", 1)[-1]  # 'torch.float16' -> 'float16', 'CudaDataType.CUDA_R_16F' -> 'CUDA_R_16F'
+    if text.upper() in BY_CUDA:
+        return BY_CUDA[text.upper()]
+    text = text.lower()
     text = _ALIASES.get(text, text)
     if text in BY_NAME:
         return BY_NAME[text]

@@ -120,7 +120,12 @@ def enum_name(value, enum, prefix: str, argument: str, aliases: dict[str, str] |
 
 def cuda_type_names(api) -> dict[int, str]:
     """``cudaDataType`` value -> its C name (``CUDA_R_16F``), for dtypes given as values."""
-    return {int(m): (n if n.startswith("CUDA_") else f"CUDA_{n}") for n, m in api.cudaDataType.__members__.items()}
+    names: dict[int, str] = {}
+    for name, member in api.cudaDataType.__members__.items():
+        name = name if name.startswith("CUDA_") else f"CUDA_{name}"
+        if int(member) not in names or name in _dtypes.BY_CUDA:  # aliases (E4M3 = UE4M3): the one we know
+            names[int(member)] = name
+    return names
 
 
 def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scale_type=None, result_type=None,
