@@ -809,12 +809,8 @@ class Matmul:
                 self._epilog_inputs[key] = new
                 self._input_setters[key](new.ptr)
         if quantization_scales is not None:
-            new_scales = self._check_scales(quantization_scales)
-            if set(new_scales) != set(self._scale_inputs) or any(
-                    isinstance(new_scales[k], float) != isinstance(self._scale_inputs[k], float) for k in new_scales):
-                raise NvblasltValueError("quantization_scales: give the same keys, each again a number or an array, "
-                                         "as when the Matmul was made")
-            self._scale_inputs = new_scales
+            # new values replace the old for the keys given (numbers or arrays alike); the others stay
+            self._scale_inputs = {**self._scale_inputs, **self._check_scales(quantization_scales)}
             self._write_scales()
             if self._planned:
                 problem = self.problem
