@@ -911,10 +911,35 @@ def _descriptor_cases():
                    arg("max_workspace_bytes") + ("MAX_WORKSPACE_BYTES",))
 
 
+def _environment_cases():
+    """A process where another library has set its own ctypes prototypes on the shared
+    ``ctypes.pythonapi`` capsule functions (a common idiom): nvblaslt must not depend on them."""
+    def call():
+        import nvblaslt
+
+        try:  # nvblaslt has read a capsule (and set whatever it sets) before the other library comes along
+            problem_call("fn", base_ops())
+        except nvblaslt.NvblasltError:
+            pass
+        api = ctypes.pythonapi
+        functions = (api.PyCapsule_IsValid, api.PyCapsule_GetPointer, api.PyCapsule_New, api.PyCapsule_GetName)
+        saved = [(f, f.argtypes, f.restype) for f in functions]
+        api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        api.PyCapsule_GetPointer.argtypes, api.PyCapsule_GetPointer.restype = [ctypes.c_void_p, ctypes.c_char_p], \
+            ctypes.c_size_t
+        api.PyCapsule_New.argtypes = [ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+        try:
+            return problem_call("fn", base_ops())
+        finally:
+            for f, argtypes, restype in saved:
+                f.argtypes, f.restype = argtypes, restype
+    yield Case("environment/pythonapi-prototypes-set-by-another-library/fn", "valid", call)
+
+
 def build_cases() -> dict[str, Case]:
     cases = {}
     for group in (_operand_cases, _shape_cases, _valid_cases, _scalar_epilog_cases, _option_cases,
-                  _lifecycle_cases, _descriptor_cases):
+                  _lifecycle_cases, _descriptor_cases, _environment_cases):
         for case in group():
             assert case.id not in cases, case.id
             cases[case.id] = case

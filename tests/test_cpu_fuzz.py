@@ -273,6 +273,23 @@ def test_no_gpu_error_says_so_in_nvblaslts_words(fuzz):
         f"matmul without a GPU said: {record.get('type')}: {message}")
 
 
+@pytest.mark.parametrize("planted", ["none", "value", "order", "aux-dtype", "refuse-bias"])
+def test_nvmath_diff_harness_judges_a_numpy_stand_in(planted):
+    """The differential test's own machinery (arrays, references, verdicts), without a GPU: a NumPy stand-in
+    for both libraries agrees with itself, and each defect planted in its nvblaslt half is caught."""
+    code, out, err = _spawn([str(TESTS / "nvmath_diff.py"), "--self-test", planted, "--cases", "150"], 300)
+    summary = next((line for line in out.splitlines() if line.startswith("nvmath_diff: ") and "cases:" in line), "")
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (both ok|both refused|gaps|mismatches|wrong \(nvblaslt\))",
+                                              summary)}
+    assert summary, f"no summary line (exit {code}): {_tail(out + err, 12)}"
+    if planted == "none":
+        assert code == 0 and counts["both ok"] > 50 and not counts["gaps"] and not counts["mismatches"], summary
+    else:
+        caught = {"value": "wrong (nvblaslt)", "order": "mismatches", "aux-dtype": "mismatches",
+                  "refuse-bias": "gaps"}[planted]
+        assert counts[caught] > 0, summary
+
+
 if __name__ == "__main__":
     import argparse
 
