@@ -51,16 +51,16 @@ class DLManagedTensorVersioned(ctypes.Structure):
     ]
 
 
+# Private prototypes: setting argtypes on ctypes.pythonapi's shared function objects would change them
+# for every other library in the process (and theirs would change ours).
 _api = ctypes.pythonapi
-_get_pointer = _api.PyCapsule_GetPointer
-_get_pointer.restype, _get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-_is_valid = _api.PyCapsule_IsValid
-_is_valid.restype, _is_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
 _raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
 _raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
 _DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_capsule_new = _api.PyCapsule_New
-_capsule_new.restype, _capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, _DESTRUCTOR]
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, _DESTRUCTOR)(
+    ("PyCapsule_New", _api))
 
 
 def read_capsule(capsule) -> tuple[DLTensor, bool, tuple[int, int] | None]:

@@ -35,6 +35,7 @@ class Operand:
     readonly: bool
     kind: str  # cupy, torch, jax, numba, numpy or protocol
     host: bool = False  # in host memory (NumPy, CPU torch): staged to the GPU before use
+    conjugated: bool = False  # a PyTorch lazy-conjugate view: the memory holds the unconjugated values
 
     @property
     def alignment(self) -> int:
@@ -235,8 +236,23 @@ def read_cached(obj, name: str, stream: int) -> Operand:
         if len(_recent) >= _RECENT_SIZE:
             _recent.pop(next(iter(_recent)))
         # the fields without the array itself: the cache must not keep arrays alive
-        fields = (op.ptr, op.shape, op.strides, op.dtype, op.device, op.readonly, op.kind, op.host)
+        fields = (op.ptr, op.shape, op.strides, op.dtype, op.device, op.readonly, op.kind, op.host, op.conjugated)
         _recent[id(obj)] = (reference, fingerprint(obj, kind), fields)
+    return op
+
+
+def _torch_lazy_bits(tensor, name: str) -> Operand | None:
+    """PyTorch's lazy conjugate and negative views keep unmodified memory plus a flag that DLPack
+    refuses and ``__cuda_array_interface__`` ignores: read the memory, carry the conjugation."""
+    is_neg = getattr(tensor, "is_neg", None)
+    if is_neg is not None and is_neg():
+        raise NvblasltValueError(f"{name}: a PyTorch negative-bit view (lazy negation) cannot be read as memory; "
+                                 f"call .resolve_neg() first")
+    is_conj = getattr(tensor, "is_conj", None)
+    if is_conj is None or not is_conj():
+        return None
+    op = read(tensor.conj(), name, 0)  # the same memory without the flag
+    op.obj, op.conjugated = tensor, True
     return op
 
 
@@ -256,6 +272,10 @@ def read(obj, name: str, stream: int) -> Operand:
     CPU torch tensors) through DLPack or ``__array_interface__``, marked ``host`` for staging."""
     if obj is None:
         raise NvblasltTypeError(f"{name}: expected an array, got None")
+    if kind_of(obj) == "torch":
+        lazy = _torch_lazy_bits(obj, name)
+        if lazy is not None:
+            return lazy
     cls = type(obj)
     if hasattr(cls, "__dlpack__") and hasattr(cls, "__dlpack_device__"):
         try:
