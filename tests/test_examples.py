@@ -54,7 +54,7 @@ relu(a @ b):
  [ 0. 14.]]
 
 aux is a <class 'dict'> with the following keys: dict_keys(['relu_aux'])
-aux[relu_aux] is <class 'cupy.ndarray'> with dtype int8
+aux[relu_aux] is <class 'cupy.ndarray'> with dtype uint8
 """
 
 

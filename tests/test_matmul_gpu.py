@@ -165,7 +165,7 @@ def test_cupy_torch_jax_and_protocol_results_come_back_in_kind():
     bias = cupy.asarray(RNG.standard_normal(M), dtype=cupy.float32)
     d, aux = matmul(a, b, epilog=MatmulEpilog.RELU_AUX_BIAS, epilog_inputs={"bias": bias})
     assert isinstance(d, cupy.ndarray) and isinstance(aux["relu_aux"], cupy.ndarray)
-    assert aux["relu_aux"].dtype == cupy.int8
+    assert aux["relu_aux"].dtype == cupy.uint8
     assert rel_error(d.get(), np.maximum(a.get() @ b.get() + bias.get()[:, None], 0)) < 1e-5
     jax = pytest.importorskip("jax")
     ja, jb = jax.numpy.asarray(a.get()), jax.numpy.asarray(b.get())
