@@ -2,16 +2,22 @@
 
 One step is forward + backward (no optimizer) of a 4-layer MLP, by default bf16, 8192 tokens,
 widths 4096→16384→4096→16384→4096, the activation after every layer but the last. Rows, per
-activation (ReLU, tanh-GELU):
+activation (ReLU, tanh-GELU), issue 13's table:
 
 - ``nn.Linear`` + activation, eager;
 - ``torch.compile`` of that model;
 - the GEMM-only floor: the same GEMMs with no bias and no activation (bias-free nn.Linear layers);
 - ``FusedLinear`` eager (``nvblaslt.torch.fuse`` of the same model, sharing its parameters);
-- ``FusedLinear`` under ``torch.compile(fullgraph=True)``.
+- ``FusedLinear`` under ``torch.compile(fullgraph=True)``;
 
-Every row is timed in the same interleaved rounds (each case once per round, CUDA events, median),
-after warm-up (which includes compilation), so clock drift falls on all rows alike.
+and, with ``--backward all``, a FusedLinear eager row for each ``FusedSequential.backward`` mode.
+Under the table, a legend says which nvblaslt configuration each FusedLinear row ran: the backward
+mode per activation, the epilogs it uses, and whether the plans were searched (``--search``:
+one step of every fused model under ``nvblaslt.torch.autotune()`` first, winners remembered on disk).
+
+Every row is timed in the same interleaved rounds (each case once per round, CUDA events around
+the step from an idle GPU, median), after warm-up (which includes compilation), so clock drift
+falls on all rows alike.
 """
 
 from __future__ import annotations
@@ -23,6 +29,18 @@ import statistics
 import sys
 import time
 from typing import Any
+
+MODES = ("auto", "unfused", "bgradb", "epilog")
+NAMES = {"relu": "ReLU", "gelu": "tanh-GELU"}
+# what each FusedSequential.backward mode runs, per activation (forward; activation backward; bias gradient)
+EPILOGS = {
+    ("unfused", "relu"): "RELU_BIAS; torch threshold_backward; BGRADB",
+    ("unfused", "gelu"): "GELU_AUX_BIAS; torch gelu_backward; BGRADB",
+    ("bgradb", "relu"): "RELU_AUX_BIAS; DRELU in the next dx GEMM; BGRADB",
+    ("bgradb", "gelu"): "GELU_AUX_BIAS; DGELU in the next dx GEMM; BGRADB",
+    ("epilog", "relu"): "RELU_AUX_BIAS; DRELU_BGRAD in the next dx GEMM",
+    ("epilog", "gelu"): "GELU_AUX_BIAS; DGELU_BGRAD in the next dx GEMM",
+}
 
 
 def _progress(message: str) -> None:
@@ -48,8 +66,9 @@ def _step(model, params, x, grad):
     return run
 
 
-def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> list[float]:
-    """Median ms of each case, every case once per round; CUDA events (wall clock on the CPU)."""
+def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> tuple[list[float], list[float]]:
+    """(median ms, median host ms) of each case, every case once per round: CUDA events around the step
+    (wall clock on the CPU), and the host's time to issue it (a step that waits on the GPU shows here)."""
     for name, run in cases:
         _progress(f"warm-up: {name}")
         for _ in range(warmup):
@@ -57,24 +76,36 @@ def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> li
     if cuda:
         torch.cuda.synchronize()
     samples: list[list[float]] = [[] for _ in cases]
+    host: list[list[float]] = [[] for _ in cases]
     for _ in range(rounds):
         for index, (_, run) in enumerate(cases):
             if not cuda:
                 begin = time.perf_counter()
                 run()
                 samples[index].append((time.perf_counter() - begin) * 1e3)
+                host[index].append(samples[index][-1])
                 continue
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            begin = time.perf_counter()
             run()
+            host[index].append((time.perf_counter() - begin) * 1e3)
             stop.record()
             stop.synchronize()
             samples[index].append(start.elapsed_time(stop))
-    return [statistics.median(s) for s in samples]
+    return [statistics.median(s) for s in samples], [statistics.median(h) for h in host]
 
 
 def _relative(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _resolved(mode: str, activation: str) -> str:
+    if mode != "auto":
+        return mode
+    from nvblaslt.torch import _AUTO_BACKWARD
+
+    return _AUTO_BACKWARD[activation] or "unfused"
 
 
 def main(args=None) -> dict:
@@ -87,12 +118,12 @@ def main(args=None) -> dict:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="5 rounds, 2 warm-up steps")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
-    parser.add_argument("--bias-gradient", choices=["epilog", "bgradb", "both"], default="epilog",
-                        help="where a chained layer's bias gradient comes from (FusedSequential.bias_gradient); "
-                             "'both' adds a FusedLinear eager row for the other")
+    parser.add_argument("--backward", choices=[*MODES, "all"], default="auto",
+                        help="FusedSequential.backward of the FusedLinear rows; 'all' adds an eager row for "
+                             "each mode besides 'auto'")
     parser.add_argument("--search", action="store_true",
-                        help="first run one step under nvblaslt.torch.autotune(search=True): every GEMM of the "
-                             "fused model is searched and the winners remembered on disk")
+                        help="first run one step of every fused model under nvblaslt.torch.autotune(): every "
+                             "GEMM is searched and the winners remembered on disk (NVBLASLT_CACHE_DIR)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cpu: a smoke test of this script (torch ops; wall-clock times mean nothing)")
     parser.add_argument("--json", help="write the results here")
@@ -111,7 +142,9 @@ def main(args=None) -> dict:
     device, dtype = torch.device(options.device), getattr(torch, options.dtype)
     widths = [int(w) for w in options.widths.split(",")]
     activations = [a.strip() for a in options.activations.split(",") if a.strip()]
-    names = {"relu": "ReLU", "gelu": "tanh-GELU"}
+    mode = "auto" if options.backward == "all" else options.backward
+    extra_modes = [m for m in MODES if m != "auto"] if options.backward == "all" else []
+    plans = "searched plans" if options.search else "heuristic plans"
     started = time.time()
 
     generator = torch.Generator(device=device).manual_seed(0)
@@ -119,31 +152,30 @@ def main(args=None) -> dict:
     grad = torch.randn(options.tokens, widths[-1], device=device, dtype=dtype, generator=generator)
 
     rows: list[tuple[str, str]] = []  # (key, label) in table order
-    cases: list[tuple[str, object]] = []  # ((activation, key) label, step)
+    legend: dict[str, str] = {}  # FusedLinear row label -> its configuration
+    cases: list[tuple[str, object]] = []  # ((activation, label), step)
     checks = {}
     for activation in activations:
         torch.manual_seed(0)
         reference = _mlp(torch, widths, activation, True, device, dtype)
         floor = _mlp(torch, widths, None, False, device, dtype)
-        fused = nvtorch.fuse(reference)  # a FusedSequential sharing the reference's parameters
+        forms = {m: nvtorch.fuse(reference, backward=m) for m in [mode, *extra_modes]}  # sharing its parameters
+        fused = forms[mode]
         fused_params = list(fused.parameters())
-        forms = {"epilog": fused}
-        if options.bias_gradient != "epilog":
-            forms["bgradb"] = nvtorch.fuse(reference, bias_gradient="bgradb")
-        if options.bias_gradient == "bgradb":
-            fused = forms["bgradb"]
 
         if options.search:
-            _progress(f"{activation}: searching every GEMM of the fused step (remembered on disk)")
+            _progress(f"{activation}: searching every GEMM of the fused steps (remembered on disk)")
             with nvtorch.autotune():
                 for model in forms.values():
-                    _step(model, list(model.parameters()), x, grad)()
+                    _step(model, fused_params, x, grad)()
 
-        # correctness first: the fused step against nn.Linear's, same parameters and inputs
+        # correctness first: each fused step against nn.Linear's, same parameters and inputs
         _step(reference, list(reference.parameters()), x, grad)()
         expected = [p.grad.clone() for p in reference.parameters()]
-        _step(fused, fused_params, x, grad)()
-        checks[activation] = max(_relative(p.grad, e) for p, e in zip(fused_params, expected))
+        for model in forms.values():
+            _step(model, fused_params, x, grad)()
+            worst = max(_relative(p.grad, e) for p, e in zip(fused_params, expected))
+            checks[activation] = max(checks.get(activation, 0.0), worst)
 
         mine = [("eager", "nn.Linear + activation, eager", _step(reference, list(reference.parameters()), x, grad))]
         if not options.no_compile:
@@ -151,52 +183,64 @@ def main(args=None) -> dict:
                          _step(torch.compile(reference), list(reference.parameters()), x, grad)))
         mine.append(("floor", "GEMM-only floor (no bias, no activation)", _step(floor, list(floor.parameters()), x,
                                                                                  grad)))
-        suffix = " [BGRADB]" if options.bias_gradient == "bgradb" else ""
-        mine.append(("fused", f"FusedLinear eager{suffix}", _step(fused, fused_params, x, grad)))
-        if options.bias_gradient == "both":
-            mine.append(("fused_bgradb", "FusedLinear eager [BGRADB]",
-                         _step(forms["bgradb"], list(forms["bgradb"].parameters()), x, grad)))
+        mine.append(("fused", "FusedLinear eager", _step(fused, fused_params, x, grad)))
+        legend.setdefault("FusedLinear eager", f"backward={mode!r}")
         if not options.no_compile:
             mine.append(("fused_compile", "FusedLinear, torch.compile(fullgraph=True)",
                          _step(torch.compile(fused, fullgraph=True), fused_params, x, grad)))
+            legend.setdefault("FusedLinear, torch.compile(fullgraph=True)", f"backward={mode!r}")
+        for other in extra_modes:
+            label = f"FusedLinear eager [{other}]"
+            mine.append((f"fused_{other}", label, _step(forms[other], fused_params, x, grad)))
+            legend.setdefault(label, f"backward={other!r}")
         for key, label, run in mine:
             if (key, label) not in rows:
                 rows.append((key, label))
             cases.append((f"{activation}: {label}", run))
 
     _progress(f"{len(cases)} cases, {options.warmup} warm-up steps each (compiling where asked)")
-    medians = _interleaved(torch, cases, options.rounds, options.warmup, cuda)
-    times = {}
-    for (label, _), ms in zip(cases, medians):
+    medians, host = _interleaved(torch, cases, options.rounds, options.warmup, cuda)
+    times, host_times = {}, {}
+    for (label, _), ms, host_ms in zip(cases, medians, host):
         activation, _, row = label.partition(": ")
-        times[activation, row] = ms
+        times[activation, row], host_times[activation, row] = ms, host_ms
 
     shape = "→".join(map(str, widths))
     gpu = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})"
     print(f"one training step (forward + backward), {options.dtype}, tokens {options.tokens}, MLP {shape}; "
-          f"median of {options.rounds} interleaved rounds, ms")
+          f"median of {options.rounds} interleaved rounds, ms ({time.strftime('%Y-%m-%d')})")
     version = getattr(nvblaslt.library(), "version_tuple", None) if cuda else None
     print(f"{gpu}, torch {torch.__version__}, cuBLASLt {'.'.join(map(str, version)) if version else '?'}, "
           f"Python {platform.python_version()}")
-    header = f"{'step':46s}" + "".join(f" | {names.get(a, a):>9s} {'×eager':>7s} {'×floor':>7s}" for a in activations)
+    header = f"{'step':46s}" + "".join(f" | {NAMES.get(a, a):>9s} {'×eager':>7s} {'×floor':>7s}" for a in activations)
     print(header)
     print("-" * len(header))
-    results: dict[str, Any] = {"rows": {}, "checks": checks, "options": vars(options), "gpu": gpu, "torch": torch.__version__}
+    results: dict[str, Any] = {"rows": {}, "checks": checks, "options": vars(options), "gpu": gpu,
+                               "torch": torch.__version__, "legend": {}}
+    floor_label = next(lb for k, lb in rows if k == "floor")
     for key, label in rows:
-        line = f"{label:46s}"
+        line = f"{label + (' *' if label in legend else ''):46s}"
         for activation in activations:
             if (activation, label) not in times:
                 line += f" | {'—':>9s} {'':7s} {'':7s}"
                 continue
             ms = times[activation, label]
             eager = times[activation, rows[0][1]]
-            floor_ms = times[activation, next(lb for k, lb in rows if k == "floor")]
+            floor_ms = times[activation, floor_label]
             line += f" | {ms:9.2f} {ms / eager:7.3f} {ms / floor_ms:7.3f}"
-            results["rows"].setdefault(label, {})[activation] = {"ms": ms, "x_eager": ms / eager,
-                                                                 "x_floor": ms / floor_ms}
+            results["rows"].setdefault(label, {})[activation] = {
+                "ms": ms, "x_eager": ms / eager, "x_floor": ms / floor_ms, "host_ms": host_times[activation, label]}
         print(line)
-    print("FusedLinear gradients vs nn.Linear's (largest relative difference over parameters): "
-          + ", ".join(f"{names.get(a, a)} {checks[a]:.1e}" for a in activations))
+    print("* nvblaslt configuration of the FusedLinear rows (nvblaslt.torch.fuse(model, backward=…), " + plans + "):")
+    for label, setting in legend.items():
+        chosen = setting.split("=")[1].strip("'")
+        parts = [f"{NAMES.get(a, a)}: {_resolved(chosen, a)} ({EPILOGS[_resolved(chosen, a), a]})"
+                 for a in activations if (_resolved(chosen, a), a) in EPILOGS]
+        print(f"  {label}: {setting}, {plans}; " + "; ".join(parts))
+        results["legend"][label] = {"backward": chosen, "plans": plans,
+                                    **{a: _resolved(chosen, a) for a in activations}}
+    print("FusedLinear gradients vs nn.Linear's (largest relative difference over parameters and modes): "
+          + ", ".join(f"{NAMES.get(a, a)} {checks[a]:.1e}" for a in activations))
     print(f"({time.time() - started:.0f} s in all, compilation included)")
     if options.json:
         with open(options.json, "w") as handle:

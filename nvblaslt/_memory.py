@@ -117,7 +117,12 @@ def _allocator(kind: str, shape: tuple, strides: tuple, dtype: DType, device: in
         def allocate_torch(stream: int, framework_stream: int):
             array = new_empty_strided(shape, strides)
             if stream != framework_stream:
-                array.record_stream(torch.cuda.ExternalStream(stream or 0, device=device))
+                if stream in (0, 1):  # the legacy default stream: torch knows it as its default stream
+                    array.record_stream(torch.cuda.default_stream(device))
+                elif stream == 2:  # the per-thread default stream has no torch object: the caller orders it
+                    pass
+                else:
+                    array.record_stream(torch.cuda.ExternalStream(stream, device=device))
             return array, array.data_ptr()
         return allocate_torch
     if kind == "cupy" and dtype.typestr is not None:

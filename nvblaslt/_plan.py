@@ -290,7 +290,7 @@ class Matmul:
             version = ".".join(map(str, lib.version_tuple))
             raise NvblasltValueError(f"epilog: {epilog.name} is not an epilogue of the loaded cuBLASLt {version}")
         prefs = as_options(MatmulPlanPreferences, preferences, "preferences")
-        problem = canonical(self.operands, epilog)
+        problem = self._pending_problem = canonical(self.operands, epilog)
         spec = SPECS[epilog]
         epilog_inputs, aux_dtype, aux_scale = self._fp8_aux(spec, prefs.epilog, epilog_inputs)
         inputs = self._read_epilog_inputs(spec, epilog, epilog_inputs, problem)
@@ -441,7 +441,7 @@ class Matmul:
 
         checked = []
         for index, algo in enumerate(structs):
-            result = check_algorithm(_PlanView(self._lib, handle, desc, layouts), algo)
+            result = check_algorithm(_PlanView(self._lib, handle, desc, layouts, self._pending_problem), algo)
             if result is None:
                 raise NvblasltValueError(f"algorithms[{index}]: cuBLASLt's algorithm check refuses it for this plan")
             checked.append(result)
@@ -651,6 +651,10 @@ class Matmul:
                                   *self._args_tail, stream_h)
             if status:
                 self._launch_refused(status, c_pointer, d_pointer, stream_h)
+            if stream_h == 2 and framework_stream != 2 and not self._hand_back:
+                # results from the framework's pool, used on the per-thread default stream, which the
+                # framework cannot be told about: order its stream after ours instead
+                _memory._wait(stream_h, framework_stream)
         if self._hand_back:  # nvblaslt's own DeviceArrays, handed to JAX / Numba zero-copy
             kind = self._kind
             if out is None and self._alloc_d is not None:
@@ -929,8 +933,8 @@ class Matmul:
 class _PlanView:
     """What the algorithm check reads of a plan, before the plan is the Matmul's."""
 
-    def __init__(self, lib, handle, desc, layouts):
-        self._lib, self._handle, self._desc, self._layouts = lib, handle, desc, layouts
+    def __init__(self, lib, handle, desc, layouts, problem):
+        self._lib, self._handle, self._desc, self._layouts, self.problem = lib, handle, desc, layouts, problem
 
 
 class _ForeignHandle:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 
 from ._descriptors import Algorithm, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
 from ._errors import CublasLtError, NvblasltError
+from ._known_bad import refuses
 
 DEEPER_HEURISTICS = 64  # how far down the heuristics' own ranking to look
 OTHER_EPILOGS = (1, 6, 4)  # DEFAULT, RELU_BIAS, BIAS: their picks include tiles never paired with aux epilogues
@@ -29,7 +30,11 @@ def check_algorithm(plan, algo) -> HeuristicResult | None:
                                     layouts[2].handle, layouts[3].handle, ctypes.byref(algo), ctypes.byref(result))
     except CublasLtError:
         return None
-    return HeuristicResult(result, lib)
+    checked = HeuristicResult(result, lib)
+    problem = getattr(plan, "problem", None)
+    if problem is not None and refuses(checked, problem):  # measured wrong: never a candidate, never recalled
+        return None
+    return checked
 
 
 _check = check_algorithm  # the name _plan.py imports today

@@ -11,17 +11,19 @@ are nvblaslt's; on any other device the same math runs as torch ops.
 How one layer y = act(x Wᵀ + b) maps onto cuBLASLt, for x (T, in), W (out, in):
 
 - forward: D = W @ xᵀ is (out, T) column-major, the same memory as y (T, out) row-major, and the
-  bias runs along D's rows as the epilogs need: RELU_AUX_BIAS / GELU_AUX_BIAS keep the aux (the
-  ReLU bitmask, or the GELU pre-activation) for the backward pass.
+  bias runs along D's rows as the epilogs need: RELU_BIAS, or GELU_AUX_BIAS keeping the GELU
+  pre-activation for the backward pass (RELU_AUX_BIAS, keeping the ReLU bitmask, when the next
+  layer's GEMM takes the ReLU's backward).
 - backward, weight and bias: dW = dzᵀ x as D = xᵀ @ dz, (in, out) column-major = dW row-major;
   BGRADB (B = dz row-major, summed over T) gives the bias gradient in the same call.
 - backward, input: dx = dz W as D = Wᵀ @ dzᵀ, (in, T) column-major = dx row-major.
 
-Across two layers of a ``FusedSequential`` the activation's backward moves into the next layer's
-input-gradient GEMM: DRELU_BGRAD / DGELU_BGRAD with the previous layer's aux give the gradient
-w.r.t. its pre-activation and its bias gradient in one call, so no elementwise pass over the
-activations is left. The gradient travels on a *link*: each layer also returns ``link`` (T, out)
-and ``link_bias`` (out,), zero tensors of zero strides (one element of memory) standing for
+Across two layers of a ``FusedSequential`` the activation's backward can move into the next layer's
+input-gradient GEMM: DRELU / DGELU with the previous layer's aux (the ReLU bitmask, the GELU
+pre-activation) give the gradient w.r.t. its pre-activation, and DRELU_BGRAD / DGELU_BGRAD its bias
+gradient in the same call (``backward=`` chooses; by default what measured fastest: see
+``FusedSequential``). The gradient travels on a *link*: each linked layer also returns ``link``
+(T, out) and ``link_bias`` (out,), zero tensors of zero strides (one element of memory) standing for
 ``z - stopgrad(z)``. The next layer reads x's value but declares its dependence through the
 link, so autograd stays exact even when the activation output has other consumers (their
 gradient arrives on the output and goes through the activation's derivative as torch ops).
@@ -201,24 +203,32 @@ def autotune(*, iterations: int = 5):
     """Search every GEMM the fused layers run inside this context (``Matmul.autotune(search=True)``:
     the heuristics' list and configurations beyond it, and for DRELU_BGRAD / DGELU_BGRAD the two-call
     form) and remember the winners on disk, so that later plans of the same problems start from them.
+    Each distinct problem is searched once per context (layers of one shape share the winner).
 
     Run one training step inside it before the first ordinary step: the GEMMs run as usual, only
     slower. Plans that ``nvblaslt.matmul`` has already cached (per thread, the autograd engine's
     included) are not revisited; a new process picks the winners up."""
     global _tuning
-    previous, _tuning = _tuning, {"iterations": iterations}
+    previous, _tuning = _tuning, {"iterations": iterations, "searched": set()}
     try:
         yield
     finally:
         _tuning = previous
 
 
+def _problem_key(a: Tensor, b: Tensor, epilog: MatmulEpilog, inputs: dict | None) -> tuple:
+    tensors = (a, b, *(inputs or {}).values())
+    return epilog, tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors), tuple(inputs or ())
+
+
 def _gemm(a: Tensor, b: Tensor, epilog: MatmulEpilog = _E.DEFAULT, inputs: dict | None = None):
     """(D, aux dict or None) of nvblaslt's function form: plans cached per thread, current torch stream."""
-    if _tuning is not None:
+    tuning = _tuning
+    if tuning is not None and _problem_key(a, b, epilog, inputs) not in tuning["searched"]:
+        tuning["searched"].add(_problem_key(a, b, epilog, inputs))
         with Matmul(a, b) as plan:
             plan.plan(epilog=epilog, epilog_inputs=inputs)
-            plan.autotune(iterations=_tuning["iterations"], search=True)
+            plan.autotune(iterations=tuning["iterations"], search=True)
             result = plan.execute()
     else:
         result = matmul(a, b, epilog=epilog, epilog_inputs=inputs)
@@ -454,14 +464,21 @@ def _wants_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _layer(x2, weight, bias, activation, state):
+def _layer(x2, weight, bias, activation, state, chain=None):
     """One layer on 2-D x; ``state`` is the previous layer's (activation, aux, link, link_bias) or None.
-    Returns (out, state for the next layer)."""
-    keep_aux = activation != "none" and _wants_grad(x2, weight, bias, *(state[2:] if state else ()))
+    ``chain``: where this layer's activation backward runs — None: in its own backward, as torch ops on
+    its output (ReLU) or kept pre-activation (GELU); ``"epilog"`` / ``"bgradb"``: in the next layer's
+    input-gradient GEMM (DRELU_BGRAD / DGELU_BGRAD, or DRELU / DGELU with BGRADB here for the bias
+    gradient), through the link this layer returns. Returns (out, state for the next layer)."""
+    grad = _wants_grad(x2, weight, bias, *(state[2:] if state else ()))
+    linked = grad and activation != "none" and chain is not None
+    keep_aux = linked or (grad and activation == "gelu")  # ReLU's own backward reads its output instead
     prev_activation, prev_aux, link, link_bias = state if state is not None else ("none", None, None, None)
     out, aux, out_link, out_link_bias = torch.ops.nvblaslt.linear(
         x2, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias)
-    return out, ((activation, aux, out_link, out_link_bias if bias is not None else None) if keep_aux else None)
+    if not linked:
+        return out, None
+    return out, (activation, aux, out_link, out_link_bias if bias is not None and chain == "epilog" else None)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
@@ -470,9 +487,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     ``x`` is (…, in_features), ``weight`` (out_features, in_features), ``bias`` (out_features,),
     all of one dtype (float16, bfloat16, float32, float64). ``activation``: None, ``"relu"`` or
     ``"gelu"`` — the tanh approximation, which cuBLASLt fuses; exact GELU (``"gelu_erf"``) is
-    refused with NvblasltValueError. The backward pass is fused as well (BGRADB for the bias
-    gradient); chaining layers in a ``FusedSequential`` also moves the activation's backward into
-    the next layer's GEMM."""
+    refused with NvblasltValueError. The backward pass runs the activation's derivative as a torch op
+    and BGRADB for the bias gradient; a ``FusedSequential`` can also move the activation's backward
+    into the next layer's GEMM."""
     activation = _activation(activation)
     x, weight, bias = _autocast(x, weight, bias)
     _check(x, weight, bias)
@@ -525,44 +542,52 @@ class FusedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.activation)
 
-    def _chain(self, x2: Tensor, state, bias_gradient: str):
+    def _chain(self, x2: Tensor, state, backward: str):
         """forward on 2-D x, taking and giving the link state a FusedSequential threads through."""
         x2, weight, bias = _autocast(x2, self.weight, self.bias)
         _check(x2, weight, bias)
-        if state is not None and bias_gradient != "epilog":
-            state = state[:3] + (None,)
-        return _layer(x2, weight, bias, self.activation, state)
+        chain = _AUTO_BACKWARD[self.activation] if backward == "auto" else None if backward == "unfused" else backward
+        return _layer(x2, weight, bias, self.activation, state, chain)
 
     def extra_repr(self) -> str:
         text = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
         return text + (f", activation={self.activation!r}" if self.activation != "none" else "")
 
 
-BIAS_GRADIENTS = ("epilog", "bgradb")
+BACKWARDS = ("auto", "unfused", "bgradb", "epilog")
+# What "auto" picks, from the training-step bench (H200, cuBLASLt 13.1, bf16, 8192 tokens, widths 4096/16384):
+# cuBLASLt runs DRELU, DRELU_BGRAD and DGELU_BGRAD there as the GEMM plus a separate epilogue kernel
+# (0.2-0.75 ms a call, slower than torch's threshold_backward or a row sum), while DGELU is fused into the
+# GEMM (+2-5 %) and BGRADB costs nothing or one short reduction kernel.
+_AUTO_BACKWARD = {"none": None, "relu": None, "gelu": "bgradb"}
 
 
 class FusedSequential(nn.Sequential):
-    """``nn.Sequential`` that fuses across consecutive ``FusedLinear`` layers (``nn.Identity`` between
-    them is skipped): each layer's activation backward runs in the next layer's input-gradient GEMM
-    (DRELU_BGRAD / DGELU_BGRAD). Any other module in between ends the chain.
+    """``nn.Sequential`` that can fuse across consecutive ``FusedLinear`` layers (``nn.Identity`` between
+    them is skipped): a layer's activation backward can run in the next layer's input-gradient GEMM.
+    Any other module in between ends the chain.
 
-    ``bias_gradient``: where a chained layer's bias gradient comes from: ``"epilog"`` (the
-    DRELU_BGRAD / DGELU_BGRAD output, default) or ``"bgradb"`` (DRELU / DGELU, then BGRADB in the
-    layer's own weight-gradient GEMM). The results are the same; the speed may differ."""
+    ``backward``: where each layer's activation backward and bias gradient are computed —
+    ``"epilog"``: DRELU_BGRAD / DGELU_BGRAD in the next layer's input-gradient GEMM, one call for both;
+    ``"bgradb"``: DRELU / DGELU there, the bias gradient by BGRADB in the layer's own weight-gradient GEMM;
+    ``"unfused"``: the activation backward as a torch op in the layer's own backward (ReLU from its
+    output, no bitmask kept), then BGRADB, as a standalone ``FusedLinear`` does;
+    ``"auto"`` (default): ``"unfused"`` for ReLU and ``"bgradb"`` for GELU, the fastest measured
+    (H200, cuBLASLt 13.1: see ``python -m nvblaslt._bench_mlp``). The results agree to rounding."""
 
-    def __init__(self, *args, bias_gradient: str = "epilog"):
+    def __init__(self, *args, backward: str = "auto"):
         super().__init__(*args)
-        self.bias_gradient = bias_gradient
+        self.backward = backward
 
     @property
-    def bias_gradient(self) -> str:
-        return self._bias_gradient
+    def backward(self) -> str:
+        return self._backward
 
-    @bias_gradient.setter
-    def bias_gradient(self, value: str) -> None:
-        if value not in BIAS_GRADIENTS:
-            raise NvblasltValueError(f"bias_gradient: expected one of {BIAS_GRADIENTS}, got {value!r}")
-        self._bias_gradient = value
+    @backward.setter
+    def backward(self, value: str) -> None:
+        if value not in BACKWARDS:
+            raise NvblasltValueError(f"backward: expected one of {BACKWARDS}, got {value!r}")
+        self._backward = value
 
     def forward(self, x: Tensor) -> Tensor:
         state = None  # the previous FusedLinear's link, while the chain lasts
@@ -572,7 +597,7 @@ class FusedSequential(nn.Sequential):
                 if lead is None:
                     lead = x.shape[:-1]
                     x = x.reshape(-1, x.shape[-1]).contiguous()
-                x, state = module._chain(x, state, self._bias_gradient)
+                x, state = module._chain(x, state, self._backward)
             elif isinstance(module, nn.Identity):
                 continue
             else:
@@ -595,17 +620,20 @@ def _activation_of(module: nn.Module, where: str) -> str | None:
     return None
 
 
-def fuse(module: nn.Module, *, bias_gradient: str = "epilog") -> nn.Module:
+def fuse(module: nn.Module, *, backward: str = "auto") -> nn.Module:
     """Fused layers in place of ``nn.Linear`` (+ ``nn.ReLU`` / ``nn.GELU(approximate="tanh")``).
 
     An ``nn.Sequential`` becomes a ``FusedSequential``: each Linear followed by an activation becomes
     one ``FusedLinear`` and the activation's slot an ``nn.Identity``, so ``state_dict`` keys stay those
     of the original. Parameters are shared with ``module``, not copied. Other modules are converted
-    in place, child by child, and returned. An exact GELU after a Linear is refused (NvblasltValueError)."""
-    return _fuse(module, bias_gradient, "module")
+    in place, child by child, and returned. An exact GELU after a Linear is refused (NvblasltValueError).
+    ``backward``: as ``FusedSequential``'s, for every one made."""
+    if backward not in BACKWARDS:
+        raise NvblasltValueError(f"backward: expected one of {BACKWARDS}, got {backward!r}")
+    return _fuse(module, backward, "module")
 
 
-def _fuse(module: nn.Module, bias_gradient: str, where: str) -> nn.Module:
+def _fuse(module: nn.Module, backward: str, where: str) -> nn.Module:
     if isinstance(module, (FusedLinear, FusedSequential)):
         return module
     if isinstance(module, nn.Linear):
@@ -626,12 +654,12 @@ def _fuse(module: nn.Module, bias_gradient: str, where: str) -> nn.Module:
                     converted[next_name] = nn.Identity()
                     index += 1
             else:
-                converted[name] = _fuse(child, bias_gradient, f"{where}[{name}]")
+                converted[name] = _fuse(child, backward, f"{where}[{name}]")
             index += 1
-        fused = FusedSequential(converted, bias_gradient=bias_gradient)
+        fused = FusedSequential(converted, backward=backward)
         fused.train(module.training)
         return fused
     for name, child in list(module.named_children()):
-        setattr(module, name, _fuse(child, bias_gradient, f"{where}.{name}"))
+        setattr(module, name, _fuse(child, backward, f"{where}.{name}"))
     return module
 

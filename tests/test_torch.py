@@ -154,8 +154,10 @@ def test_bad_arguments_name_themselves():
         linear(torch.ones(2, 3), torch.ones(4, 3), torch.ones(5))
     with pytest.raises(NvblasltTypeError, match="x: expected float16, bfloat16, float32 or float64"):
         linear(torch.ones(2, 3, dtype=torch.int32), torch.ones(4, 3, dtype=torch.int32))
-    with pytest.raises(NvblasltValueError, match="bias_gradient: expected one of"):
-        FusedSequential(nn.Linear(2, 2), bias_gradient="fused")
+    with pytest.raises(NvblasltValueError, match="backward: expected one of"):
+        FusedSequential(nn.Linear(2, 2), backward="fused")
+    with pytest.raises(NvblasltValueError, match="backward: expected one of"):
+        fuse(nn.Sequential(nn.Linear(2, 2)), backward="bias_gradient")
 
 
 # ---- the math on CPU ----------------------------------------------------------------------------------
@@ -180,12 +182,12 @@ def test_linear_matches_nn_functional_on_cpu(dtype, activation, bias):
         torch.testing.assert_close(a, e)
 
 
-@pytest.mark.parametrize("bias_gradient", ["epilog", "bgradb"])
+@pytest.mark.parametrize("backward", nvtorch.BACKWARDS)
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_fused_sequential_matches_nn_sequential_on_cpu(activation, bias_gradient):
+def test_fused_sequential_matches_nn_sequential_on_cpu(activation, backward):
     torch.manual_seed(2)
     reference = mlp((9, 16, 12, 5), activation, last_activation=True).double()
-    fused = fuse(copy.deepcopy(reference), bias_gradient=bias_gradient)
+    fused = fuse(copy.deepcopy(reference), backward=backward)
     x = torch.randn(4, 3, 9, dtype=torch.float64, requires_grad=True)
     (y0, g0), (y1, g1) = run_both(reference, fused, x, torch.randn(4, 3, 5, dtype=torch.float64))
     torch.testing.assert_close(y1, y0)
@@ -193,8 +195,9 @@ def test_fused_sequential_matches_nn_sequential_on_cpu(activation, bias_gradient
         torch.testing.assert_close(a, e)
 
 
+@pytest.mark.parametrize("chain", ["epilog", "bgradb"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_gradient_is_exact_when_an_activation_output_has_other_consumers(activation):
+def test_gradient_is_exact_when_an_activation_output_has_other_consumers(activation, chain):
     """The link carries the next layer's part of the gradient; a second consumer's part arrives on the
     output itself and goes through the activation's derivative: both must add up."""
     torch.manual_seed(4)
@@ -205,7 +208,7 @@ def test_gradient_is_exact_when_an_activation_output_has_other_consumers(activat
                                                                                     requires_grad=True)
 
     def ours(w1, b1, w2, b2):
-        h, state = nvtorch._layer(x, w1, b1, activation, None)
+        h, state = nvtorch._layer(x, w1, b1, activation, None, chain)
         assert state is not None  # the second layer is linked to the first
         y, _ = nvtorch._layer(h, w2, b2, "none", state)
         return y.sum() + (h ** 2).sum()
@@ -220,13 +223,12 @@ def test_gradient_is_exact_when_an_activation_output_has_other_consumers(activat
     assert torch.autograd.gradcheck(ours, params)
 
 
-@pytest.mark.parametrize("bias_gradient", ["epilog", "bgradb"])
+@pytest.mark.parametrize("backward", nvtorch.BACKWARDS)
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gradcheck_float64_on_cpu(activation, bias, bias_gradient):
+def test_gradcheck_float64_on_cpu(activation, bias, backward):
     torch.manual_seed(5)
-    model = fuse(mlp((4, 7, 6, 3), activation, bias=bias, last_activation=True).double(),
-                 bias_gradient=bias_gradient)
+    model = fuse(mlp((4, 7, 6, 3), activation, bias=bias, last_activation=True).double(), backward=backward)
     names = [n for n, _ in model.named_parameters()]
     params = tuple(p.detach().clone().requires_grad_() for p in model.parameters())
     x = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
