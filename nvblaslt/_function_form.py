@@ -125,9 +125,12 @@ def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_in
     a_op, b_op = read(a, "a", stream_h), read(b, "b", stream_h)
     c_op = read(c, "c", stream_h) if c is not None else None
     host = a_op.host or b_op.host or (c_op is not None and c_op.host)
-    inputs = {k: read(v, f"epilog_inputs['{k}']", stream_h) for k, v in (epilog_inputs or {}).items()}
+    # the fp8 aux scale is a number or a one-element array the plan reads at plan time, not an operand
+    inputs = {k: (v if k == "aux_quantization_scale" else read(v, f"epilog_inputs['{k}']", stream_h))
+              for k, v in (epilog_inputs or {}).items()}
     cacheable = not host and quantization_scales is None and qualifiers is None and algorithm is None \
-        and not options.inplace and options.handle is None and options.logger is None
+        and not options.inplace and options.handle is None and options.logger is None \
+        and "aux_quantization_scale" not in inputs
     key = None
     if cacheable:
         key = (kind, epilog, _signature(a_op), _signature(b_op), _signature(c_op),

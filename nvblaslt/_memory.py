@@ -20,8 +20,13 @@ from ._dtypes import DType
 
 
 def _free_async(pointer: int, last_stream: list) -> None:
-    if cudart.cudaFreeAsync(pointer, last_stream[0])[0] != _cuda.SUCCESS:
-        cudart.cudaFree(pointer)  # the stream is gone: free synchronously
+    """Free after the work that used the memory. On the legacy default stream that is stream order;
+    a caller's stream may be destroyed by now (freeing on it would be undefined), and the per-thread
+    default stream is another stream in the thread running a finalizer: wait for the device instead."""
+    if last_stream[0] not in (0, 1):
+        cudart.cudaDeviceSynchronize()
+    if cudart.cudaFreeAsync(pointer, 0)[0] != _cuda.SUCCESS:
+        cudart.cudaFree(pointer)
 
 
 class DeviceBuffer:

@@ -732,6 +732,9 @@ class Matmul:
             return last[2]
         if self._host or self.problem.inplace:
             raise NvblasltValueError("out: not available for host operands or in-place plans")
+        if _operands.kind_of(out) != self._kind:
+            raise NvblasltTypeError(f"out: a {_operands.kind_of(out)} array, but the operands are {self._kind} arrays; "
+                                    f"results stay in the operands' package")
         d_op = _operands.read(out, "out", stream_h)
         self._check_out(d_op)
         fingerprint = _operands.fingerprint(out, _operands.kind_of(out))
