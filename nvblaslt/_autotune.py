@@ -471,10 +471,17 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
     try:
         with Timer(plan._device, stream_h) as timer:
             candidates = list(plan.algorithms)
-            logger.info("autotune: timing %d heuristic picks, %d interleaved rounds", len(candidates),
-                        max(1, iterations))
-            samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
-            heuristic = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
+            previous = getattr(plan, "tuning_report", None)
+            if search and previous is not None and not previous.searched:
+                # autotune() already chose among the heuristic list: the search starts from its pick, so
+                # that a search which finds nothing better leaves exactly autotune()'s kernel
+                heuristic = [(plan.algorithm, previous.chosen_ms)]
+                logger.info("search: starting from autotune()'s pick %s", previous.chosen)
+            else:
+                logger.info("autotune: timing %d heuristic picks, %d interleaved rounds", len(candidates),
+                            max(1, iterations))
+                samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
+                heuristic = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
             incumbent, incumbent_ms = heuristic[0]
             if not search:
                 plan._select(incumbent)
