@@ -63,14 +63,26 @@ def current_stream_getter(kind: str, device: int | None):
 
 def framework_stream_of(kind: str, array) -> int:
     """The current stream of ``array``'s framework on ``array``'s device: the function form's default."""
+    getter = _stream_of.get(kind)
+    if getter is None:
+        getter = _stream_of[kind] = _stream_of_array(kind)
+    return getter(array)
+
+
+_stream_of: dict = {}  # kind -> array -> stream, built once per kind (the hot path looks up nothing else)
+
+
+def _stream_of_array(kind: str):
     if kind == "torch":
-        raw = getattr(sys.modules["torch"]._C, "_cuda_getCurrentRawStream", None)
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         if raw is not None:
-            return raw(array.get_device())
-        return sys.modules["torch"].cuda.current_stream(array.device).cuda_stream
+            return lambda array: raw(array.get_device())
+        return lambda array: torch.cuda.current_stream(array.device).cuda_stream
     if kind == "cupy":
-        return sys.modules["cupy"].cuda.get_current_stream().ptr
-    return 0
+        get_current_stream = sys.modules["cupy"].cuda.get_current_stream
+        return lambda array: get_current_stream().ptr
+    return lambda array: 0
 
 
 def current_stream(kind: str, device: int | None) -> int:
