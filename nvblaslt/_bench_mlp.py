@@ -15,9 +15,10 @@ Under the table, a legend says which nvblaslt configuration each FusedLinear row
 mode per activation, the epilogs it uses, and whether the plans were searched (``--search``:
 one step of every fused model under ``nvblaslt.torch.autotune()`` first, winners remembered on disk).
 
-Every row is timed in the same interleaved rounds (each case once per round, CUDA events around
-the step from an idle GPU, median), after warm-up (which includes compilation), so clock drift
-falls on all rows alike.
+Every row is timed in the same interleaved rounds (each case once per round, in an order rotated
+each round; CUDA events around the step, queued behind ~2 ms of GPU work so that the host is ahead
+as in a training loop; median), after warm-up (which includes compilation), so clock drift falls
+on all rows alike. The JSON also keeps each row's host time to issue the step.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 from typing import Any
 
 MODES = ("auto", "unfused", "bgradb", "epilog")
+SPIN_CYCLES = 4_000_000  # ~2 ms of GPU clock queued before each timed step: the host's head start
 NAMES = {"relu": "ReLU", "gelu": "tanh-GELU"}
 # what each FusedSequential.backward mode runs, per activation (forward; activation backward; bias gradient)
 EPILOGS = {
@@ -67,8 +69,11 @@ def _step(model, params, x, grad):
 
 
 def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> tuple[list[float], list[float]]:
-    """(median ms, median host ms) of each case, every case once per round: CUDA events around the step
-    (wall clock on the CPU), and the host's time to issue it (a step that waits on the GPU shows here)."""
+    """(median ms, median host ms) of each case, every case once per round, in an order rotated each round
+    (no case always follows the same one). On CUDA the step is timed with events queued behind a short
+    spin kernel, so that the host is ahead of the GPU as in a training loop: the time is the GPU's (host
+    stalls inside the step still show), not the host's latency to its first launch. Host ms is the
+    host's time to issue the step (wall clock on the CPU, where both are the same)."""
     for name, run in cases:
         _progress(f"warm-up: {name}")
         for _ in range(warmup):
@@ -77,8 +82,10 @@ def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> tu
         torch.cuda.synchronize()
     samples: list[list[float]] = [[] for _ in cases]
     host: list[list[float]] = [[] for _ in cases]
-    for _ in range(rounds):
-        for index, (_, run) in enumerate(cases):
+    for round_ in range(rounds):
+        for offset in range(len(cases)):
+            index = (round_ + offset) % len(cases)
+            run = cases[index][1]
             if not cuda:
                 begin = time.perf_counter()
                 run()
@@ -86,6 +93,7 @@ def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> tu
                 host[index].append(samples[index][-1])
                 continue
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(SPIN_CYCLES)
             start.record()
             begin = time.perf_counter()
             run()
