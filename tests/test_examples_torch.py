@@ -44,12 +44,14 @@ def check(out: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_ddp_example_on_two_gpus(dtype):
+@pytest.mark.parametrize("dtype, activation", [("float32", "gelu"), ("bfloat16", "gelu"), ("bfloat16", "relu")])
+def test_ddp_example_on_two_gpus(dtype, activation):
+    """GELU layers are linked (DGELU in the next layer's GEMM), ReLU layers are not (their backward reads
+    their output): both kinds of backward under DDP's gradient hooks."""
     if gpu_count() < 2:
         pytest.skip("needs two GPUs")
-    out = torchrun("--dtype", dtype)
-    assert "2 ranks (nccl, cuda)" in out
+    out = torchrun("--dtype", dtype, "--activation", activation)
+    assert "2 ranks (nccl, cuda)" in out and f"{dtype}, MLP 256,1024,512,64 {activation}" in out
     check(out)
 
 
