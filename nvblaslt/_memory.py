@@ -182,20 +182,11 @@ def span_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
 
 def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType, device: int):
     """Arrays of any ``shape`` and element ``strides`` (see ``_allocator``)."""
-    span = span_elements(shape, strides)
+    nbytes = max(span_elements(shape, strides), 1) * dtype.itemsize
     byte_strides = tuple(s * dtype.itemsize for s in strides)
-    c_order = c_strides(shape)
-    swapped = (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
 
-    if strides == c_order or span == 1:
-        def cupy_empty(cupy):
-            return cupy.empty(shape, dtype=dtype.name)
-    elif len(shape) >= 2 and strides == _swap_last(c_strides(swapped)):  # column-major matrices
-        def cupy_empty(cupy):
-            return cupy.empty(swapped, dtype=dtype.name).swapaxes(-1, -2)
-    else:  # padded layouts (aux matrices, bias gradients): CuPy has no empty_strided
-        def cupy_empty(cupy):
-            return cupy.lib.stride_tricks.as_strided(cupy.empty((span,), dtype=dtype.name), shape, byte_strides)
+    def cupy_empty(cupy):  # one constructor over pool memory: cheaper than empty() and a view of it
+        return cupy.ndarray(shape, dtype.name, cupy.cuda.alloc(nbytes), strides=byte_strides)
     return _allocator(kind, shape, strides, dtype, device, cupy_empty)
 
 
@@ -209,5 +200,3 @@ def c_strides(shape: tuple[int, ...], unit: int = 1) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def _swap_last(strides: tuple[int, ...]) -> tuple[int, ...]:
-    return (*strides[:-2], strides[-1], strides[-2])
