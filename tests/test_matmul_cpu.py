@@ -8,9 +8,9 @@ import pytest
 
 import nvblaslt
 from nvblaslt import MatmulEpilog, NvblasltTypeError, NvblasltValueError, _dtypes, _function_form, _operands
-from nvblaslt._epilogs import SPECS, check_aux, check_bias, outputs
+from nvblaslt._epilogs import SPECS, outputs
 from nvblaslt._plan import Matmul
-from nvblaslt._problem import COL, OP_C, OP_N, OP_T, ROW, Operands, canonical
+from nvblaslt._problem import COL, OP_C, OP_N, OP_T, Operands, canonical
 
 from fakes import FakeCAI, FakeDLPack, fortran
 
