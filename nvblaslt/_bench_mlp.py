@@ -162,7 +162,7 @@ def main(args=None) -> dict:
     rows: list[tuple[str, str]] = []  # (key, label) in table order
     legend: dict[str, str] = {}  # FusedLinear row label -> its configuration
     cases: list[tuple[str, object]] = []  # ((activation, label), step)
-    checks = {}
+    checks: dict[str, float] = {}
     for activation in activations:
         torch.manual_seed(0)
         reference = _mlp(torch, widths, activation, True, device, dtype)
