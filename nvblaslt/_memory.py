@@ -198,5 +198,3 @@ def c_strides(shape: tuple[int, ...], unit: int = 1) -> tuple[int, ...]:
         strides.insert(0, step)
         step *= max(extent, 1)
     return tuple(strides)
-
-
