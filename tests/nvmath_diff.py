@@ -1098,12 +1098,13 @@ def reference(inputs: dict, d_dtype: str, compute: str, aux_dtypes: dict) -> dic
         vec_bound = (rel + 4 * z.shape[-1] * u_acc) * d_size.sum(axis=-1) + 2 * U_OUT.get(
             aux_dtypes.get(name, d_dtype), 2.0**-23) * (np.abs(vec) + d_size.sum(axis=-1))
         out[name] = ("vec", vec, vec_bound)
+    batch = np.broadcast_shapes(A2.shape[:-2], B2.shape[:-2])  # a single matrix serves every batch
     if epilog == "BGRADA":
-        vec = A2.sum(axis=-1)
+        vec = np.broadcast_to(A2.sum(axis=-1), (*batch, A2.shape[-2]))
         out["bgrada"] = ("vec", [vec, alpha * vec], 4 * k * u_acc * np.abs(A2).sum(axis=-1)
                          + 2 * U_OUT.get(aux_dtypes.get("bgrada", d_dtype), 2.0**-23) * np.abs(A2).sum(axis=-1))
     if epilog == "BGRADB":
-        vec = B2.sum(axis=-2)
+        vec = np.broadcast_to(B2.sum(axis=-2), (*batch, B2.shape[-1]))
         out["bgradb"] = ("vec", [vec, alpha * vec], 4 * k * u_acc * np.abs(B2).sum(axis=-2)
                          + 2 * U_OUT.get(aux_dtypes.get("bgradb", d_dtype), 2.0**-23) * np.abs(B2).sum(axis=-2))
     if (inputs.get("options") or {}).get("result_amax"):
