@@ -728,8 +728,8 @@ class Matmul:
     def _out_pointer(self, out, stream_h: int) -> int:
         """Check ``out=`` once per array: the same object with the same fingerprint is not re-read."""
         last = self._last_out
-        if last is not None and last[0]() is out and last[1] == _operands.fingerprint(out, _operands.kind_of(out)):
-            return last[2]
+        if last is not None and last[0]() is out and last[1] == _operands.fingerprint(out, self._kind):
+            return last[2]  # the same array as last time (so of the operands' package), unchanged
         if self._host or self.problem.inplace:
             raise NvblasltValueError("out: not available for host operands or in-place plans")
         if _operands.kind_of(out) != self._kind:
