@@ -9,6 +9,7 @@ reference; anything else (another exception, a wrong result, a crash of this pro
 from __future__ import annotations
 
 import collections
+import warnings
 import sys
 import time
 
@@ -20,6 +21,8 @@ from reference import gelu, gelu_grad, host, rel_error  # noqa: E402
 
 import nvblaslt  # noqa: E402
 from nvblaslt import MatmulEpilog, NvblasltError, matmul  # noqa: E402
+
+warnings.filterwarnings("ignore", message="epilog_inputs: .* ignoring")
 
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float64: 1e-8}
 
@@ -81,9 +84,8 @@ def one_call(rng: np.random.Generator, stats: collections.Counter) -> None:
         forward_z = host(x) @ host(w) + host(fb)[:, None]
         inputs[kind] = case.fault(aux[kind], lambda: aux[kind][..., :-1, :] if aux[kind].shape[-2] > 1 else None,
                                   lambda: aux[kind].transpose(-1, -2), lambda: aux[kind].cpu())
-    if inputs and case.chance(0.04):
+    if inputs and case.chance(0.04):  # ignored with a warning, as nvmath-python ignores it: still valid
         inputs["unknown"] = inputs[next(iter(inputs))]
-        case.valid = False
     kwargs = {"epilog": case.fault(epilog, lambda: "NOT_AN_EPILOG", lambda: 12345, lambda: 2.5)}
     if inputs:
         kwargs["epilog_inputs"] = inputs
