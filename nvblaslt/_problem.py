@@ -216,10 +216,11 @@ def _side(matrix: Matrix, dtype: DType, transpose: bool, conjugate: bool, need_o
     if not options:
         raise NvblasltValueError(f"{name}: {why}; the given layout (strides {matrix.op.strides}) cannot be read "
                                  f"that way")
-    # Prefer column starts on 16-byte boundaries (a 1×K row stored with ld 1 has none, and cuBLASLt's
-    # kernels refuse it at launch), then column-major storage, then no transpose.
-    options.sort(key=lambda item: ((item[0].ld * dtype.itemsize) % 16 != 0 and item[0].cols > 1,
-                                   item[0].order != COL, item[1] != OP_N))
+    # Prefer column-major storage (row-major only where nothing else describes the operand), then
+    # column starts on 16-byte boundaries (a 1×K row stored with ld 1 has none, and cuBLASLt's kernels
+    # refuse it at launch), then no transpose.
+    options.sort(key=lambda item: (item[0].order != COL,
+                                   (item[0].ld * dtype.itemsize) % 16 != 0 and item[0].cols > 1, item[1] != OP_N))
     layout, op = options[0]
     return Side(layout, op, source)
 
