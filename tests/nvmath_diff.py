@@ -53,6 +53,8 @@ CUDA_NAME = {"float32": "CUDA_R_32F", "float16": "CUDA_R_16F", "bfloat16": "CUDA
 # twice the unit roundoff of each storage type: one rounding to it, with a margin
 U_OUT = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7, "complex64": 2.0**-23,
          "complex128": 2.0**-52, "float8_e4m3fn": 2.0**-3, "float8_e5m2": 2.0**-2, "uint8": 0.0, "int8": 0.0}
+MIN_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float8_e4m3fn": 2.0**-6,
+              "float8_e5m2": 2.0**-14}
 # (per-term accumulation error, input rounding) by compute type
 U_COMPUTE = {"COMPUTE_64F": (2.0**-53, 0.0), "COMPUTE_64F_PEDANTIC": (2.0**-53, 0.0),
              "COMPUTE_32F": (2.0**-24, 0.0), "COMPUTE_32F_PEDANTIC": (2.0**-24, 0.0),
@@ -1075,7 +1077,9 @@ def reference(inputs: dict, d_dtype: str, compute: str, aux_dtypes: dict) -> dic
     rel = 4 * (k * u_acc + u_in) + 1e-300
 
     def bound(scale, value, dtype):
-        return rel * scale + 2 * U_OUT.get(dtype, 2.0**-23) * np.abs(value) + 1e-6 * rel * (scale.max() if scale.size else 0)
+        # plus the smallest normal number: kernels may flush subnormal results to zero
+        return (rel * scale + 2 * U_OUT.get(dtype, 2.0**-23) * np.abs(value)
+                + 1e-6 * rel * (scale.max() if scale.size else 0) + MIN_NORMAL.get(dtype, 0.0))
 
     out = {}
     d, d_size = z, size
@@ -1126,9 +1130,12 @@ def reference(inputs: dict, d_dtype: str, compute: str, aux_dtypes: dict) -> dic
 
 
 def _compute_name(step_inputs: dict, a_dtype: str) -> str:
-    name = (step_inputs.get("options") or {}).get("compute_type")
+    options = step_inputs.get("options") or {}
+    name = options.get("compute_type")
     if name:
         return name
+    if options.get("scale_type") == "CUDA_R_16F":  # a half-precision scale implies half-precision compute
+        return "COMPUTE_16F"
     return "COMPUTE_64F" if a_dtype in ("float64", "complex128") else "COMPUTE_32F"
 
 
