@@ -54,17 +54,7 @@ def _fast_lookup(kind, cache, a, b, c, inputs, settings):
     return key, plan, names, pointers
 
 
-def _torch_fingerprint(t):
-    if t.is_conj() or t.is_neg():  # lazy views: the checked path reads what their memory means
-        return 0, None, None, None, -1
-    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
-
-
-def _cupy_fingerprint(x):
-    return x.data.ptr, x.shape, x.strides, x.dtype, x.device.id
-
-
-_FINGERPRINTS = {"torch": _torch_fingerprint, "cupy": _cupy_fingerprint}
+_FINGERPRINTS = _operands.FINGERPRINTS
 
 
 def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None, qualifiers=None,

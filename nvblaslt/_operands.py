@@ -203,16 +203,28 @@ def is_host_array(obj) -> bool:
     return hasattr(obj, "__array_interface__") and not hasattr(obj, "__cuda_array_interface__")
 
 
+def _torch_fingerprint(t):
+    if t.is_conj() or t.is_neg():  # lazy views: only the checked path reads what their memory means
+        return 0, None, None, None, -1
+    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
+
+
+def _cupy_fingerprint(x):
+    memory = x.data  # its device_id is an int; x.device builds a Device object each time
+    return memory.ptr, x.shape, x.strides, x.dtype, memory.device_id
+
+
+# (pointer, shape, strides, dtype, device; device -1: not to be read by a hot path) per package
+FINGERPRINTS = {"torch": _torch_fingerprint, "cupy": _cupy_fingerprint}
+
+
 def fingerprint(obj, kind: str):
     """A cheap identity of a CuPy/PyTorch array's memory and shape, or None for other arrays.
 
     Lets a hot path reuse what it read from the same object before: an array that was resized
     or re-pointed in place has another fingerprint and is read again."""
-    if kind == "torch":
-        return obj.data_ptr(), obj.shape, obj.stride(), obj.dtype, obj.get_device()
-    if kind == "cupy":
-        return obj.data.ptr, obj.shape, obj.strides, obj.dtype, obj.device.id
-    return None
+    get = FINGERPRINTS.get(kind)
+    return get(obj) if get is not None else None
 
 
 _recent: dict[int, tuple] = {}  # id(obj) -> (weakref, fingerprint, Operand)
