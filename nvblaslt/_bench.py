@@ -2,7 +2,8 @@
 
 Sections (``--sections``, all by default):
   percall  the blog's small layer (CuPy fp32, 100×784 @ 784×256, RELU_BIAS): host time per call,
-           against a bare ctypes cublasLtMatmul with every argument prebuilt
+           against a bare ctypes cublasLtMatmul with every argument prebuilt and no argtypes (the
+           same call through the generated binding, with argtypes, is a row of its own)
   layer    transformer-sized layers (bf16; 16, 256, 8192 tokens; 4096→4096 and 4096→14336;
            RELU_BIAS, GELU_BIAS): event time per call of matmul() as users call it (fresh ``x.T``
            views, no ``out=``) and Matmul.execute(), against torch's fused ``_addmm_activation``
@@ -113,10 +114,12 @@ def _free_memory(torch) -> None:
 
 # ---- percall: the blog's small layer ------------------------------------------------------------------
 def _bare_call(nvblaslt, weights_ptr: int, x_ptr: int, bias_ptr: int, out_ptr: int, workspace, stream: int):
-    """cublasLtMatmul for D = relu(W @ x + bias), every argument prebuilt: the floor of any ctypes
-    design. W (100×784) and x (784×256) are row-major, so cuBLASLt reads each as the transpose of a
-    column-major matrix; D (100×256) is column-major and the bias runs along its rows."""
+    """cublasLtMatmul for D = relu(W @ x + bias), every argument a prebuilt ctypes object and the
+    function without argtypes: the floor of any ctypes design. W (100×784) and x (784×256) are
+    row-major, so cuBLASLt reads each as the transpose of a column-major matrix; D (100×256) is
+    column-major and the bias runs along its rows."""
     from nvblaslt import Handle, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
+    from nvblaslt._plan import _raw_function
 
     lib = nvblaslt.library()
     api = lib.api
@@ -138,9 +141,16 @@ def _bare_call(nvblaslt, weights_ptr: int, x_ptr: int, bias_ptr: int, out_ptr: i
             ctypes.c_void_p(d.handle), ctypes.byref(algorithm.algorithm.algo),
             ctypes.c_void_p(workspace[0] if algorithm.workspace_size else None),
             ctypes.c_size_t(workspace[1] if algorithm.workspace_size else 0), ctypes.c_void_p(stream))
+    raw, checked = _raw_function(lib.cublasLtMatmul), lib.cublasLtMatmul
     keep = (desc, a, b, d, preference, alpha, beta, algorithm)  # the C objects must outlive the calls
-    matmul = lib.cublasLtMatmul
-    return lambda: (matmul(*args), keep)
+
+    def bare():  # no argtypes or status check: the fastest ctypes call
+        return raw(*args)
+
+    def bare_checked():  # the generated binding: argtypes and a status check
+        return checked(*args)
+    bare.keep = bare_checked.keep = keep  # type: ignore[attr-defined]
+    return bare, bare_checked
 
 
 def percall_section(args, torch, results: dict) -> None:
@@ -183,12 +193,14 @@ def percall_section(args, torch, results: dict) -> None:
     mm = Matmul(weights, x)
     mm.plan(epilog=epilog, epilog_inputs={"bias": bias})
     planned_out = mm.execute()
-    bare = _bare_call(nvblaslt, pointer(weights), pointer(x), pointer(bias), pointer(out), workspace, stream)
+    bare, bare_checked = _bare_call(nvblaslt, pointer(weights), pointer(x), pointer(bias), pointer(out), workspace,
+                                    stream)
     bare()
     expected = nvblaslt.matmul(weights, x, epilog=epilog, epilog_inputs={"bias": bias})
     close = _max_relative(torch, out, expected)
     cases = {
         "bare ctypes cublasLtMatmul": bare,
+        "bare, through the binding (argtypes)": bare_checked,
         "Matmul.execute(out=)": lambda: mm.execute(out=planned_out),
         "Matmul.execute()": mm.execute,
         "matmul() (cached plan)": lambda: nvblaslt.matmul(weights, x, epilog=epilog, epilog_inputs={"bias": bias}),

@@ -28,33 +28,17 @@ def _signature(op) -> tuple | None:
     return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment)
 
 
-def _fast_lookup(kind, cache, a, b, c, inputs, settings):
-    """(key, plan or None, input names, pointers) for CuPy/PyTorch device arrays, else None."""
-    fingerprint, array_type = _FINGERPRINTS[kind], type(a)
-    arrays = (a, b, c, *inputs.values()) if inputs else (a, b, c)
-    pointers, layout = [], []
-    for array in arrays:
-        if array is None:
-            pointers.append(None)
-            layout.append(None)
-            continue
-        if type(array) is not array_type:
-            return None
-        pointer, shape, strides, dtype, device = fingerprint(array)
-        if device < 0:  # a CPU tensor: host operands take the checked path
-            return None
-        pointers.append(pointer)
-        layout.append((shape, strides, dtype, device, 256 if not pointer & 255 else pointer & -pointer))
-    names = tuple(inputs) if inputs else ()
-    key = (kind, settings, names, tuple(layout))
-    try:
-        plan = cache.get(key)
-    except TypeError:  # an unhashable setting: the checked path will say what is wrong with it
-        return None
-    return key, plan, names, pointers
+_fast_paths: dict[type, tuple | None] = {}  # array type -> (kind, read layouts, current stream on a device)
 
 
-_FINGERPRINTS = _operands.FINGERPRINTS
+def _fast_path(cls: type) -> tuple | None:
+    """The fast path's readers for arrays of type ``cls`` (found once per type), or None."""
+    if cls in _fast_paths:
+        return _fast_paths[cls]
+    read = _operands.layout_reader(cls)
+    kind = _operands.KINDS.get(cls.__module__.partition(".")[0], "protocol")
+    path = _fast_paths[cls] = None if read is None else (kind, read, _streams.stream_on_device(kind))
+    return path
 
 
 def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None, qualifiers=None,
@@ -67,7 +51,6 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
 
     Plans are cached per thread, keyed on shapes, strides, dtypes, alignment, device, package
     and epilog, so repeated calls with like operands do not re-plan."""
-    kind = _operands.kind_of(a)
     try:
         cache = _local.plans
     except AttributeError:
@@ -75,22 +58,36 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
     if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
         raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
     fast_key = None
-    # Fast path: on the framework's own stream (no handshake due), with no out=, scales, options or
-    # preferences; the key is the arrays' fingerprints, read without a DLPack export.
-    if kind in _FINGERPRINTS and stream is None and out is None and options is None and qualifiers is None \
-            and algorithm is None and quantization_scales is None and preferences is None:
-        found = _fast_lookup(kind, cache, a, b, c, epilog_inputs, (epilog, compute_type, result_type, beta is None))
-        if found is not None:
-            fast_key, plan, names, pointers = found
-            if plan is not None:
-                plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
-                framework_stream = _streams.framework_stream_of(kind, a)  # the current stream now
-                if plan._several_devices and _cuda.current_device() != plan._device:
-                    with _cuda.on_device(plan._device):
-                        return plan._run(framework_stream, framework_stream, None)
-                return plan._run(framework_stream, framework_stream, None)
-    return _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers,
-                         quantization_scales, options, preferences, algorithm, stream, out, compute_type, result_type)
+    # Fast path: CuPy/PyTorch device arrays on the framework's own stream (no handshake due), with no
+    # out=, scales, options or preferences. The key is the arrays' layouts, read with no DLPack export.
+    if stream is None and out is None and options is None and qualifiers is None and algorithm is None \
+            and quantization_scales is None and preferences is None:
+        path = _fast_paths.get(type(a)) or _fast_path(type(a))
+        if path is not None:
+            kind, read, stream_on = path
+            if epilog_inputs:
+                names = tuple(epilog_inputs)
+                found = read((a, b, c, *epilog_inputs.values()))
+            else:
+                names = ()
+                found = read((a, b, c))
+            if found is not None:
+                pointers, layout = found
+                fast_key = (kind, epilog, compute_type, result_type, beta is None, names, layout)
+                try:
+                    plan = cache.get(fast_key)
+                except TypeError:  # an unhashable argument: the checked path will say what is wrong with it
+                    plan = fast_key = None
+                if plan is not None:
+                    plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
+                    framework_stream = stream_on(layout[0][3])  # a's device
+                    if plan._several_devices and _cuda.current_device() != plan._device:
+                        with _cuda.on_device(plan._device):
+                            return plan._run(framework_stream, framework_stream, None)
+                    return plan._run(framework_stream, framework_stream, None)
+    return _checked_call(_operands.kind_of(a), cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs,
+                         qualifiers, quantization_scales, options, preferences, algorithm, stream, out, compute_type,
+                         result_type)
 
 
 def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers, quantization_scales,

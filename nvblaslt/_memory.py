@@ -107,12 +107,11 @@ def _wait(producer: int, consumer: int) -> None:
     _cuda.check(cudart.cudaEventDestroy(event), "cudaEventDestroy")
 
 
-def _allocator(kind: str, shape: tuple, strides: tuple, dtype: DType, device: int, cupy_empty):
-    """``allocate(stream, framework_stream) -> (array, pointer)`` for arrays of ``shape`` and element
-    ``strides`` in ``kind``'s framework, for work on ``stream``. The framework's pool allocates on
-    its current stream (``framework_stream``); when our stream differs, the array is tied to ours so
-    the pool does not hand it out again while our kernel may run. ``cupy_empty(cupy)`` makes the
-    CuPy array (CuPy has no empty_strided)."""
+def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType, device: int):
+    """``allocate(stream, framework_stream) -> (array, pointer)`` for arrays of any ``shape`` and
+    element ``strides`` in ``kind``'s framework, for work on ``stream``. The framework's pool
+    allocates on its current stream (``framework_stream``); when our stream differs, the array is
+    tied to ours so the pool does not hand it out again while our kernel may run."""
     if kind == "torch":
         torch = sys.modules["torch"]
         # new_empty_strided on a template skips parsing dtype and device on every call
@@ -132,20 +131,27 @@ def _allocator(kind: str, shape: tuple, strides: tuple, dtype: DType, device: in
         return allocate_torch
     if kind == "cupy" and dtype.typestr is not None:
         cupy = sys.modules["cupy"]
+        ndarray, alloc, numpy_dtype = cupy.ndarray, cupy.cuda.alloc, sys.modules["numpy"].dtype(dtype.name)
+        nbytes = max(span_elements(shape, strides), 1) * dtype.itemsize
+        byte_strides = tuple(s * dtype.itemsize for s in strides)
+
+        def cupy_empty():  # one constructor over pool memory (CuPy has no empty_strided)
+            # a dtype object, not a name, and strides positional: 0.4 µs less a call (H200 host)
+            return ndarray(shape, numpy_dtype, alloc(nbytes), byte_strides)
 
         def allocate_cupy(stream: int, framework_stream: int):
             with cupy.cuda.Device(device):
                 if stream != framework_stream:  # CuPy's pool keeps blocks per stream: allocate on ours
                     with cupy.cuda.ExternalStream(stream):
-                        array = cupy_empty(cupy)
+                        array = cupy_empty()
                 else:
-                    array = cupy_empty(cupy)
+                    array = cupy_empty()
             return array, array.data.ptr
 
         def allocate_cupy_one_gpu(stream: int, framework_stream: int):
             if stream != framework_stream:
                 return allocate_cupy(stream, framework_stream)
-            array = cupy_empty(cupy)
+            array = cupy_empty()
             return array, array.data.ptr
         return allocate_cupy if _cuda.several_devices() else allocate_cupy_one_gpu
     size = (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * dtype.itemsize
@@ -178,16 +184,6 @@ def span_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
     if 0 in shape:
         return 0
     return sum((n - 1) * s for n, s in zip(shape, strides)) + 1
-
-
-def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType, device: int):
-    """Arrays of any ``shape`` and element ``strides`` (see ``_allocator``)."""
-    nbytes = max(span_elements(shape, strides), 1) * dtype.itemsize
-    byte_strides = tuple(s * dtype.itemsize for s in strides)
-
-    def cupy_empty(cupy):  # one constructor over pool memory: cheaper than empty() and a view of it
-        return cupy.ndarray(shape, dtype.name, cupy.cuda.alloc(nbytes), strides=byte_strides)
-    return _allocator(kind, shape, strides, dtype, device, cupy_empty)
 
 
 def c_strides(shape: tuple[int, ...], unit: int = 1) -> tuple[int, ...]:

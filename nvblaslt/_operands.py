@@ -8,6 +8,7 @@ DLPack comes first: its dtype codes are unambiguous (CAI cannot tell bfloat16 fr
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from ._memory import DeviceArray, _wait, c_strides
 from ._streams import dlpack_stream
 
 # Top-level module of an array's type -> the framework results are returned in.
-_KINDS = {"cupy": "cupy", "torch": "torch", "jax": "jax", "jaxlib": "jax", "numba": "numba", "numpy": "numpy"}
+KINDS = {"cupy": "cupy", "torch": "torch", "jax": "jax", "jaxlib": "jax", "numba": "numba", "numpy": "numpy"}
 _MAX_NDIM = 64  # far beyond any matmul operand; a capsule claiming more is malformed
 _MAX_EXTENT = 1 << 62
 
@@ -54,7 +55,7 @@ def kind_of(obj) -> str:
     cls = type(obj)
     kind = _kind_by_type.get(cls)
     if kind is None:
-        kind = _kind_by_type[cls] = _KINDS.get(cls.__module__.partition(".")[0], "protocol")
+        kind = _kind_by_type[cls] = KINDS.get(cls.__module__.partition(".")[0], "protocol")
     return kind
 
 
@@ -225,6 +226,72 @@ def fingerprint(obj, kind: str):
     or re-pointed in place has another fingerprint and is read again."""
     get = FINGERPRINTS.get(kind)
     return get(obj) if get is not None else None
+
+
+def _torch_layouts(torch):
+    tensor_types = (torch.Tensor, torch.nn.Parameter)  # subclasses with their own semantics take the checked path
+
+    def layouts(arrays):
+        pointers, layout = [], []
+        for t in arrays:
+            if t is None:
+                pointers.append(None)
+                layout.append(None)
+                continue
+            if type(t) not in tensor_types or t.is_neg():
+                return None
+            dtype = t.dtype
+            if dtype.is_complex and t.is_conj():  # lazy views: only the checked path reads what their memory means
+                return None
+            device = t.get_device()
+            if device < 0:  # a CPU tensor: host operands take the checked path
+                return None
+            pointer = t.data_ptr()
+            pointers.append(pointer)
+            layout.append((t.shape, t.stride(), dtype, device, pointer & 255 and pointer & -pointer))
+        return pointers, tuple(layout)
+    return layouts
+
+
+def _cupy_layouts(cupy):
+    ndarray = cupy.ndarray
+
+    def layouts(arrays):
+        pointers, layout = [], []
+        for x in arrays:
+            if x is None:
+                pointers.append(None)
+                layout.append(None)
+                continue
+            if type(x) is not ndarray:
+                return None
+            memory = x.data
+            pointer = memory.ptr
+            pointers.append(pointer)
+            layout.append((x.shape, x.strides, x.dtype, memory.device_id, pointer & 255 and pointer & -pointer))
+        return pointers, tuple(layout)
+    return layouts
+
+
+_layout_readers: dict[type, object] = {}
+
+
+def layout_reader(cls: type):
+    """For the function form's cache: ``read(arrays) -> (pointers, layout key) or None`` for
+    arrays of type ``cls`` (CuPy arrays, PyTorch CUDA tensors), read straight off the arrays with
+    no DLPack export; None for every other type. The key holds each array's shape, strides,
+    dtype, device and pointer alignment (0: 256 bytes or more); an array of another type, a CPU
+    tensor or a lazy conjugate/negative view makes ``read`` give None (the checked path)."""
+    reader = _layout_readers.get(cls)
+    if reader is None and cls not in _layout_readers:
+        package = sys.modules.get(cls.__module__.partition(".")[0])
+        kind = KINDS.get(cls.__module__.partition(".")[0])
+        if kind == "torch" and package is not None and issubclass(cls, package.Tensor):
+            reader = _torch_layouts(package)
+        elif kind == "cupy" and package is not None and cls is package.ndarray:
+            reader = _cupy_layouts(package)
+        _layout_readers[cls] = reader
+    return reader
 
 
 _recent: dict[int, tuple] = {}  # id(obj) -> (weakref, fingerprint, Operand)

@@ -58,7 +58,7 @@ class SplitBiasGradient:
 
     def run(self, stream_h: int, framework_stream: int, out):
         d = self.masked._run(stream_h, framework_stream, out)
-        self.row_sums._a_pointer.value = self.masked._last_d_pointer
+        self.row_sums._a_pointer.value = self.masked._d_argument.value  # D of the masking call
         return d, {self.key: self.row_sums._run(stream_h, framework_stream, None)}
 
     def reset_operands(self, **operands) -> None:

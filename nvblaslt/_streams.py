@@ -85,6 +85,21 @@ def _stream_of_array(kind: str):
     return lambda array: 0
 
 
+def stream_on_device(kind: str):
+    """``current(device) -> int``: the framework's current stream on a device (the function form's
+    fast path, which has read the device already)."""
+    if kind == "torch":
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw
+        return lambda device: torch.cuda.current_stream(device).cuda_stream
+    if kind == "cupy":
+        get_current_stream = sys.modules["cupy"].cuda.get_current_stream
+        return lambda device: get_current_stream().ptr  # CuPy's current stream is that of the current device
+    return lambda device: 0
+
+
 def current_stream(kind: str, device: int | None) -> int:
     """The stream the caller's framework is working on now (legacy default stream: 0)."""
     return current_stream_getter(kind, device)()

@@ -9,7 +9,7 @@ import pytest
 
 import nvblaslt
 from nvblaslt import CublasLtError, Matmul, MatmulEpilog, matmul
-from reference import gelu, gelu_grad, host, rel_error, unpack_relu_mask
+from reference import gelu, gelu_grad, host, host_exact, rel_error, unpack_relu_mask
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -319,6 +319,56 @@ def test_function_form_sees_an_array_changed_in_place_structurally():
     matmul(a, b)
     a.set_(rand((M, K), "float32"))  # same tensor object, new storage
     assert rel_error(host(matmul(a, b)), host(a) @ host(b)) < 1e-5
+
+
+def test_function_form_fast_path_takes_parameters_and_notices_each_change(monkeypatch):
+    from nvblaslt import _function_form
+
+    _function_form.clear_plan_cache()  # plans cached by earlier tests would hide the checked calls counted here
+    w = torch.nn.Parameter(rand((M, K), "float32"), requires_grad=False)  # nn.Linear's weight type
+    bias = rand((M,), "float32")
+    matmul(w, rand((N, K), "float32").T, epilog="RELU_BIAS", epilog_inputs={"bias": bias})  # plans
+    checked = []
+    real = _function_form._checked_call
+    monkeypatch.setattr(_function_form, "_checked_call", lambda *args: checked.append(1) or real(*args))
+
+    def run(a, b, bias):
+        d = matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+        assert rel_error(host(d), np.maximum(host(a) @ host(b) + host(bias)[:, None], 0)) < 1e-5
+        return len(checked)
+
+    x = rand((N, K), "float32")
+    assert run(w, x.T, bias) == 0  # a fresh view of new activations: the cached plan, no re-reading
+    assert run(w, rand((N, K), "float32").T, rand((M,), "float32")) == 0
+    # every change of layout, dtype or lazy view leaves the fast key and is read (and planned) again
+    assert run(w, rand((K, N), "float32"), bias) == 1  # row-major b instead of a transposed view
+    assert run(w.detach().T.contiguous().T, x.T, bias) == 2  # column-major a
+    assert run(w[:, : K - 8], x.T[: K - 8], bias) == 3  # another K, strided a
+    complex_w = torch.complex(w.detach(), rand((M, K), "float32"))
+    complex_b = torch.complex(rand((K, N), "float32"), rand((K, N), "float32"))
+    d = matmul(complex_w.conj(), complex_b)  # a lazy conjugate view takes the checked path
+    expected = np.conj(host_exact(complex_w)) @ host_exact(complex_b)
+    assert np.linalg.norm(host_exact(d) - expected) / np.linalg.norm(expected) < 1e-5
+    assert len(checked) == 4
+
+
+def test_a_launch_refused_at_run_time_retries_with_this_calls_operands():
+    """cuBLASLt may refuse an offered algorithm at launch; the retry with the next one must use the
+    pointers of this call, not those the plan was made with."""
+    from nvblaslt import _function_form
+
+    _function_form.clear_plan_cache()
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    matmul(a, b)
+    (plan,) = set(_function_form._local.plans.values())  # under its checked key and its fast key
+    if len(plan.algorithms) < 2:
+        pytest.skip("the heuristics offered one algorithm")
+    first = plan.algorithm
+    plan._matmul = lambda *arguments: int(nvblaslt.library().api.CUBLAS_STATUS_NOT_SUPPORTED)  # refuse once
+    a2, b2 = rand((M, K), "float32"), rand((K, N), "float32")
+    d = matmul(a2, b2)
+    assert plan.algorithm is not first  # the next algorithm ran
+    assert rel_error(host(d), host(a2) @ host(b2)) < 1e-5
 
 
 def test_search_beyond_heuristics_and_remembers(tmp_path, monkeypatch):
