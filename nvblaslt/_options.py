@@ -26,9 +26,10 @@ class MatmulOptions:
     ``inplace``: write the result into ``c``; ``device_id``: the GPU for host (NumPy / CPU
     torch) operands; ``blocking``: ``True`` waits for the result, ``"auto"`` only for host
     operands; ``handle``: a ``cublasLtHandle_t`` to use; ``logger``: where decisions are
-    logged. ``memory_limit``, ``allocator``, ``sm_count_target``, ``fast_accumulation`` and
-    ``block_scaling`` are accepted as nvmath-python's are (the last two only at their
-    defaults: cuBLASLt's fp8 fast accumulation and block scaling are not exposed yet)."""
+    logged; ``fast_accumulation``: cuBLASLt's fast fp8 accumulation (fewer promotions to fp32;
+    fp8 operands only). ``memory_limit``, ``allocator`` and ``sm_count_target`` are accepted as
+    nvmath-python's are; ``block_scaling`` only at its default (block-scaled fp8/fp4 is not
+    exposed yet)."""
 
     compute_type: Any = None
     scale_type: Any = None

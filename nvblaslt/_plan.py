@@ -302,6 +302,8 @@ class Matmul:
         desc.set("EPILOGUE", int(problem.epilog))
         if self.options.sm_count_target:
             desc.set("SM_COUNT_TARGET", self.options.sm_count_target)
+        if self.options.fast_accumulation and problem.fp8:  # as in nvmath-python: fp8 operands only
+            desc.set("FAST_ACCUM", 1)
         # cuBLASLt's A is the caller's B when the problem is transposed: so are the scales
         scale_keys = {"A": problem.a.source, "B": problem.b.source, "C": "c", "D": "d"}
         for cuda_key, key in scale_keys.items():

@@ -1069,9 +1069,9 @@ def reference(inputs: dict, d_dtype: str, compute: str, aux_dtypes: dict) -> dic
     m = z.shape[-2]
     u_acc, u_in = U_COMPUTE.get(compute, U_COMPUTE["COMPUTE_32F"])
     if inputs.get("a_dtype") in FP8_TYPES:
-        # Hopper's fp8 MMA accumulates in reduced precision between promotions: measured up to 7.5e-5 of
-        # sum|terms| on an H200, identical for nvmath-python and nvblaslt
-        u_in = max(u_in, 2.0**-15)
+        # Hopper's fp8 MMA accumulates in reduced precision between promotions: measured up to 2.2e-4 of
+        # sum|terms| on an H200 (60 random 48x48x48 e4m3 problems), identical for nvmath-python and nvblaslt
+        u_in = max(u_in, 2.0**-13)
     if "GELU" in epilog:
         u_in += 2.0**-11  # the kernel's tanh may be the hardware approximation (relative error ~2^-11)
     rel = 4 * (k * u_acc + u_in) + 1e-300

@@ -197,6 +197,21 @@ def test_fp8_result_with_d_scale_and_amax():
     assert rel_error(host(mm.execute()), 2 * first) < 1e-3
 
 
+def test_fp8_fast_accumulation_is_set_on_the_descriptor():
+    a = rand((64, 256)).to(torch.float8_e4m3fn)
+    b = rand((48, 256)).to(torch.float8_e4m3fn).T
+    z = host(a) @ host(b)
+    for fast in (False, True):
+        with Matmul(a, b, quantization_scales={"a": 1.0, "b": 1.0},
+                    options={"result_type": "float32", "fast_accumulation": fast}) as mm:
+            mm.plan()
+            assert mm._desc.get("FAST_ACCUM") == int(fast)
+            assert rel_error(host(mm.execute()), z) < 1e-3
+    with Matmul(rand((8, 8)), rand((8, 8)), options={"fast_accumulation": True}) as mm:
+        mm.plan()
+        assert mm._desc.get("FAST_ACCUM") == 0  # nvmath-python's option applies to fp8 operands only
+
+
 def test_stateful_surface_plan_algorithms_release_and_reset():
     a, b = rand((40, 24)), rand((24, 16))
     with Matmul(a, b, alpha=None, options=nvblaslt.MatmulOptions(blocking=True)) as mm:
