@@ -14,6 +14,25 @@ from ._errors import NvblasltTypeError, NvblasltValueError
 
 DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
 _MEMORY = re.compile(r"^\s*\d+(\.\d+)?\s*(%|[kmgt]i?b|b)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(?P<number>\d+(\.\d+)?)\s*(?P<unit>(?P<power>[kmgt]?)(?P<binary>i?)b?|%)\s*$", re.IGNORECASE)
+
+
+def memory_limit_bytes(limit: int | float | str, total: int) -> int:
+    """``options.memory_limit`` in bytes on a GPU of ``total`` bytes, read as nvmath-python reads
+    it: an int is bytes, a float up to 1 a share of the GPU's memory, "80%" a share, "8 GB"
+    decimal and "8 GiB" binary units."""
+    if isinstance(limit, int):
+        return limit
+    if isinstance(limit, float):
+        return int(limit * total) if limit <= 1 else int(limit)
+    match = _SIZE.match(limit)
+    assert match is not None  # MatmulOptions checked the form
+    number = float(match["number"])
+    if match["unit"] == "%":
+        return int(number * total / 100)
+    power = match["power"].lower()
+    exponent = "kmgt".index(power) + 1 if power else 0
+    return int(number * (1024 if match["binary"] else 1000) ** exponent)
 
 
 @dataclass
@@ -27,8 +46,11 @@ class MatmulOptions:
     torch) operands; ``blocking``: ``True`` waits for the result, ``"auto"`` only for host
     operands; ``handle``: a ``cublasLtHandle_t`` to use; ``logger``: where decisions are
     logged; ``fast_accumulation``: cuBLASLt's fast fp8 accumulation (fewer promotions to fp32;
-    fp8 operands only). ``memory_limit``, ``allocator`` and ``sm_count_target`` are accepted as
-    nvmath-python's are; ``block_scaling`` only at its default (block-scaled fp8/fp4 is not
+    fp8 operands only); ``memory_limit``: the most workspace an algorithm may use (bytes, a
+    size such as "1 GiB", or a share of the GPU's memory such as "10%"; it lowers
+    ``preferences.workspace_limit``, never raises it); ``sm_count_target``: SMs the kernels may
+    assume. ``allocator`` is accepted as nvmath-python's is (nvblaslt allocates results from the
+    operands' own framework); ``block_scaling`` only at its default (block-scaled fp8/fp4 is not
     exposed yet)."""
 
     compute_type: Any = None

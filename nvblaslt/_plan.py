@@ -23,7 +23,7 @@ from ._epilogs import SPECS, as_epilog, check_aux, check_bias, outputs
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
 from ._loader import library
 from ._options import (MatmulOptions, MatmulPlanPreferences, MatmulQuantizationScales, as_options,
-                       conjugate_flags)
+                       conjugate_flags, memory_limit_bytes)
 from ._problem import COL, OP_N, OP_T, Operands, canonical, overlaps
 from ._streams import stream_handle
 
@@ -322,7 +322,11 @@ class Matmul:
                    self._layout(problem.c or problem.d.__class__(types.c, problem.d.rows, problem.d.cols,
                                                                  problem.d.ld, COL, problem.d.batch_stride), problem),
                    self._layout(problem.d, problem)]
-        preference = MatmulPreference(max_workspace_bytes=prefs.workspace_limit, lib=lib)
+        workspace_limit = prefs.workspace_limit
+        if self.options.memory_limit != "80%":  # the default leaves far more than any workspace
+            total = _cuda.device_properties(self._device).totalGlobalMem
+            workspace_limit = min(workspace_limit, memory_limit_bytes(self.options.memory_limit, total))
+        preference = MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib)
         alignment = {"A": self._operands[problem.a.source].alignment, "B": self._operands[problem.b.source].alignment,
                      "C": self._operands["c"].alignment if self._operands["c"] is not None else 256,
                      "D": self._operands["c"].alignment if problem.inplace else 256}
@@ -362,7 +366,7 @@ class Matmul:
         self._handle, self._desc, self._layouts, self._preference = handle, desc, layouts, preference
         self._epilog_inputs = inputs
         self.algorithms = found
-        self._workspace_limit = prefs.workspace_limit
+        self._workspace_limit = workspace_limit
         if algorithms is None:
             from . import _tuning_cache
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 import nvblaslt
-from nvblaslt import MatmulEpilog, NvblasltTypeError, NvblasltValueError, _dtypes, _function_form, _operands
+from nvblaslt import (MatmulEpilog, NvblasltError, NvblasltTypeError, NvblasltValueError, _dtypes, _function_form,
+                      _operands)
 from nvblaslt._epilogs import SPECS, outputs
 from nvblaslt._plan import Matmul
 from nvblaslt._problem import COL, OP_C, OP_N, OP_T, Operands, canonical
@@ -259,6 +260,18 @@ def test_nvmath_call_surface_is_checked_before_the_gpu():
     np = pytest.importorskip("numpy")
     with pytest.raises(NvblasltTypeError, match="one array package"):
         Matmul(a, np.ones((4, 6), dtype=np.float32))
+
+
+def test_memory_limit_is_read_as_nvmath_python_reads_it():
+    from nvblaslt._options import memory_limit_bytes
+
+    total = 80 << 30
+    expected = {0: 0, 4096: 4096, 0.25: 20 << 30, 2.0: 2, "10%": 8 << 30, "1 GiB": 1 << 30, "1GB": 10**9,
+                "1.5 MiB": 3 << 19, "512 kb": 512000, "2048": 2048, "3 B": 3}
+    assert {limit: memory_limit_bytes(limit, total) for limit in expected} == expected
+    for bad in ("lots", -5, "-1 GiB", True):
+        with pytest.raises(NvblasltError, match="options.memory_limit"):
+            nvblaslt.MatmulOptions(memory_limit=bad)
 
 
 def test_epilog_missing_from_the_loaded_library_is_refused(monkeypatch):

@@ -212,6 +212,18 @@ def test_fp8_fast_accumulation_is_set_on_the_descriptor():
         assert mm._desc.get("FAST_ACCUM") == 0  # nvmath-python's option applies to fp8 operands only
 
 
+def test_memory_limit_caps_the_workspace():
+    a, b = rand((4096, 4096), "bfloat16"), rand((4096, 16), "bfloat16")  # split-K wants a workspace here
+    with Matmul(a, b) as mm:
+        wanted = max(r.workspace_size for r in mm.plan())
+    if not wanted:
+        pytest.skip("no algorithm here wants a workspace")
+    for limit in (0, "1 KiB", 0.0):
+        with Matmul(a, b, options={"memory_limit": limit}) as mm:
+            assert all(r.workspace_size <= 1024 for r in mm.plan())
+            check(mm.execute(), host(a) @ host(b), "bfloat16")
+
+
 def test_stateful_surface_plan_algorithms_release_and_reset():
     a, b = rand((40, 24)), rand((24, 16))
     with Matmul(a, b, alpha=None, options=nvblaslt.MatmulOptions(blocking=True)) as mm:
