@@ -32,6 +32,7 @@ _SCALAR_FORMATS = {"CUDA_R_16F": "<e", "CUDA_R_32F": "<f", "CUDA_R_64F": "<d", "
                    "CUDA_C_64F": "<dd"}
 _SCALE_SLOT = 256  # cuBLASLt wants each scale pointer on its own aligned slot
 _SCALE_KEYS = ("a", "b", "c", "d", "aux")  # slots of the plan's scale buffer; "aux": the fp8 epilog aux
+_UNSET_OUTPUT = 256  # an output pointer before the first launch: aligned, in the never-mapped first page
 
 
 class Scalar:
@@ -556,6 +557,16 @@ class Matmul:
                 desc.set("EPILOGUE_AUX_LD", output.ld)
                 if batched:
                     desc.set("EPILOGUE_AUX_BATCH_STRIDE", output.batch_stride)
+        # The outputs' pointers are set at each launch, but cuBLASLt's heuristics read whether they are set
+        # (and their alignment): left NULL, an aux epilog with M=1 in 16 bits got one algorithm, which
+        # cublasLtMatmul then refused (H200, cuBLASLt 13.1). A placeholder never dereferenced stands in.
+        written = {o.attribute for o in outputs(spec, problem, _dtypes.UINT8, self._aux_dtype)}
+        if self._aux_amax:
+            written.add("EPILOGUE_AUX_AMAX_POINTER")
+        if self.options.result_amax:
+            written.add("AMAX_D_POINTER")
+        for attribute in sorted(written):
+            desc.set(attribute, _UNSET_OUTPUT)
 
     def _select(self, result: HeuristicResult) -> None:
         """Prebuild every ctypes argument of cublasLtMatmul that does not change per call."""
