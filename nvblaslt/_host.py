@@ -8,7 +8,7 @@ import sys
 
 from cuda.bindings import runtime as cudart
 
-from . import _cuda, _memory
+from . import _cuda, _memory, _operands
 from ._operands import Operand
 
 _H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
@@ -28,29 +28,26 @@ class PinnedBuffer:
             self.pointer = 0
 
 
+def _span_bytes(shape, strides, dtype) -> int:
+    return _memory.span_elements(shape, strides) * dtype.itemsize
+
+
 def stage(op: Operand, device: int, stream: int) -> tuple[Operand, _memory.DeviceBuffer]:
     """A device copy of a host operand with the same strides; the buffer keeps it alive."""
-    nbytes = _memory.span_elements(op.shape, op.strides) * op.dtype.itemsize
-    buffer = _memory.DeviceBuffer(nbytes, stream)
-    pinned = PinnedBuffer(nbytes)
-    try:
-        ctypes.memmove(pinned.pointer, op.ptr, nbytes)
-        _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer, pinned.pointer, nbytes, _H2D, stream), "cudaMemcpyAsync")
-        _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # before the pinned copy goes
-    finally:
-        pinned.free()
+    buffer = _memory.DeviceBuffer(_span_bytes(op.shape, op.strides, op.dtype), stream)
+    refresh(op, buffer.pointer, stream)
     staged = Operand(op.obj, buffer.pointer, op.shape, op.strides, op.dtype, device, op.readonly, op.kind)
     return staged, buffer
 
 
 def refresh(host: Operand, device_pointer: int, stream: int) -> None:
-    """Copy a host operand's current values into its staged device copy again."""
-    nbytes = _memory.span_elements(host.shape, host.strides) * host.dtype.itemsize
+    """Copy a host operand's current values into its (staged) device copy; waits for ``stream``."""
+    nbytes = _span_bytes(host.shape, host.strides, host.dtype)
     pinned = PinnedBuffer(nbytes)
     try:
         ctypes.memmove(pinned.pointer, host.ptr, nbytes)
         _cuda.check(cudart.cudaMemcpyAsync(device_pointer, pinned.pointer, nbytes, _H2D, stream), "cudaMemcpyAsync")
-        _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # before the pinned copy goes
     finally:
         pinned.free()
 
@@ -76,7 +73,7 @@ def host_pointer(array) -> int:
 
 def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: int) -> None:
     """Device memory laid out like ``host_array`` -> ``host_array``; waits for ``stream``."""
-    nbytes = _memory.span_elements(shape, strides) * dtype.itemsize
+    nbytes = _span_bytes(shape, strides, dtype)
     pinned = PinnedBuffer(nbytes)
     try:
         _cuda.check(cudart.cudaMemcpyAsync(pinned.pointer, device_pointer, nbytes, _D2H, stream), "cudaMemcpyAsync")
@@ -84,3 +81,36 @@ def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: in
         ctypes.memmove(host_pointer(host_array), pinned.pointer, nbytes)
     finally:
         pinned.free()
+
+
+def to_host(result, kind: str, d_layout: tuple, aux_layouts: dict, stream: int, in_place=None):
+    """Device results, D or ``(D, aux)``, copied back into new host arrays of the operands' package
+    (``kind``: CPU torch, else NumPy), each laid out as ``(shape, strides, dtype)`` says; with
+    ``in_place`` = (the host c, its staged device pointer), D goes back into c instead."""
+    d, aux = (result if isinstance(result, tuple) else (result, None))
+    host_kind = kind if kind == "torch" else "numpy"
+
+    def back(array, shape, strides, dtype):
+        host = empty_like_layout(host_kind, None, shape, strides, dtype)
+        copy_back(_device_pointer(array), host, shape, strides, dtype, stream)
+        return host
+
+    if in_place is not None:
+        c, c_pointer = in_place
+        copy_back(c_pointer, c.obj, c.shape, c.strides, c.dtype, stream)
+        d_host = c.obj
+    else:
+        d_host = back(d, *d_layout)
+    if aux is None:
+        return d_host
+    return d_host, {k: back(v, *aux_layouts[k]) for k, v in aux.items()}
+
+
+def _device_pointer(array) -> int:
+    """Where a device result lives: nvblaslt's own array, or one of a GPU package's."""
+    if isinstance(array, _memory.DeviceArray):
+        return array.ptr
+    fingerprint = _operands.fingerprint(array, _operands.kind_of(array))
+    if fingerprint is not None:
+        return fingerprint[0]
+    return _operands.read(array, "result", 0).ptr

@@ -3,17 +3,16 @@
 The path of one call: read the operands (``_operands``; host ones staged by ``_host``),
 normalize them into one canonical cuBLASLt problem (``_problem``), check the epilog's inputs
 and shape its outputs (``_epilogs``), build descriptors and ask the heuristics (``plan``),
-then ``execute`` with every ctypes argument prebuilt.
+then ``execute`` with every ctypes argument prebuilt. Beside that path: alpha, beta and the fp8
+scales (``_scales``), ``out=`` (``_outputs``), results copied back to the host (``_host``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import struct
 import threading
 import warnings
-import weakref
 
 from cuda.bindings import runtime as cudart
 
@@ -22,74 +21,14 @@ from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference,
 from ._epilogs import SPECS, as_epilog, check_aux, check_bias, outputs
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
 from ._loader import library
-from ._options import (MatmulOptions, MatmulPlanPreferences, MatmulQuantizationScales, as_options,
-                       conjugate_flags, memory_limit_bytes)
-from ._problem import COL, OP_N, OP_T, Operands, canonical, overlaps
+from ._options import MatmulOptions, MatmulPlanPreferences, as_options, conjugate_flags, memory_limit_bytes
+from ._outputs import OutputChecker
+from ._problem import COL, OP_N, OP_T, Operands, canonical
+from ._scales import Scalar, Scales
 from ._streams import stream_handle
 
 logger = logging.getLogger("nvblaslt")
-_SCALAR_FORMATS = {"CUDA_R_16F": "<e", "CUDA_R_32F": "<f", "CUDA_R_64F": "<d", "CUDA_C_32F": "<ff",
-                   "CUDA_C_64F": "<dd"}
-_SCALE_SLOT = 256  # cuBLASLt wants each scale pointer on its own aligned slot
-_SCALE_KEYS = ("a", "b", "c", "d", "aux")  # slots of the plan's scale buffer; "aux": the fp8 epilog aux
 _UNSET_OUTPUT = 256  # an output pointer before the first launch: aligned, in the never-mapped first page
-
-
-class Scalar:
-    """alpha or beta in the plan's scale type, in memory cuBLASLt reads through a pointer."""
-
-    def __init__(self, scale_type: str, argument: str):
-        self._format = _SCALAR_FORMATS[scale_type]
-        self._complex = len(self._format) == 3
-        self._argument = argument
-        self.buffer = ctypes.create_string_buffer(16)
-        self.reference = ctypes.byref(self.buffer)
-        self.value = None
-
-    def set(self, value) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
-            if hasattr(value, "item") and getattr(value, "size", 1) == 1:  # NumPy / framework scalars
-                value = value.item()
-            if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
-                raise NvblasltTypeError(f"{self._argument}: expected a number, got {type(value).__name__} {value!r}")
-        if not self._complex and isinstance(value, complex):
-            raise NvblasltTypeError(f"{self._argument}: a complex value {value!r} needs complex operands")
-        try:
-            if self._complex:
-                value = complex(value)
-                struct.pack_into(self._format, self.buffer, 0, value.real, value.imag)
-            else:
-                value = float(value)  # type: ignore[arg-type]  # (complex refused above) also runs a float subclass's own conversion, which may refuse
-                struct.pack_into(self._format, self.buffer, 0, value)
-        except (ArithmeticError, struct.error):
-            raise NvblasltValueError(f"{self._argument}: {value!r} does not fit the plan's scale type "
-                                     f"({self._format[1:]} per component)") from None
-        except Exception as exc:  # noqa: BLE001 - a number type whose conversion raises
-            raise NvblasltTypeError(f"{self._argument}: {type(value).__name__} could not be converted to a number: "
-                                    f"{exc}") from exc
-        self.value = value
-
-
-def _scale_value(value, name: str):
-    """A fp8 scale: a number (returned as float) or a float32 device array of one element (returned)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise NvblasltTypeError(f"{name}: expected a number or a float32 array, got {value!r}")
-    if isinstance(value, (int, float)):
-        try:
-            number = float(value)
-        except OverflowError:
-            number = float("inf")
-        if not abs(number) <= 3.4028234663852886e38:  # a float32 (NaN is refused too)
-            raise NvblasltValueError(f"{name}: {value!r} is not a finite float32 value")
-        return number
-    if hasattr(value, "__array_interface__") and not hasattr(value, "__cuda_array_interface__") \
-            and getattr(value, "size", 0) == 1:
-        return float(value.reshape(()) if hasattr(value, "reshape") else value)  # NumPy scalars and 1-element arrays
-    if hasattr(value, "__float__") and not hasattr(value, "__len__") and not hasattr(value, "__dlpack__"):
-        return float(value)
-    return value
 
 
 class Matmul:
@@ -155,7 +94,6 @@ class Matmul:
         self._workspace: _memory.DeviceBuffer | None = None
         self._split = None  # a SplitBiasGradient, when autotune found the two-call form faster
         self._staged: dict[str, _memory.DeviceBuffer] = {}
-        self._scales: _memory.DeviceBuffer | None = None
         self._aux_dtype: _dtypes.DType | None = None  # an fp8 GELU aux (preferences.epilog.aux_type)
         self._aux_amax = False
         self.algorithms: list[HeuristicResult] = []
@@ -209,65 +147,11 @@ class Matmul:
         if options.result_amax and types.d not in _dtypes.FLOAT8:
             raise NvblasltValueError(f"options.result_amax: only fp8 results have an amax, the result is "
                                      f"{types.d.name}")
-        self._scale_inputs = self._check_scales(quantization_scales)
-        if self._scale_inputs:
+        self._scales = Scales(types, self._device)
+        scales = self._scales.check(quantization_scales, self._stream)
+        if scales:
             with _cuda.on_device(self._device):
-                self._write_scales()
-
-    # ---- fp8 scales --------------------------------------------------------------------------------
-    def _check_scales(self, scales) -> dict:
-        if scales is None:
-            return {}
-        fp8 = self.operands.types.fp8 or self.operands.types.d in _dtypes.FLOAT8
-        if not fp8:
-            raise NvblasltValueError("quantization_scales: only fp8 operands or results take scales")
-        if isinstance(scales, MatmulQuantizationScales) or (type(scales).__name__ == "MatmulQuantizationScales"):
-            scales = {k: getattr(scales, k) for k in "abcd"}
-        if not isinstance(scales, dict) or set(scales) - set("abcd"):
-            raise NvblasltValueError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd', got "
-                                     f"{scales!r}")
-        if scales.get("d") is not None and self.operands.types.d not in _dtypes.FLOAT8:
-            raise NvblasltValueError(f"quantization_scales['d']: only fp8 results take a D scale; the result is "
-                                     f"{self.operands.types.d.name}")
-        return self._checked_scale_values(scales)
-
-    def _checked_scale_values(self, scales: dict, argument: str = "quantization_scales['{}']") -> dict:
-        checked = {}
-        for key, value in scales.items():
-            name = argument.format(key)
-            value = _scale_value(value, name)
-            if value is None:
-                continue
-            if not isinstance(value, float):
-                op = _operands.read(value, name, self._stream)
-                if op.host or op.dtype != _dtypes.FLOAT32 or op.shape not in ((), (1,)) or op.device != self._device:
-                    raise NvblasltValueError(f"{name}: expected a number or a float32 GPU array of shape () or (1,) on "
-                                             f"GPU {self._device}, got {op.describe()}")
-                if op.alignment < 4:
-                    raise NvblasltValueError(f"{name}: pointer 0x{op.ptr:x} is not 4-byte aligned")
-                value = op
-            checked[key] = value
-        return checked
-
-    def _write_scales(self) -> None:
-        if self._scales is None:
-            self._scales = _memory.DeviceBuffer(len(_SCALE_KEYS) * _SCALE_SLOT, self._stream)
-        for slot, key in enumerate(_SCALE_KEYS):
-            value = self._scale_inputs.get(key)
-            if isinstance(value, float):
-                _cuda.check(cudart.cudaMemcpyAsync(self._scales.pointer + slot * _SCALE_SLOT, struct.pack("<f", value),
-                                                   4, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self._stream),
-                            "cudaMemcpyAsync")
-        _cuda.check(cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
-
-    def _scale_pointer(self, key: str) -> int | None:
-        value = self._scale_inputs.get(key)
-        if value is None:
-            return None
-        if isinstance(value, float):
-            assert self._scales is not None  # numbers live in the plan's scale buffer
-            return self._scales.pointer + _SCALE_KEYS.index(key) * _SCALE_SLOT
-        return value.ptr
+                self._scales.write(scales, self._stream)
 
     # ---- planning ----------------------------------------------------------------------------------
     def plan(self, *, epilog=None, epilog_inputs=None, preferences=None, algorithms=None,
@@ -305,19 +189,14 @@ class Matmul:
             desc.set("SM_COUNT_TARGET", self.options.sm_count_target)
         if self.options.fast_accumulation and problem.fp8:  # as in nvmath-python: fp8 operands only
             desc.set("FAST_ACCUM", 1)
-        # cuBLASLt's A is the caller's B when the problem is transposed: so are the scales
-        scale_keys = {"A": problem.a.source, "B": problem.b.source, "C": "c", "D": "d"}
-        for cuda_key, key in scale_keys.items():
-            pointer = self._scale_pointer(key)
-            if pointer is not None:
-                desc.set(f"{cuda_key}_SCALE_POINTER", pointer)
+        for attribute, pointer in self._scales.descriptor_pointers(problem).items():
+            desc.set(attribute, pointer)
         self._aux_dtype, self._aux_amax = aux_dtype, bool(prefs.epilog.aux_amax)
         if aux_dtype is not None:
             desc.set("EPILOGUE_AUX_DATA_TYPE", int(getattr(api, aux_dtype.cuda)))
         if aux_scale is not None:
-            self._scale_inputs["aux"] = aux_scale
-            self._write_scales()
-            desc.set("EPILOGUE_AUX_SCALE_POINTER", self._scale_pointer("aux"))
+            self._scales.write({"aux": aux_scale}, self._stream)
+            desc.set("EPILOGUE_AUX_SCALE_POINTER", self._scales.pointer("aux"))
         self._configure_epilog(desc, spec, inputs, problem)
         layouts = [self._layout(problem.a.layout, problem), self._layout(problem.b.layout, problem),
                    self._layout(problem.c or problem.d.__class__(types.c, problem.d.rows, problem.d.cols,
@@ -440,7 +319,8 @@ class Matmul:
             raise NvblasltValueError("preferences.epilog.aux_amax: only an fp8 aux (preferences.epilog.aux_type) has "
                                      "an amax")
         if scale is not None:
-            scale = self._checked_scale_values({"aux": scale}, "epilog_inputs['aux_quantization_scale']")["aux"]
+            scale = self._scales.check_values({"aux": scale}, self._stream,
+                                              "epilog_inputs['aux_quantization_scale']")["aux"]
         return given, (aux_dtype if aux_dtype != self.operands.types.d else None), scale
 
     def _given_algorithms(self, structs, handle, desc, layouts) -> list[HeuristicResult]:
@@ -480,7 +360,11 @@ class Matmul:
             self._alloc_aux.append((f"{spec.aux_output}_amax", amax, self._pointer_setter("EPILOGUE_AUX_AMAX_POINTER")))
         if self.options.result_amax:
             self._alloc_aux.append(("result_amax", amax, self._pointer_setter("AMAX_D_POINTER")))
-        self._last_out: tuple | None = None
+        self._out_checker = OutputChecker(kind, self._host, problem, device, self._operands, self._epilog_inputs)
+        if self._host:  # where execute copies the results back to: (D's layout, each aux output's by key)
+            layouts = {o.key: (o.shape, o.strides, o.dtype) for o in self._outputs}
+            layouts["result_amax"] = layouts[f"{spec.aux_output}_amax"] = ((1,), (1,), _dtypes.FLOAT32)
+            self._host_layouts = ((problem.result_shape, problem.result_strides, problem.types.d), layouts)
 
     def _pointer_setter(self, attribute: str):
         """set(pointer) for one pointer attribute of the plan's MatmulDesc, its ctypes call prebuilt."""
@@ -645,7 +529,8 @@ class Matmul:
         result = self._run(stream_h, self._framework_stream(), out)
         if self._blocking:  # host operands (copied back, which waits) or options.blocking=True
             if self._host:
-                result = self._to_host(result, stream_h)
+                in_place = (self._host_operands["c"], self._operands["c"].ptr) if self.problem.inplace else None
+                result = _host.to_host(result, self._kind, *self._host_layouts, stream_h, in_place)
             else:
                 _cuda.check(cudart.cudaStreamSynchronize(stream_h), "cudaStreamSynchronize")
         if release_workspace and self._workspace is not None:
@@ -662,7 +547,7 @@ class Matmul:
             if self._split is not None:
                 return self._split.run(stream_h, framework_stream, out)
             if out is not None:
-                d, d_pointer = out, self._out_pointer(out, stream_h)
+                d, d_pointer = out, self._out_checker.pointer(out, stream_h)
             elif self._alloc_d is None:  # in place: D is C
                 d, d_pointer = self._operands["c"].obj, self._operands["c"].ptr
             else:
@@ -724,77 +609,9 @@ class Matmul:
             return  # a graph capture orders nothing outside itself (torch synchronizes before capturing)
         _memory._wait(self._last_stream, stream_h)
         self._last_stream = stream_h
-        for owned in (self._workspace, self._scales, *self._staged.values()):
+        for owned in (self._workspace, self._scales.buffer, *self._staged.values()):
             if owned is not None:
                 owned.used_on(stream_h)
-
-    def _to_host(self, result, stream_h: int):
-        """Copy device results back into new host arrays of the operands' package (or into c in place)."""
-        d, aux = (result if isinstance(result, tuple) else (result, None))
-        host_kind = self._kind if self._kind == "torch" else "numpy"
-        problem = self.problem
-
-        def back(array, shape, strides, dtype):
-            host = _host.empty_like_layout(host_kind, None, shape, strides, dtype)
-            _host.copy_back(array.ptr if isinstance(array, _memory.DeviceArray) else _pointer_of(array), host, shape,
-                            strides, dtype, stream_h)
-            return host
-
-        if problem.inplace:
-            c = self._host_operands["c"]
-            _host.copy_back(self._operands["c"].ptr, c.obj, c.shape, c.strides, c.dtype, stream_h)
-            d_host = c.obj
-        else:
-            d_host = back(d, problem.result_shape, problem.result_strides, problem.types.d)
-        if aux is None:
-            return d_host
-        shapes = {o.key: (o.shape, o.strides, o.dtype) for o in self._outputs}
-        shapes["result_amax"] = shapes[f"{self._spec.aux_output}_amax"] = ((1,), (1,), _dtypes.FLOAT32)
-        return d_host, {k: back(v, *shapes[k]) for k, v in aux.items()}
-
-    def _out_pointer(self, out, stream_h: int) -> int:
-        """Check ``out=`` once per array: the same object with the same fingerprint is not re-read."""
-        last = self._last_out
-        if last is not None and last[0]() is out and last[1] == _operands.fingerprint(out, self._kind):
-            return last[2]  # the same array as last time (so of the operands' package), unchanged
-        if self._host or self.problem.inplace:
-            raise NvblasltValueError("out: not available for host operands or in-place plans")
-        if _operands.kind_of(out) != self._kind:
-            raise NvblasltTypeError(f"out: a {_operands.kind_of(out)} array, but the operands are {self._kind} arrays; "
-                                    f"results stay in the operands' package")
-        d_op = _operands.read(out, "out", stream_h)
-        self._check_out(d_op)
-        fingerprint = _operands.fingerprint(out, _operands.kind_of(out))
-        if fingerprint is not None:
-            self._last_out = (weakref.ref(out), fingerprint, d_op.ptr)
-        return d_op.ptr
-
-    def _check_out(self, op) -> None:
-        """``out=`` must be a writable array laid out as D would be; it may be C itself (in place)."""
-        problem = self.problem
-        if op.shape != problem.result_shape:
-            raise NvblasltValueError(f"out: expected shape {problem.result_shape}, got {op.shape}")
-        if op.dtype != problem.types.d:
-            raise NvblasltTypeError(f"out: expected dtype {problem.types.d.name}, got {op.dtype.name}")
-        if any(s != e for s, e, n in zip(op.strides, problem.result_strides, op.shape) if n > 1):
-            raise NvblasltValueError(f"out: expected element strides {problem.result_strides} (D's layout), got "
-                                     f"{op.strides}")
-        if op.readonly:
-            raise NvblasltValueError("out: the array is read-only (JAX arrays and read-only exports cannot be written)")
-        if op.device != self._device:
-            raise NvblasltValueError(f"out: on GPU {op.device}, but the plan runs on GPU {self._device}")
-        c = self._operands["c"]
-        if c is not None and overlaps(op, c) and (op.ptr, op.shape, op.strides) != (c.ptr, c.shape, c.strides):
-            raise NvblasltValueError("out: partly overlaps c; pass c itself (in place) or separate memory")
-        for name in ("a", "b"):
-            if overlaps(op, self._operands[name]):
-                raise NvblasltValueError(f"out: overlaps {name}; write to separate memory")
-        for key, inp in self._epilog_inputs.items():
-            if op.ptr <= inp.ptr < op.ptr + op.dtype.itemsize * _memory.span_elements(op.shape, op.strides):
-                raise NvblasltValueError(f"out: overlaps epilog_inputs['{key}']; write to separate memory")
-        if op.alignment < 256:
-            raise NvblasltValueError(f"out: pointer 0x{op.ptr:x} is aligned to {op.alignment} bytes; the plan's "
-                                     f"algorithms assume 256 (as fresh allocations are)")
 
     # ---- operands ----------------------------------------------------------------------------------
     def reset_operands(self, a=None, b=None, c=None, *, alpha=None, beta=None, epilog_inputs=None,
@@ -858,14 +675,10 @@ class Matmul:
                 self._input_setters[key](new.ptr)
         if quantization_scales is not None:
             # new values replace the old for the keys given (numbers or arrays alike); the others stay
-            self._scale_inputs = {**self._scale_inputs, **self._check_scales(quantization_scales)}
-            self._write_scales()
+            self._scales.write(self._scales.check(quantization_scales, self._stream), self._stream)
             if self._planned:
-                problem = self.problem
-                for cuda_key, key in {"A": problem.a.source, "B": problem.b.source, "C": "c", "D": "d"}.items():
-                    pointer = self._scale_pointer(key)
-                    if pointer is not None:
-                        self._desc.set(f"{cuda_key}_SCALE_POINTER", pointer)
+                for attribute, pointer in self._scales.descriptor_pointers(self.problem).items():
+                    self._desc.set(attribute, pointer)
         if self._split is not None:
             self._split.reset_operands(a=a, b=b, c=c, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
                                        stream=stream_h)
@@ -945,7 +758,7 @@ class Matmul:
                     self._split.free()
                     self._split = None
                 self._release_plan()
-                for owned in (self._scales, *self._staged.values()):
+                for owned in (self._scales.buffer, *self._staged.values()):
                     if owned is not None:
                         owned.release()
                 self._planned = False
@@ -989,13 +802,6 @@ def _replace_ptr(value, pointer: int):
     from dataclasses import replace
 
     return replace(value, ptr=pointer)
-
-
-def _pointer_of(array) -> int:
-    fingerprint = _operands.fingerprint(array, _operands.kind_of(array))
-    if fingerprint is not None:
-        return fingerprint[0]
-    return _operands.read(array, "result", 0).ptr
 
 
 def _require_same(name: str, old, new) -> None:

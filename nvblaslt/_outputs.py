@@ -1,0 +1,68 @@
+"""``execute(out=)``: the caller's array checked once to take D as the plan would lay it out, then
+its pointer reused while the same array comes back unchanged.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from . import _memory, _operands
+from ._errors import NvblasltTypeError, NvblasltValueError
+from ._operands import fingerprint
+from ._problem import overlaps
+
+
+class OutputChecker:
+    """``out=`` for one plan. ``operands`` and ``epilog_inputs`` are the plan's own dicts, which
+    ``reset_operands`` and the function form update in place: the overlap checks see the current ones."""
+
+    __slots__ = ("_kind", "_host", "_problem", "_device", "_operands", "_epilog_inputs", "_last")
+
+    def __init__(self, kind: str, host: bool, problem, device: int, operands: dict, epilog_inputs: dict):
+        self._kind, self._host, self._problem, self._device = kind, host, problem, device
+        self._operands, self._epilog_inputs = operands, epilog_inputs
+        self._last: tuple | None = None  # (weakref to out, its fingerprint, its pointer)
+
+    def pointer(self, out, stream_h: int) -> int:
+        """Check ``out=`` once per array: the same object with the same fingerprint is not re-read."""
+        last = self._last
+        if last is not None and last[0]() is out and last[1] == fingerprint(out, self._kind):
+            return last[2]  # the same array as last time (so of the operands' package), unchanged
+        if self._host or self._problem.inplace:
+            raise NvblasltValueError("out: not available for host operands or in-place plans")
+        if _operands.kind_of(out) != self._kind:
+            raise NvblasltTypeError(f"out: a {_operands.kind_of(out)} array, but the operands are {self._kind} arrays; "
+                                    f"results stay in the operands' package")
+        d_op = _operands.read(out, "out", stream_h)
+        self.check(d_op)
+        identity = fingerprint(out, _operands.kind_of(out))
+        if identity is not None:
+            self._last = (weakref.ref(out), identity, d_op.ptr)
+        return d_op.ptr
+
+    def check(self, op) -> None:
+        """``out=`` must be a writable array laid out as D would be; it may be C itself (in place)."""
+        problem = self._problem
+        if op.shape != problem.result_shape:
+            raise NvblasltValueError(f"out: expected shape {problem.result_shape}, got {op.shape}")
+        if op.dtype != problem.types.d:
+            raise NvblasltTypeError(f"out: expected dtype {problem.types.d.name}, got {op.dtype.name}")
+        if any(s != e for s, e, n in zip(op.strides, problem.result_strides, op.shape) if n > 1):
+            raise NvblasltValueError(f"out: expected element strides {problem.result_strides} (D's layout), got "
+                                     f"{op.strides}")
+        if op.readonly:
+            raise NvblasltValueError("out: the array is read-only (JAX arrays and read-only exports cannot be written)")
+        if op.device != self._device:
+            raise NvblasltValueError(f"out: on GPU {op.device}, but the plan runs on GPU {self._device}")
+        c = self._operands["c"]
+        if c is not None and overlaps(op, c) and (op.ptr, op.shape, op.strides) != (c.ptr, c.shape, c.strides):
+            raise NvblasltValueError("out: partly overlaps c; pass c itself (in place) or separate memory")
+        for name in ("a", "b"):
+            if overlaps(op, self._operands[name]):
+                raise NvblasltValueError(f"out: overlaps {name}; write to separate memory")
+        for key, inp in self._epilog_inputs.items():
+            if op.ptr <= inp.ptr < op.ptr + op.dtype.itemsize * _memory.span_elements(op.shape, op.strides):
+                raise NvblasltValueError(f"out: overlaps epilog_inputs['{key}']; write to separate memory")
+        if op.alignment < 256:
+            raise NvblasltValueError(f"out: pointer 0x{op.ptr:x} is aligned to {op.alignment} bytes; the plan's "
+                                     f"algorithms assume 256 (as fresh allocations are)")

@@ -1,0 +1,156 @@
+"""The numbers cuBLASLt reads through pointers: alpha and beta in the plan's scale type (``Scalar``)
+and the fp8 quantization scales (``Scales``), whose numbers live in a small device buffer of the
+plan's own, written stream-ordered; float32 GPU arrays given as scales are read where they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from cuda.bindings import runtime as cudart
+
+from . import _cuda, _dtypes, _memory, _operands
+from ._errors import NvblasltTypeError, NvblasltValueError
+from ._options import MatmulQuantizationScales
+
+_SCALAR_FORMATS = {"CUDA_R_16F": "<e", "CUDA_R_32F": "<f", "CUDA_R_64F": "<d", "CUDA_C_32F": "<ff",
+                   "CUDA_C_64F": "<dd"}
+_SCALE_SLOT = 256  # cuBLASLt wants each scale pointer on its own aligned slot
+_SCALE_KEYS = ("a", "b", "c", "d", "aux")  # slots of the plan's scale buffer; "aux": the fp8 epilog aux
+
+
+class Scalar:
+    """alpha or beta in the plan's scale type, in memory cuBLASLt reads through a pointer."""
+
+    def __init__(self, scale_type: str, argument: str):
+        self._format = _SCALAR_FORMATS[scale_type]
+        self._complex = len(self._format) == 3
+        self._argument = argument
+        self.buffer = ctypes.create_string_buffer(16)
+        self.reference = ctypes.byref(self.buffer)
+        self.value = None
+
+    def set(self, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+            if hasattr(value, "item") and getattr(value, "size", 1) == 1:  # NumPy / framework scalars
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+                raise NvblasltTypeError(f"{self._argument}: expected a number, got {type(value).__name__} {value!r}")
+        if not self._complex and isinstance(value, complex):
+            raise NvblasltTypeError(f"{self._argument}: a complex value {value!r} needs complex operands")
+        try:
+            if self._complex:
+                value = complex(value)
+                struct.pack_into(self._format, self.buffer, 0, value.real, value.imag)
+            else:
+                value = float(value)  # type: ignore[arg-type]  # (complex refused above) also runs a float subclass's own conversion, which may refuse
+                struct.pack_into(self._format, self.buffer, 0, value)
+        except (ArithmeticError, struct.error):
+            raise NvblasltValueError(f"{self._argument}: {value!r} does not fit the plan's scale type "
+                                     f"({self._format[1:]} per component)") from None
+        except Exception as exc:  # noqa: BLE001 - a number type whose conversion raises
+            raise NvblasltTypeError(f"{self._argument}: {type(value).__name__} could not be converted to a number: "
+                                    f"{exc}") from exc
+        self.value = value
+
+
+def _scale_value(value, name: str):
+    """A fp8 scale: a number (returned as float) or a float32 device array of one element (returned)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise NvblasltTypeError(f"{name}: expected a number or a float32 array, got {value!r}")
+    if isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = float("inf")
+        if not abs(number) <= 3.4028234663852886e38:  # a float32 (NaN is refused too)
+            raise NvblasltValueError(f"{name}: {value!r} is not a finite float32 value")
+        return number
+    if hasattr(value, "__array_interface__") and not hasattr(value, "__cuda_array_interface__") \
+            and getattr(value, "size", 0) == 1:
+        return float(value.reshape(()) if hasattr(value, "reshape") else value)  # NumPy scalars and 1-element arrays
+    if hasattr(value, "__float__") and not hasattr(value, "__len__") and not hasattr(value, "__dlpack__"):
+        return float(value)
+    return value
+
+
+class Scales:
+    """One plan's fp8 scales by key ("a", "b", "c", "d", "aux"): a float for a number (kept in
+    ``buffer``), an ``Operand`` for a float32 GPU array. The plan owns ``buffer``'s lifetime, as it
+    owns its workspace's: it orders it after its streams and releases it."""
+
+    def __init__(self, types, device: int):
+        self._types = types
+        self._device = device
+        self._values: dict = {}
+        self.buffer: _memory.DeviceBuffer | None = None  # made by the first write of a number
+
+    def check(self, scales, stream: int) -> dict:
+        """``quantization_scales`` as given to the plan: checked values by key ({} for None)."""
+        if scales is None:
+            return {}
+        fp8 = self._types.fp8 or self._types.d in _dtypes.FLOAT8
+        if not fp8:
+            raise NvblasltValueError("quantization_scales: only fp8 operands or results take scales")
+        if isinstance(scales, MatmulQuantizationScales) or (type(scales).__name__ == "MatmulQuantizationScales"):
+            scales = {k: getattr(scales, k) for k in "abcd"}
+        if not isinstance(scales, dict) or set(scales) - set("abcd"):
+            raise NvblasltValueError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd', got "
+                                     f"{scales!r}")
+        if scales.get("d") is not None and self._types.d not in _dtypes.FLOAT8:
+            raise NvblasltValueError(f"quantization_scales['d']: only fp8 results take a D scale; the result is "
+                                     f"{self._types.d.name}")
+        return self.check_values(scales, stream)
+
+    def check_values(self, scales: dict, stream: int, argument: str = "quantization_scales['{}']") -> dict:
+        """Each value a float or a float32 GPU array of one element on the plan's device; None is dropped."""
+        checked = {}
+        for key, value in scales.items():
+            name = argument.format(key)
+            value = _scale_value(value, name)
+            if value is None:
+                continue
+            if not isinstance(value, float):
+                op = _operands.read(value, name, stream)
+                if op.host or op.dtype != _dtypes.FLOAT32 or op.shape not in ((), (1,)) or op.device != self._device:
+                    raise NvblasltValueError(f"{name}: expected a number or a float32 GPU array of shape () or (1,) on "
+                                             f"GPU {self._device}, got {op.describe()}")
+                if op.alignment < 4:
+                    raise NvblasltValueError(f"{name}: pointer 0x{op.ptr:x} is not 4-byte aligned")
+                value = op
+            checked[key] = value
+        return checked
+
+    def write(self, values: dict, stream: int) -> None:
+        """Take checked ``values`` (replacing those of the same keys) and write every number to the
+        buffer on ``stream``; waits, so the host values may go."""
+        self._values.update(values)
+        if self.buffer is None:
+            self.buffer = _memory.DeviceBuffer(len(_SCALE_KEYS) * _SCALE_SLOT, stream)
+        for slot, key in enumerate(_SCALE_KEYS):
+            value = self._values.get(key)
+            if isinstance(value, float):
+                _cuda.check(cudart.cudaMemcpyAsync(self.buffer.pointer + slot * _SCALE_SLOT, struct.pack("<f", value),
+                                                   4, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream),
+                            "cudaMemcpyAsync")
+        _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+
+    def pointer(self, key: str) -> int | None:
+        """The device pointer cuBLASLt reads ``key``'s scale from; None when it has none."""
+        value = self._values.get(key)
+        if value is None:
+            return None
+        if isinstance(value, float):
+            assert self.buffer is not None  # numbers live in the plan's scale buffer
+            return self.buffer.pointer + _SCALE_KEYS.index(key) * _SCALE_SLOT
+        return value.ptr
+
+    def descriptor_pointers(self, problem) -> dict[str, int]:
+        """The A/B/C/D scale pointer attributes of the problem's MatmulDesc, for the keys that have a scale."""
+        # cuBLASLt's A is the caller's B when the problem is transposed: so are the scales
+        keys = {"A": problem.a.source, "B": problem.b.source, "C": "c", "D": "d"}
+        pointers = {f"{cuda_key}_SCALE_POINTER": self.pointer(key) for cuda_key, key in keys.items()}
+        return {attribute: pointer for attribute, pointer in pointers.items() if pointer is not None}
