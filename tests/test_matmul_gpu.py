@@ -67,6 +67,25 @@ def test_forward_epilogs(name, dtype, layout, batched):
     assert rel_error(host(d), expected) < TOL[dtype]
 
 
+@pytest.mark.parametrize("k", [8, 64])
+@pytest.mark.parametrize("layout", ["row", "col"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["RELU_AUX", "GELU_AUX", "RELU_AUX_BIAS", "GELU_AUX_BIAS"])
+def test_aux_epilogs_with_one_row(name, dtype, layout, k):
+    """M=1 in 16 bits: cuBLASLt refused these at launch until the heuristics saw the aux pointer set."""
+    a, b = rand((1, k), dtype, layout), rand((k, 24), dtype, layout)
+    bias = rand((1,), dtype) if "BIAS" in name else None
+    d, aux = matmul(a, b, epilog=name, epilog_inputs={"bias": bias} if bias is not None else None)
+    expected, preactivation = forward_reference(name, a, b, bias)
+    assert d.shape == (1, 24) and rel_error(host(d), expected) < TOL[dtype]
+    if "RELU" in name:
+        mask = unpack_relu_mask(host(aux["relu_aux"]), 1)
+        decided = np.abs(preactivation) > 1e-2 * np.abs(preactivation).max()
+        assert (mask == (preactivation > 0))[decided].all()
+    else:
+        assert rel_error(host(aux["gelu_aux"])[..., :1, :], preactivation) < TOL[dtype]
+
+
 @pytest.mark.parametrize("batched", [False, True], ids=["2d", "batched"])
 @pytest.mark.parametrize("layout", ["row", "col"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
