@@ -719,7 +719,7 @@ def _arguments(argv) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=16384)
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--repeats", type=int, help="interleaved rounds at the seed shape (default 10, quick 5)")
-    parser.add_argument("--layer-rounds", type=int, help="interleaved rounds per layer (default 9, quick 5)")
+    parser.add_argument("--layer-rounds", type=int, help="interleaved rounds per layer (default 21, quick 7)")
     parser.add_argument("--calls", type=int, help="calls per burst, per-call section (default 2000, quick 500)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds, per-call section (default 7, quick 5)")
     parser.add_argument("--limit", type=int, default=8, help="algorithms the heuristics return (autotune times them)")
@@ -733,7 +733,7 @@ def _arguments(argv) -> argparse.Namespace:
         parser.error(f"--sections: unknown {sorted(unknown)}; known: {','.join(SECTIONS)}")
     quick = args.quick
     args.repeats = args.repeats or (5 if quick else 10)
-    args.layer_rounds = args.layer_rounds or (5 if quick else 9)
+    args.layer_rounds = args.layer_rounds or (7 if quick else 21)
     args.calls = args.calls or (500 if quick else 2000)
     args.rounds = args.rounds or (5 if quick else 7)
     args.seed_epilogs = QUICK_SEED_EPILOGS if quick else SEED_EPILOGS
