@@ -355,6 +355,12 @@ def read(obj, name: str, stream: int) -> Operand:
         lazy = _torch_lazy_bits(obj, name)
         if lazy is not None:
             return lazy
+        if getattr(obj, "requires_grad", False):
+            # DLPack and the CAI refuse a tensor that requires grad; nvmath-python reads its memory (no
+            # autograd through the call), and so does nvblaslt, through a detached view of it
+            op = read(obj.detach(), name, stream)
+            op.obj = obj
+            return op
     cls = type(obj)
     if hasattr(cls, "__dlpack__") and hasattr(cls, "__dlpack_device__"):
         try:

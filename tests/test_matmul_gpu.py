@@ -371,6 +371,20 @@ def test_function_form_fast_path_takes_parameters_and_notices_each_change(monkey
     assert len(checked) == 4
 
 
+def test_tensors_that_require_grad_are_read_as_nvmath_python_reads_them():
+    """nn.Linear's parameters require grad; DLPack refuses to export them, nvmath-python reads them."""
+    w = torch.nn.Parameter(rand((M, K), "float32"))
+    bias = torch.nn.Parameter(rand((M,), "float32"))
+    x = rand((N, K), "float32").requires_grad_()
+    expected = np.maximum(host(w) @ host(x).T + host(bias)[:, None], 0)
+    for _ in range(2):  # the checked path, then the cached plan's fast path
+        d = matmul(w, x.T, epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+        assert not d.requires_grad and rel_error(host(d), expected) < 1e-5
+    with Matmul(w, x.T) as mm:
+        mm.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+        assert rel_error(host(mm.execute()), expected) < 1e-5
+
+
 def test_a_launch_refused_at_run_time_retries_with_this_calls_operands():
     """cuBLASLt may refuse an offered algorithm at launch; the retry with the next one must use the
     pointers of this call, not those the plan was made with."""
