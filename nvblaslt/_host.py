@@ -4,11 +4,13 @@ as nvmath-python does. Copies go through pinned buffers, stream-ordered, with cu
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 
 from cuda.bindings import runtime as cudart
 
 from . import _cuda, _memory, _operands
+from ._errors import NvblasltValueError
 from ._operands import Operand
 
 _H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
@@ -32,20 +34,66 @@ def _span_bytes(shape, strides, dtype) -> int:
     return _memory.span_elements(shape, strides) * dtype.itemsize
 
 
+def _matrix_orders(shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Dense strides with row-major and with column-major matrices, batch axes outermost."""
+    if len(shape) < 2:
+        return _memory.c_strides(shape), _memory.c_strides(shape)
+    m, n = shape[-2], shape[-1]
+    return _memory.c_strides(shape), (*_memory.c_strides(shape[:-2], max(m * n, 1)), 1, max(m, 1))
+
+
+def device_strides(op: Operand) -> tuple[int, ...]:
+    """Element strides of a host operand's device copy: its own where it is already dense with
+    row- or column-major matrices; otherwise (padded rows, steps, broadcast axes, batch axes inside)
+    packed so, keeping its matrices' order, as nvmath-python's dense copies are (cuBLASLt reads a
+    broadcast column only with unit stride)."""
+    shape, strides = op.shape, op.strides
+    row_major, column_major = _matrix_orders(shape)
+    for dense in (row_major, column_major):
+        if all(s == d for n, s, d in zip(shape, strides, dense) if n > 1):
+            return strides
+    if len(shape) >= 2 and shape[-1] > 1 and (shape[-2] == 1 or 0 < strides[-1] < strides[-2]):
+        return row_major
+    return column_major
+
+
+def _copy_strided(source: int, source_strides, target: int, target_strides, shape, itemsize: int) -> None:
+    """Host memory to host memory, element by element layout (NumPy views of raw bytes)."""
+    if not math.prod(shape):
+        return
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - NumPy comes with every host-array package nvblaslt reads
+        raise NvblasltValueError("a host operand with gaps or broadcast axes needs NumPy to be packed for the "
+                                 "GPU; install numpy or pass a dense array") from None
+    element = np.dtype((np.void, itemsize))
+
+    def view(pointer, strides):
+        nbytes = _memory.span_elements(shape, strides) * itemsize
+        raw = np.frombuffer((ctypes.c_char * nbytes).from_address(pointer), dtype=element)
+        return np.lib.stride_tricks.as_strided(raw, shape, tuple(s * itemsize for s in strides))
+    view(target, target_strides)[...] = view(source, source_strides)
+
+
 def stage(op: Operand, device: int, stream: int) -> tuple[Operand, _memory.DeviceBuffer]:
-    """A device copy of a host operand with the same strides; the buffer keeps it alive."""
-    buffer = _memory.DeviceBuffer(_span_bytes(op.shape, op.strides, op.dtype), stream)
-    refresh(op, buffer.pointer, stream)
-    staged = Operand(op.obj, buffer.pointer, op.shape, op.strides, op.dtype, device, op.readonly, op.kind)
+    """A device copy of a host operand (see ``device_strides``); the buffer keeps it alive."""
+    strides = device_strides(op)
+    buffer = _memory.DeviceBuffer(_span_bytes(op.shape, strides, op.dtype), stream)
+    refresh(op, buffer.pointer, strides, stream)
+    staged = Operand(op.obj, buffer.pointer, op.shape, strides, op.dtype, device, op.readonly, op.kind)
     return staged, buffer
 
 
-def refresh(host: Operand, device_pointer: int, stream: int) -> None:
-    """Copy a host operand's current values into its (staged) device copy; waits for ``stream``."""
-    nbytes = _span_bytes(host.shape, host.strides, host.dtype)
+def refresh(host: Operand, device_pointer: int, strides: tuple[int, ...], stream: int) -> None:
+    """Copy a host operand's current values into its device copy, laid out with element ``strides``;
+    waits for ``stream``."""
+    nbytes = _span_bytes(host.shape, strides, host.dtype)
     pinned = PinnedBuffer(nbytes)
     try:
-        ctypes.memmove(pinned.pointer, host.ptr, nbytes)
+        if strides == host.strides:
+            ctypes.memmove(pinned.pointer, host.ptr, nbytes)
+        else:
+            _copy_strided(host.ptr, host.strides, pinned.pointer, strides, host.shape, host.dtype.itemsize)
         _cuda.check(cudart.cudaMemcpyAsync(device_pointer, pinned.pointer, nbytes, _H2D, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # before the pinned copy goes
     finally:
@@ -71,14 +119,19 @@ def host_pointer(array) -> int:
     return array.__array_interface__["data"][0]
 
 
-def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: int) -> None:
-    """Device memory laid out like ``host_array`` -> ``host_array``; waits for ``stream``."""
-    nbytes = _span_bytes(shape, strides, dtype)
+def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: int, device_strides=None) -> None:
+    """Device memory laid out with ``device_strides`` (default: the host array's ``strides``) ->
+    ``host_array``; waits for ``stream``."""
+    device_strides = strides if device_strides is None else device_strides
+    nbytes = _span_bytes(shape, device_strides, dtype)
     pinned = PinnedBuffer(nbytes)
     try:
         _cuda.check(cudart.cudaMemcpyAsync(pinned.pointer, device_pointer, nbytes, _D2H, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        ctypes.memmove(host_pointer(host_array), pinned.pointer, nbytes)
+        if device_strides == tuple(strides):
+            ctypes.memmove(host_pointer(host_array), pinned.pointer, nbytes)
+        else:
+            _copy_strided(pinned.pointer, device_strides, host_pointer(host_array), strides, shape, dtype.itemsize)
     finally:
         pinned.free()
 
@@ -86,7 +139,7 @@ def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: in
 def to_host(result, kind: str, d_layout: tuple, aux_layouts: dict, stream: int, in_place=None):
     """Device results, D or ``(D, aux)``, copied back into new host arrays of the operands' package
     (``kind``: CPU torch, else NumPy), each laid out as ``(shape, strides, dtype)`` says; with
-    ``in_place`` = (the host c, its staged device pointer), D goes back into c instead."""
+    ``in_place`` = (the host c, its staged device pointer and strides), D goes back into c instead."""
     d, aux = (result if isinstance(result, tuple) else (result, None))
     host_kind = kind if kind == "torch" else "numpy"
 
@@ -96,8 +149,8 @@ def to_host(result, kind: str, d_layout: tuple, aux_layouts: dict, stream: int, 
         return host
 
     if in_place is not None:
-        c, c_pointer = in_place
-        copy_back(c_pointer, c.obj, c.shape, c.strides, c.dtype, stream)
+        c, c_pointer, c_device_strides = in_place
+        copy_back(c_pointer, c.obj, c.shape, c.strides, c.dtype, stream, c_device_strides)
         d_host = c.obj
     else:
         d_host = back(d, *d_layout)

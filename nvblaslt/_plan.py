@@ -529,7 +529,8 @@ class Matmul:
         result = self._run(stream_h, self._framework_stream(), out)
         if self._blocking:  # host operands (copied back, which waits) or options.blocking=True
             if self._host:
-                in_place = (self._host_operands["c"], self._operands["c"].ptr) if self.problem.inplace else None
+                c = self._operands["c"]
+                in_place = (self._host_operands["c"], c.ptr, c.strides) if self.problem.inplace else None
                 result = _host.to_host(result, self._kind, *self._host_layouts, stream_h, in_place)
             else:
                 _cuda.check(cudart.cudaStreamSynchronize(stream_h), "cudaStreamSynchronize")
@@ -641,11 +642,11 @@ class Matmul:
             if _operands.kind_of(new) != self._kind or op.host != self._host:
                 raise NvblasltTypeError(f"{name}: expected an array like the original ({self._kind}, "
                                         f"{'host' if self._host else 'GPU'} memory)")
-            if op.host:
-                _require_same(name, self._host_operands[name], op)
+            if op.host:  # copied into the device copy's own layout: any strides will do
+                _require_same(name, self._host_operands[name], op, ("shape", "dtype", "conjugated"))
                 self._host_operands[name] = op
-                _host.refresh(op, old.ptr, stream_h)
-                op = _operands.Operand(op.obj, old.ptr, op.shape, op.strides, op.dtype, self._device, op.readonly,
+                _host.refresh(op, old.ptr, old.strides, stream_h)  # into the device copy's layout
+                op = _operands.Operand(op.obj, old.ptr, op.shape, old.strides, op.dtype, self._device, op.readonly,
                                        op.kind)
             else:
                 _require_same(name, old, op)
@@ -661,7 +662,11 @@ class Matmul:
                 name = f"epilog_inputs['{key}']"
                 op = _operands.read(value, name, stream_h)
                 if op.host:
-                    _host.refresh(op, self._staged[key].pointer, stream_h)
+                    staged = self._input_operands[key]
+                    if op.shape != staged.shape or op.dtype != staged.dtype:
+                        raise NvblasltValueError(f"{name}: the plan was made for shape {staged.shape} and dtype "
+                                                 f"{staged.dtype.name}, got {op.shape} and {op.dtype.name}")
+                    _host.refresh(op, staged.ptr, staged.strides, stream_h)  # into the device copy's layout
                     continue
                 old = self._epilog_inputs[key]
                 new = check_bias(op, self.problem) if key == "bias" else check_aux(op, key, self.problem)
@@ -804,12 +809,12 @@ def _replace_ptr(value, pointer: int):
     return replace(value, ptr=pointer)
 
 
-def _require_same(name: str, old, new) -> None:
-    for what in ("shape", "strides", "dtype", "device", "conjugated"):
+def _require_same(name: str, old, new, what_matters=("shape", "strides", "dtype", "device", "conjugated")) -> None:
+    for what in what_matters:
         if getattr(old, what) != getattr(new, what):
             raise NvblasltValueError(f"{name}: the plan was made for {what} {getattr(old, what)}, got "
                                      f"{getattr(new, what)}; make a new Matmul for a different problem")
-    if new.alignment < old.alignment:
+    if "device" in what_matters and new.alignment < old.alignment:
         raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but the "
                                  f"plan's algorithms assume {old.alignment}; make a new Matmul")
 

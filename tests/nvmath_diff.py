@@ -67,6 +67,9 @@ EPILOGS = ("RELU", "RELU_AUX", "BIAS", "RELU_BIAS", "RELU_AUX_BIAS", "DRELU", "D
 FORWARD_OF = {"DRELU": "RELU_AUX_BIAS", "DRELU_BGRAD": "RELU_AUX", "DGELU": "GELU_AUX", "DGELU_BGRAD": "GELU_AUX_BIAS"}
 
 
+GRAD_TYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+
+
 class CaseSkipped(Exception):
     """The harness cannot build this case here (a framework or dtype is missing)."""
 
@@ -90,6 +93,7 @@ class Arr:
     bcast: tuple = ()  # axes with stride 0 (their values repeat)
     conj_view: bool = False  # a torch lazy-conjugate view of the values' conjugate
     values: np.ndarray | None = field(default=None, repr=False)  # logical values, float64 or complex128
+    grad: bool = False  # a torch tensor that requires grad (as nn.Linear's parameters do)
 
     def strides(self) -> tuple:
         nd = len(self.shape)
@@ -108,7 +112,8 @@ class Arr:
 
     def describe(self) -> str:
         extra = "".join([f"+pad{self.pad}" if self.pad else "", f"@{self.offset}" if self.offset else "",
-                         f" bcast{list(self.bcast)}" if self.bcast else "", " conj-view" if self.conj_view else ""])
+                         f" bcast{list(self.bcast)}" if self.bcast else "", " conj-view" if self.conj_view else "",
+                         " grad" if self.grad else ""])
         short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "complex64": "c64",
                  "complex128": "c128", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(self.dtype, self.dtype)
         return f"{tuple(self.shape)}{short}{self.layout if len(self.shape) > 1 else ''}{extra}"
@@ -138,6 +143,8 @@ def realize(arr: Arr, fw: str):
                 source = source.to(torch.float32)
             storage.copy_(source.to(dtype))
         out = torch.as_strided(buffer, tuple(arr.shape), strides, arr.offset)
+        if arr.grad:
+            out.requires_grad_()
         return out.conj() if arr.conj_view else out
     if arr.dtype in TORCH_ONLY:
         raise CaseSkipped(f"{arr.dtype} needs torch")
@@ -291,7 +298,8 @@ class Gen:
             offset = int(self.rng.integers(1, 4)) if self.chance(0.06) else 0
         stored = tuple(1 if i in bcast else n for i, n in enumerate(shape))
         values = np.broadcast_to(self.values(stored, dtype, scale), shape)
-        return Arr(shape, dtype, layout, pad, offset, tuple(bcast), conj_view, values)
+        grad = dtype in GRAD_TYPES and self.chance(0.1)  # torch only: other packages ignore it
+        return Arr(shape, dtype, layout, pad, offset, tuple(bcast), conj_view, values, grad)
 
     def vec(self, n, dtype) -> Arr:
         """A contiguous vector (a bias): only its start may be offset."""

@@ -262,6 +262,44 @@ def test_nvmath_call_surface_is_checked_before_the_gpu():
         Matmul(a, np.ones((4, 6), dtype=np.float32))
 
 
+def test_host_operands_with_gaps_are_packed_for_the_gpu():
+    """A host array whose memory has gaps (padded rows, steps) or broadcast axes is staged densely,
+    keeping its matrices' order, as nvmath-python's copies are; a dense one is copied as it is."""
+    np = pytest.importorskip("numpy")
+    from nvblaslt import _host
+
+    def host_op(array):
+        return _operands.read(array, "x", 0)
+
+    rng = np.random.default_rng(0)
+    padded_column = rng.standard_normal((2, 3, 4))[:, :, :1]  # (2, 3, 1), rows 4 apart
+    cases = {
+        "dense C": (rng.standard_normal((3, 5)), (5, 1)),
+        "dense F": (np.asfortranarray(rng.standard_normal((3, 5))), (1, 3)),
+        "padded rows": (rng.standard_normal((3, 8))[:, :5], (5, 1)),
+        "padded column": (padded_column, (3, 1, 3)),
+        "stepped F": (np.asfortranarray(rng.standard_normal((6, 5)))[::2], (1, 3)),
+        "broadcast batch": (np.broadcast_to(rng.standard_normal((3, 4)), (2, 3, 4)), (12, 4, 1)),
+        "batch innermost": (np.asfortranarray(rng.standard_normal((2, 3, 5))), (15, 1, 3)),
+        "dense batched F": (rng.standard_normal((2, 5, 3)).transpose(0, 2, 1), (15, 1, 3)),
+    }
+    for name, (array, expected) in cases.items():
+        op = host_op(array)
+        strides = _host.device_strides(op)
+        assert strides == expected, name
+        packed = np.empty(max(_host._span_bytes(op.shape, strides, op.dtype) // 8, 1))
+        _host._copy_strided(op.ptr, op.strides, packed.ctypes.data, strides, op.shape, 8)
+        view = np.lib.stride_tricks.as_strided(packed, op.shape, tuple(8 * s for s in strides))
+        assert np.array_equal(view, array), name
+        if 0 in op.strides:
+            continue  # a broadcast array is never written back
+        # and back, into memory laid out as the original (an in-place c's copy back)
+        memory = np.zeros(max(_host._span_bytes(op.shape, op.strides, op.dtype) // 8, 1))
+        _host._copy_strided(packed.ctypes.data, strides, memory.ctypes.data, op.strides, op.shape, 8)
+        back = np.lib.stride_tricks.as_strided(memory, op.shape, tuple(8 * s for s in op.strides))
+        assert np.array_equal(back, array), name
+
+
 def test_memory_limit_is_read_as_nvmath_python_reads_it():
     from nvblaslt._options import memory_limit_bytes
 

@@ -120,6 +120,35 @@ def test_two_d_aux_is_broadcast_over_a_batch_or_refused(activation):
     check(d, np.matmul(host(a), host(b)) * g, "float32")
 
 
+def test_host_operands_with_gaps_are_staged_densely():
+    """nvmath-python copies host operands densely; a padded broadcast column c, stepped or padded
+    operands and an in-place padded c work the same here (device arrays like these are refused or read
+    with their strides)."""
+    a = RNG.standard_normal((2, 6, 14)).astype(np.float16)[:, :, :9]  # padded rows
+    b = np.asfortranarray(RNG.standard_normal((2, 18, 26)).astype(np.float16))[:, ::2, :]  # stepped rows
+    column = RNG.standard_normal((2, 6, 4)).astype(np.float16)[:, :, :1]  # (2, 6, 1), rows 4 apart
+    assert column.strides[-2] == 4 * column.itemsize and not a.flags.c_contiguous and not b.flags.f_contiguous
+    d = matmul(a, b, column, alpha=-1.5, beta=0.75)
+    expected = -1.5 * a.astype(np.float64) @ b.astype(np.float64) + 0.75 * column.astype(np.float64)
+    assert isinstance(d, np.ndarray)
+    check(d, expected, "float16")
+    # in place into a padded c: the packed device copy goes back into c's own layout
+    base = RNG.standard_normal((2, 6, 30))
+    c = np.zeros((2, 6, 32), dtype=np.float32)[:, :, :26]
+    c[...] = base[:, :, :26]
+    expected = a.astype(np.float64) @ b.astype(np.float64) + 2 * base[:, :, :26]
+    result = matmul(a.astype(np.float32), b.astype(np.float32), c, beta=2.0, options={"inplace": True})
+    assert result is c
+    check(c, expected, "float32")
+    # a reset with new host arrays of another layout is packed into the plan's device copies
+    with Matmul(a, b, column, beta=0.75) as mm:
+        mm.plan()
+        a2 = np.ascontiguousarray(RNG.standard_normal((2, 6, 9)).astype(np.float16))
+        mm.reset_operands(a=a2)
+        check(mm.execute(), a2.astype(np.float64) @ b.astype(np.float64) + 0.75 * column.astype(np.float64),
+              "float16")
+
+
 def test_host_operands_come_back_on_the_host():
     a, b = RNG.standard_normal((9, 7)).astype(np.float32), np.asfortranarray(RNG.standard_normal((7, 5)))
     b = b.astype(np.float32)
