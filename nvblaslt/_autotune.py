@@ -110,6 +110,29 @@ def _algorithm(plan, result: HeuristicResult, stream: int, name: str | None = No
                       lambda: plan._select(result), result)
 
 
+def _runnable(plan, candidates: list[HeuristicResult], stream: int) -> list[HeuristicResult]:
+    """The candidates cublasLtMatmul runs: one offered by the heuristics may be refused at launch (seen:
+    aux epilogs with M=1); those are left out of the timing and of the plan's list."""
+    kept: list[HeuristicResult] = []
+    offered = plan.algorithms
+    plan.algorithms = []  # so that a refusal raises here instead of moving the plan to its next algorithm
+    try:
+        for candidate in candidates:
+            plan._select(candidate)
+            try:
+                plan._run(stream, stream, None)
+            except CublasLtError as error:
+                if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED" or (candidate is candidates[-1] and not kept):
+                    raise  # another failure, or nothing offered runs
+                logger.info("autotune: cublasLtMatmul refused %s; left out",
+                            _tuning_cache.describe_algorithm(candidate))
+                continue
+            kept.append(candidate)
+    finally:
+        plan.algorithms = [r for r in offered if any(r is k for k in kept)] or offered
+    return kept
+
+
 def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> list[list[float]]:
     """Samples (ms) of each contestant over ``rounds`` interleaved rounds, after one warm-up run each."""
     for contestant in contestants:  # module load, first-launch costs
@@ -480,6 +503,7 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
             else:
                 logger.info("autotune: timing %d heuristic picks, %d interleaved rounds", len(candidates),
                             max(1, iterations))
+                candidates = _runnable(plan, candidates, stream_h)
                 samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
                 heuristic = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
             incumbent, incumbent_ms = heuristic[0]

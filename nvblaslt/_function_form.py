@@ -65,12 +65,11 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
         path = _fast_paths.get(type(a)) or _fast_path(type(a))
         if path is not None:
             kind, read, stream_on = path
-            if epilog_inputs:
-                names = tuple(epilog_inputs)
-                found = read((a, b, c, *epilog_inputs.values()))
-            else:
-                names = ()
-                found = read((a, b, c))
+            names = tuple(epilog_inputs) if epilog_inputs else ()
+            try:
+                found = read((a, b, c, *epilog_inputs.values()) if epilog_inputs else (a, b, c))
+            except Exception:  # noqa: BLE001 - an odd tensor (sparse, nested…): the checked path says what is wrong
+                found = None
             if found is not None:
                 pointers, layout = found
                 fast_key = (kind, epilog, compute_type, result_type, beta is None, names, layout)

@@ -13,8 +13,14 @@ from typing import Any
 from ._errors import NvblasltTypeError, NvblasltValueError
 
 DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
-_MEMORY = re.compile(r"^\s*\d+(\.\d+)?\s*(%|[kmgt]i?b|b)?\s*$", re.IGNORECASE)
-_SIZE = re.compile(r"^\s*(?P<number>\d+(\.\d+)?)\s*(?P<unit>(?P<power>[kmgt]?)(?P<binary>i?)b?|%)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(?P<number>(\d+\.?\d*|\.\d+)(e[+-]?\d+)?)\s*(?P<unit>(?P<power>[kmgt]?)(?P<binary>i?)b|%)\s*$",
+                   re.IGNORECASE)
+
+
+def _valid_size(text: str) -> bool:
+    """A size with a unit ("8 GiB", "512 kB", "5e7 B") or a share from 0 to 100 % (as nvmath-python takes)."""
+    match = _SIZE.match(text)
+    return match is not None and (match["unit"] != "%" or 0 < float(match["number"]) <= 100)
 
 
 def memory_limit_bytes(limit: int | float | str, total: int) -> int:
@@ -90,10 +96,15 @@ class MatmulOptions:
             raise NvblasltTypeError(f"options.handle: expected a cublasLtHandle_t as an int, got {self.handle!r}")
         if self.memory_limit is None:
             self.memory_limit = "80%"
-        if not _MEMORY.match(str(self.memory_limit)) or isinstance(self.memory_limit, bool) or \
-                not isinstance(self.memory_limit, (int, float, str)):
-            raise NvblasltValueError(f"options.memory_limit: expected bytes, a size such as '8 GiB', or a share "
-                                     f"such as '80%', got {self.memory_limit!r}")
+        limit = self.memory_limit
+        if isinstance(limit, bool) or not isinstance(limit, (int, float, str)) or (
+                isinstance(limit, str) and not _valid_size(limit)) or (
+                not isinstance(limit, str) and not 0 <= limit < float("inf")):
+            raise NvblasltValueError(f"options.memory_limit: expected bytes (a number ≥ 0, or a share of the GPU's "
+                                     f"memory up to 1.0), a size such as '8 GiB', or a share such as '80%', got "
+                                     f"{limit!r}")
+        if not isinstance(self.fast_accumulation, (bool, type(None))):
+            raise NvblasltTypeError(f"options.fast_accumulation: expected a bool, got {self.fast_accumulation!r}")
         if self.allocator is not None and not callable(getattr(self.allocator, "memalloc", None)):
             raise NvblasltTypeError(f"options.allocator: expected an object with memalloc(size) (nvmath-python's "
                                     f"BaseCUDAMemoryManager), got {type(self.allocator).__name__}")

@@ -23,6 +23,10 @@ class OutputChecker:
         self._operands, self._epilog_inputs = operands, epilog_inputs
         self._last: tuple | None = None  # (weakref to out, its fingerprint, its pointer)
 
+    def forget(self) -> None:
+        """The operands changed: the next ``out=`` is checked again (overlaps included)."""
+        self._last = None
+
     def pointer(self, out, stream_h: int) -> int:
         """Check ``out=`` once per array: the same object with the same fingerprint is not re-read."""
         last = self._last

@@ -28,6 +28,7 @@ from ._scales import Scalar, Scales
 from ._streams import stream_handle
 
 logger = logging.getLogger("nvblaslt")
+_NUMBERS = (float, int)  # alpha/beta types the function form's rebinding compares without re-checking
 _UNSET_OUTPUT = 256  # an output pointer before the first launch: aligned, in the never-mapped first page
 
 
@@ -242,6 +243,9 @@ class Matmul:
             raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, lib.status_name(status),
                                 lib.status_string(status), _unsupported_hint(problem, epilog, offered > 0))
         self._release_plan()
+        if self._split is not None:  # the two-call form of the previous plan
+            self._split.free()
+            self._split = None
         self.problem, self.epilog, self._spec = problem, epilog, spec
         self._handle, self._desc, self._layouts, self._preference = handle, desc, layouts, preference
         self._epilog_inputs = inputs
@@ -625,13 +629,15 @@ class Matmul:
             self._reset(a, b, c, alpha, beta, epilog_inputs, quantization_scales, stream_h)
 
     def _reset(self, a, b, c, alpha, beta, epilog_inputs, quantization_scales, stream_h):
+        # Everything is read and checked first; the plan changes only once nothing can refuse, so a refused
+        # reset leaves it pointing at the operands it had.
         released = getattr(self, "_released", None)
         if released:
             missing = sorted(n for n, new in (("a", a), ("b", b), ("c", c)) if n in released and new is None)
             if missing:
                 raise NvblasltValueError(f"{', '.join(missing)}: release_operands() dropped the operands; give all "
                                          f"of them again")
-            self._released = None
+        operands = {}
         for name, new in (("a", a), ("b", b), ("c", c)):
             if new is None:
                 continue
@@ -644,13 +650,10 @@ class Matmul:
                                         f"{'host' if self._host else 'GPU'} memory)")
             if op.host:  # copied into the device copy's own layout: any strides will do
                 _require_same(name, self._host_operands[name], op, ("shape", "dtype", "conjugated"))
-                self._host_operands[name] = op
-                _host.refresh(op, old.ptr, old.strides, stream_h)  # into the device copy's layout
-                op = _operands.Operand(op.obj, old.ptr, op.shape, old.strides, op.dtype, self._device, op.readonly,
-                                       op.kind)
             else:
                 _require_same(name, old, op)
-            self._operands[name] = op
+            operands[name] = op
+        inputs = {}
         if epilog_inputs:
             if not self._planned:
                 raise NvblasltValueError("epilog_inputs: call plan() before resetting epilog inputs")
@@ -666,7 +669,7 @@ class Matmul:
                     if op.shape != staged.shape or op.dtype != staged.dtype:
                         raise NvblasltValueError(f"{name}: the plan was made for shape {staged.shape} and dtype "
                                                  f"{staged.dtype.name}, got {op.shape} and {op.dtype.name}")
-                    _host.refresh(op, staged.ptr, staged.strides, stream_h)  # into the device copy's layout
+                    inputs[key] = (op, None)
                     continue
                 old = self._epilog_inputs[key]
                 new = check_bias(op, self.problem) if key == "bias" else check_aux(op, key, self.problem)
@@ -676,24 +679,52 @@ class Matmul:
                 if new.alignment < old.alignment:
                     raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but "
                                              f"the plan assumed {old.alignment}")
-                self._epilog_inputs[key] = new
-                self._input_setters[key](new.ptr)
-        if quantization_scales is not None:
+                inputs[key] = (op, new)
+        scales = self._scales.check(quantization_scales, self._stream) if quantization_scales is not None else None
+        if beta is not None and self._operands["c"] is None:
+            raise NvblasltValueError("beta: the plan has no c for beta to scale")
+        scale_type = self.operands.types.scale
+        for value, argument in ((alpha, "alpha"), (beta, "beta")):
+            if value is not None:
+                Scalar(scale_type, argument).set(value)  # refuses what the plan's own scalar would
+        if self._split is not None:  # its masking plan checks the same things, then takes them
+            self._split.reset_operands(a=a, b=b, c=c, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
+                                       stream=stream_h)
+
+        # Commit. Copies into device memory a queued kernel may still read wait for the last stream's work.
+        if self._last_stream != stream_h and not _cuda.is_capturing(stream_h):
+            _memory._wait(self._last_stream, stream_h)
+        self._released = None
+        for name, op in operands.items():
+            if op.host:
+                old = self._operands[name]
+                self._host_operands[name] = op
+                _host.refresh(op, old.ptr, old.strides, stream_h)  # into the device copy's layout
+                op = _operands.Operand(op.obj, old.ptr, op.shape, old.strides, op.dtype, self._device, op.readonly,
+                                       op.kind)
+            self._operands[name] = op
+        for key, (op, new) in inputs.items():
+            if new is None:
+                staged = self._input_operands[key]
+                _host.refresh(op, staged.ptr, staged.strides, stream_h)  # into the device copy's layout
+                continue
+            self._epilog_inputs[key] = new
+            self._input_operands[key] = op
+            self._input_setters[key](new.ptr)
+        if scales is not None:
             # new values replace the old for the keys given (numbers or arrays alike); the others stay
-            self._scales.write(self._scales.check(quantization_scales, self._stream), self._stream)
+            if self._last_stream != self._stream:
+                _memory._wait(self._last_stream, self._stream)
+            self._scales.write(scales, self._stream)
             if self._planned:
                 for attribute, pointer in self._scales.descriptor_pointers(self.problem).items():
                     self._desc.set(attribute, pointer)
-        if self._split is not None:
-            self._split.reset_operands(a=a, b=b, c=c, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
-                                       stream=stream_h)
         if alpha is not None:
             self._alpha.set(alpha)
         if beta is not None:
-            if self._operands["c"] is None:
-                raise NvblasltValueError("beta: the plan has no c for beta to scale")
             self._beta.set(beta)
         if self._planned:
+            self._out_checker.forget()  # a new operand may overlap an out= checked before
             self._bind_pointers()
             self._rebuild_arguments()  # C's pointer object may be new
 
@@ -707,6 +738,9 @@ class Matmul:
     def _set_operands(self, a, b, c, inputs: dict, alpha, beta) -> None:
         """The function form's checked path on a cache hit: the key already matched every check."""
         self._operands["a"], self._operands["b"], self._operands["c"] = a, b, c
+        self._out_checker.forget()  # a new a, b or c may overlap an out= checked before
+        if self._split is not None:
+            self._split.masked._set_operands(a, b, c, inputs, alpha, beta)
         self._rebind([a.ptr, b.ptr, c.ptr if c is not None else None, *(op.ptr for op in inputs.values())],
                      tuple(inputs), alpha, beta)
 
@@ -721,18 +755,25 @@ class Matmul:
         if input_names:
             inputs = self._epilog_inputs
             for key, pointer in zip(input_names, pointers[3:]):
-                if pointer != inputs[key].ptr:
+                given = inputs.get(key)  # None: an input this epilog does not take (warned about, ignored)
+                if given is not None and pointer != given.ptr:
                     self._input_setters[key](pointer)
-                    inputs[key] = _replace_ptr(inputs[key], pointer)
-        if alpha != self._alpha.value or beta != self._beta.value:
+                    inputs[key] = _replace_ptr(given, pointer)
+        # plain numbers equal to the last ones skip the write; anything else is checked by set()
+        if type(alpha) not in _NUMBERS or type(beta) not in _NUMBERS or alpha != self._alpha.value \
+                or beta != self._beta.value:
             self._alpha.set(alpha)
             self._beta.set(beta)
+        if self._split is not None:  # the two-call form runs instead: its masking plan takes the operands
+            self._split.masked._rebind(pointers, input_names, alpha, beta)
 
     def _forget_arrays(self) -> None:
         """Drop references to the caller's arrays (pointers and layouts stay)."""
         for op in self._operands.values():
             if op is not None:
                 op.obj = None
+        if self._split is not None:
+            self._split.masked._forget_arrays()
 
     # ---- lifetime ----------------------------------------------------------------------------------
     def _check_alive(self) -> None:

@@ -304,10 +304,12 @@ def test_memory_limit_is_read_as_nvmath_python_reads_it():
     from nvblaslt._options import memory_limit_bytes
 
     total = 80 << 30
-    expected = {0: 0, 4096: 4096, 0.25: 20 << 30, 2.0: 2, "10%": 8 << 30, "1 GiB": 1 << 30, "1GB": 10**9,
-                "1.5 MiB": 3 << 19, "512 kb": 512000, "2048": 2048, "3 B": 3}
+    expected = {0: 0, 4096: 4096, 0.25: 20 << 30, 2.0: 2, 1e12: 10**12, "10%": 8 << 30, "1 GiB": 1 << 30,
+                "1GB": 10**9, "1.5 MiB": 3 << 19, "512 kb": 512000, ".5 GB": 5 * 10**8, "5e7 B": 5 * 10**7, "3 B": 3}
     assert {limit: memory_limit_bytes(limit, total) for limit in expected} == expected
-    for bad in ("lots", -5, "-1 GiB", True):
+    for limit in expected:
+        nvblaslt.MatmulOptions(memory_limit=limit)
+    for bad in ("lots", -5, "-1 GiB", True, "0.5", "150%", "0%", float("nan")):
         with pytest.raises(NvblasltError, match="options.memory_limit"):
             nvblaslt.MatmulOptions(memory_limit=bad)
 

@@ -385,6 +385,104 @@ def test_tensors_that_require_grad_are_read_as_nvmath_python_reads_them():
         assert rel_error(host(mm.execute()), expected) < 1e-5
 
 
+def _drelu_bgrad_problem():
+    x, w, bias = rand((M, K), "float32", "col"), rand((K, N), "float32", "col"), rand((M,), "float32")
+    _, aux = matmul(x, w, epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias})
+    g1, g2 = rand((M, K), "float32", "col"), rand((K, N), "float32", "col")
+    z = host(x) @ host(w) + host(bias)[:, None]
+    expected = (host(g1) @ host(g2)) * (z > 0)
+    decided = np.abs(z) > 1e-3 * np.abs(z).max()
+    return g1, g2, aux, expected, decided
+
+
+def test_the_split_bias_gradient_form_takes_each_calls_operands():
+    """A plan that recalled the two-call DRELU_BGRAD form (a search found it faster) must run it on
+    the operands of each call, in the function form and after reset_operands alike."""
+    from nvblaslt import _function_form
+    from nvblaslt._split_bgrad import SplitBiasGradient
+
+    _function_form.clear_plan_cache()
+    g1, g2, aux, _, _ = _drelu_bgrad_problem()
+    matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
+    (plan,) = {p for p in _function_form._local.plans.values() if p.epilog.name == "DRELU_BGRAD"}
+    plan._split = SplitBiasGradient(plan, iterations=0)  # what a remembered search makes of the plan
+    for _ in range(2):  # the checked path's cache hit, then the fast path
+        g1, g2, aux, expected, decided = _drelu_bgrad_problem()
+        d, out = matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
+        got = host(d)
+        assert rel_error(np.where(decided, got, expected), expected) < 1e-5
+        assert rel_error(host(out["drelu_bgrad"]), np.where(decided, got, expected).sum(axis=1)) < 1e-4
+    g1, g2, aux, expected, decided = _drelu_bgrad_problem()
+    with Matmul(g1, g2) as mm:
+        mm.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
+        mm._split = SplitBiasGradient(mm, iterations=0)
+        g1b, g2b, auxb, expected, decided = _drelu_bgrad_problem()
+        mm.reset_operands(g1b, g2b, epilog_inputs={"relu_aux": auxb["relu_aux"]})
+        d, _ = mm.execute()
+        assert rel_error(np.where(decided, host(d), expected), expected) < 1e-5
+        mm.plan(epilog="DEFAULT")  # planning again leaves the two-call form behind
+        assert mm._split is None
+        assert rel_error(host(mm.execute()), host(g1b) @ host(g2b)) < 1e-5
+
+
+def test_out_is_checked_again_when_the_operands_change():
+    x, w = rand((M, K), "float32"), rand((K, K), "float32")
+    buf = matmul(x, w)
+    matmul(x, w, out=buf)
+    with pytest.raises(nvblaslt.NvblasltValueError, match="overlaps a"):
+        matmul(buf, w, out=buf)  # the cached plan's out= check must not be reused for a new a
+    with Matmul(x, w) as mm:
+        mm.plan()
+        mm.execute(out=buf)
+        mm.reset_operands(a=buf)
+        with pytest.raises(nvblaslt.NvblasltValueError, match="overlaps a"):
+            mm.execute(out=buf)
+
+
+def test_a_refused_reset_leaves_the_plan_on_its_operands():
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    with Matmul(a, b) as mm:
+        mm.plan()
+        with pytest.raises(nvblaslt.NvblasltValueError, match="b: the plan was made for shape"):
+            mm.reset_operands(a=rand((M, K), "float32"), b=rand((K, N + 1), "float32"))
+        assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
+
+
+def test_an_ignored_epilog_input_is_ignored_on_every_call():
+    from nvblaslt import _function_form
+
+    _function_form.clear_plan_cache()
+    a, b, bias = rand((M, K), "float32"), rand((K, N), "float32"), rand((M,), "float32")
+    expected = np.maximum(host(a) @ host(b) + host(bias)[:, None], 0)
+    with pytest.warns(UserWarning, match="ignoring"):  # nvmath-python ignores it too
+        matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias, "gelu_aux": rand((M, N), "float32")})
+    for _ in range(2):  # the checked path's cache hit, then the fast path
+        d = matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias, "gelu_aux": rand((M, N), "float32")})
+        assert rel_error(host(d), expected) < 1e-5
+
+
+def test_autotune_leaves_out_an_algorithm_refused_at_launch(monkeypatch):
+    from nvblaslt import _plan
+
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    with Matmul(a, b) as mm:
+        found = mm.plan(preferences={"limit": 4})
+        if len(found) < 2:
+            pytest.skip("the heuristics offered one algorithm")
+        victim = found[1]
+        real = _plan._raw_function
+        refused = int(nvblaslt.library().api.CUBLAS_STATUS_NOT_SUPPORTED)
+
+        def refusing(function):
+            call = real(function)
+            return lambda *arguments: refused if mm.algorithm is victim else call(*arguments)
+        monkeypatch.setattr(_plan, "_raw_function", refusing)
+        mm._select(mm.algorithm)
+        timings = mm.autotune(iterations=2)
+        assert all(r is not victim for r, _ in timings) and all(r is not victim for r in mm.algorithms)
+        assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
+
+
 def test_a_launch_refused_at_run_time_retries_with_this_calls_operands():
     """cuBLASLt may refuse an offered algorithm at launch; the retry with the next one must use the
     pointers of this call, not those the plan was made with."""
