@@ -78,6 +78,7 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
                 except TypeError:  # an unhashable argument: the checked path will say what is wrong with it
                     plan = fast_key = None
                 if plan is not None:
+                    cache.move_to_end(fast_key)  # least recently used goes first when the cache is full
                     plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
                     framework_stream = stream_on(layout[0][3])  # a's device
                     if plan._several_devices and _cuda.current_device() != plan._device:

@@ -425,6 +425,21 @@ def test_the_split_bias_gradient_form_takes_each_calls_operands():
         assert rel_error(host(mm.execute()), host(g1b) @ host(g2b)) < 1e-5
 
 
+def test_the_plan_cache_keeps_the_plans_in_use():
+    from nvblaslt import _function_form
+
+    _function_form.clear_plan_cache()
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    matmul(a, b)
+    matmul(a, b)  # now on the fast path
+    hot = set(_function_form._local.plans.values())
+    for k in range(1, 2 * _function_form._CACHE_SIZE + 8):  # more problems than the cache holds
+        matmul(rand((4, k), "float32"), rand((k, 4), "float32"))
+        matmul(a, b)
+    assert hot <= set(_function_form._local.plans.values())  # used all along: never evicted
+    _function_form.clear_plan_cache()
+
+
 def test_out_is_checked_again_when_the_operands_change():
     x, w = rand((M, K), "float32"), rand((K, K), "float32")
     buf = matmul(x, w)
