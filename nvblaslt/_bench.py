@@ -2,8 +2,9 @@
 
 Sections (``--sections``, all by default):
   percall  the blog's small layer (CuPy fp32, 100×784 @ 784×256, RELU_BIAS): host time per call,
-           against a bare ctypes cublasLtMatmul with every argument prebuilt and no argtypes (the
-           same call through the generated binding, with argtypes, is a row of its own)
+           against a bare ctypes cublasLtMatmul with every argument prebuilt as ctypes passes it
+           (``from_param``) and no argtypes; the same call with c_void_p objects, and through the
+           generated binding with argtypes, are rows of their own
   layer    transformer-sized layers (bf16; 16, 256, 8192 tokens; 4096→4096 and 4096→14336;
            RELU_BIAS, GELU_BIAS): event time per call of matmul() as users call it (fresh ``x.T``
            views, no ``out=``) and Matmul.execute(), against torch's fused ``_addmm_activation``
@@ -143,14 +144,21 @@ def _bare_call(nvblaslt, weights_ptr: int, x_ptr: int, bias_ptr: int, out_ptr: i
             ctypes.c_size_t(workspace[1] if algorithm.workspace_size else 0), ctypes.c_void_p(stream))
     raw, checked = _raw_function(lib.cublasLtMatmul), lib.cublasLtMatmul
     keep = (desc, a, b, d, preference, alpha, beta, algorithm)  # the C objects must outlive the calls
+    # from_param() gives the objects ctypes passes as they are; a c_void_p instance is converted into
+    # one on every call, so this is the fastest form of each argument
+    passed = tuple(type(x).from_param(x.value) if isinstance(x, (ctypes.c_void_p, ctypes.c_size_t)) else x
+                   for x in args)
 
-    def bare():  # no argtypes or status check: the fastest ctypes call
+    def bare():  # no argtypes or status check, every argument in the form ctypes passes as it is
+        return raw(*passed)
+
+    def bare_objects():  # ctypes objects: each c_void_p converted per call
         return raw(*args)
 
     def bare_checked():  # the generated binding: argtypes and a status check
         return checked(*args)
-    bare.keep = bare_checked.keep = keep  # type: ignore[attr-defined]
-    return bare, bare_checked
+    bare.keep = bare_objects.keep = bare_checked.keep = keep  # type: ignore[attr-defined]
+    return bare, bare_objects, bare_checked
 
 
 def percall_section(args, torch, results: dict) -> None:
@@ -193,13 +201,14 @@ def percall_section(args, torch, results: dict) -> None:
     mm = Matmul(weights, x)
     mm.plan(epilog=epilog, epilog_inputs={"bias": bias})
     planned_out = mm.execute()
-    bare, bare_checked = _bare_call(nvblaslt, pointer(weights), pointer(x), pointer(bias), pointer(out), workspace,
+    bare, bare_objects, bare_checked = _bare_call(nvblaslt, pointer(weights), pointer(x), pointer(bias), pointer(out), workspace,
                                     stream)
     bare()
     expected = nvblaslt.matmul(weights, x, epilog=epilog, epilog_inputs={"bias": bias})
     close = _max_relative(torch, out, expected)
     cases = {
         "bare ctypes cublasLtMatmul": bare,
+        "bare, c_void_p objects": bare_objects,
         "bare, through the binding (argtypes)": bare_checked,
         "Matmul.execute(out=)": lambda: mm.execute(out=planned_out),
         "Matmul.execute()": mm.execute,

@@ -230,6 +230,10 @@ def fingerprint(obj, kind: str):
 
 def _torch_layouts(torch):
     tensor_types = (torch.Tensor, torch.nn.Parameter)  # subclasses with their own semantics take the checked path
+    # the C methods called unbound: no bound method made and no instance dict searched per read
+    tensor = torch.Tensor
+    is_neg, is_conj, get_device, data_ptr, stride = (tensor.is_neg, tensor.is_conj, tensor.get_device,
+                                                     tensor.data_ptr, tensor.stride)
 
     def layouts(arrays):
         pointers, layout = [], []
@@ -238,17 +242,17 @@ def _torch_layouts(torch):
                 pointers.append(None)
                 layout.append(None)
                 continue
-            if type(t) not in tensor_types or t.is_neg():
+            if type(t) not in tensor_types or is_neg(t):
                 return None
             dtype = t.dtype
-            if dtype.is_complex and t.is_conj():  # lazy views: only the checked path reads what their memory means
+            if dtype.is_complex and is_conj(t):  # lazy views: only the checked path reads what their memory means
                 return None
-            device = t.get_device()
+            device = get_device(t)
             if device < 0:  # a CPU tensor: host operands take the checked path
                 return None
-            pointer = t.data_ptr()
+            pointer = data_ptr(t)
             pointers.append(pointer)
-            layout.append((t.shape, t.stride(), dtype, device, pointer & 255 and pointer & -pointer))
+            layout.append((t.shape, stride(t), dtype, device, pointer & 255 and pointer & -pointer))
         return pointers, tuple(layout)
     return layouts
 
