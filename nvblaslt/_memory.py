@@ -133,11 +133,19 @@ def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...
         cupy = sys.modules["cupy"]
         ndarray, alloc, numpy_dtype = cupy.ndarray, cupy.cuda.alloc, sys.modules["numpy"].dtype(dtype.name)
         nbytes = max(span_elements(shape, strides), 1) * dtype.itemsize
-        byte_strides = tuple(s * dtype.itemsize for s in strides)
+        byte_strides: tuple[int, ...] | None = tuple(s * dtype.itemsize for s in strides)
+        # a dense C- or F-order result is asked for by its order, which CuPy lays out faster than it
+        # checks given strides (0.2 µs a call, H200 host)
+        order = "C"
+        if len(shape) > 1 and 0 not in shape:  # (CuPy's strides for empty extents differ from ours)
+            if strides == c_strides(shape):
+                byte_strides = None
+            elif strides == c_strides(shape[::-1])[::-1]:
+                byte_strides, order = None, "F"
 
         def cupy_empty():  # one constructor over pool memory (CuPy has no empty_strided)
             # a dtype object, not a name, and strides positional: 0.4 µs less a call (H200 host)
-            return ndarray(shape, numpy_dtype, alloc(nbytes), byte_strides)
+            return ndarray(shape, numpy_dtype, alloc(nbytes), byte_strides, order)
 
         def allocate_cupy(stream: int, framework_stream: int):
             with cupy.cuda.Device(device):
@@ -152,7 +160,7 @@ def strided_allocator(kind: str, shape: tuple[int, ...], strides: tuple[int, ...
             if stream != framework_stream:
                 return allocate_cupy(stream, framework_stream)
             memory = alloc(nbytes)  # cupy_empty() inlined: the hot path of execute() on CuPy arrays
-            return ndarray(shape, numpy_dtype, memory, byte_strides), memory.ptr
+            return ndarray(shape, numpy_dtype, memory, byte_strides, order), memory.ptr
         return allocate_cupy if _cuda.several_devices() else allocate_cupy_one_gpu
     size = (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * dtype.itemsize
 

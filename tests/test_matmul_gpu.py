@@ -177,6 +177,27 @@ def test_fp8_with_scales():
     assert d.dtype == torch.float32 and rel_error(host(d), ref) < 5e-4  # Hopper fp8 kernels accumulate in stages
 
 
+@pytest.mark.parametrize("shapes", [((M, K), (K, N)), ((3, M, K), (3, K, N)), ((1, K), (K, N)), ((M, K), (K, 1)),
+                                    ((M, K), (K,))])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_cupy_results_are_laid_out_as_planned(shapes, order):
+    """CuPy results are built by their order when dense C/F (faster) and by strides otherwise: either
+    way the array must have the plan's layout and every element written."""
+    cupy = pytest.importorskip("cupy")
+    def matrix(shape):  # C order, or F order per matrix (batch outermost)
+        x = cupy.asarray(RNG.standard_normal(shape), dtype=cupy.float32)
+        return cupy.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2) if order == "F" and x.ndim > 1 else x
+
+    a, b = (matrix(s) for s in shapes)
+    with Matmul(a, b) as mm:
+        mm.plan()
+        for _ in range(2):
+            d = mm.execute()
+            assert d.shape == mm.problem.result_shape
+            assert d.strides == tuple(s * d.itemsize for s in mm.problem.result_strides)
+            assert rel_error(d.get(), np.matmul(a.get(), b.get())) < 1e-5
+
+
 def test_cupy_torch_jax_and_protocol_results_come_back_in_kind():
     cupy = pytest.importorskip("cupy")
     a, b = cupy.asarray(RNG.standard_normal((M, K)), dtype=cupy.float32), cupy.asarray(
@@ -369,6 +390,27 @@ def test_function_form_fast_path_takes_parameters_and_notices_each_change(monkey
     expected = np.conj(host_exact(complex_w)) @ host_exact(complex_b)
     assert np.linalg.norm(host_exact(d) - expected) / np.linalg.norm(expected) < 1e-5
     assert len(checked) == 4
+
+
+def test_the_fast_path_rebinds_whatever_changed_since_its_last_call():
+    """The fast path skips rebinding when the same arrays come back with the default scalars: a
+    scalar given in between, or another call's operands bound through the checked path, must not
+    leak into the next call."""
+    from nvblaslt import _function_form
+
+    _function_form.clear_plan_cache()
+    a, b, c = rand((M, K), "float32"), rand((K, N), "float32"), rand((M, N), "float32")
+    a2, b2 = rand((M, K), "float32"), rand((K, N), "float32")
+    product, product2 = host(a) @ host(b), host(a2) @ host(b2)
+    for alpha, expected in ((None, product), (None, product), (3.0, 3 * product), (None, product)):
+        assert rel_error(host(matmul(a, b, alpha=alpha)), expected) < 1e-5
+    stream = torch.cuda.current_stream()  # stream= takes the checked path, onto the same cached plan
+    assert rel_error(host(matmul(a2, b2, stream=stream)), product2) < 1e-5
+    assert rel_error(host(matmul(a, b)), product) < 1e-5  # the same pointers as two calls ago: bound again
+    for beta in (0.5, 0.5, 2.0):
+        assert rel_error(host(matmul(a, b, c, beta=beta)), product + beta * host(c)) < 1e-5
+    _function_form.clear_plan_cache()
+    assert rel_error(host(matmul(a, b)), product) < 1e-5  # no stale last plan after the cache is cleared
 
 
 def test_tensors_that_require_grad_are_read_as_nvmath_python_reads_them():
