@@ -33,6 +33,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import platform
 import shutil
@@ -69,16 +70,20 @@ def _nvmath():
 
 
 # ---- timing -------------------------------------------------------------------------------------------
-def _event_rounds(torch, cases: list, rounds: int, calls: int = 1) -> list[list[float]]:
+def _event_rounds(torch, cases: list, rounds: int, calls: int = 1, rotate: bool = False) -> list[list[float]]:
     """Per-call ms of each ``(name, fn)`` case: CUDA events around a burst of ``calls`` calls, every
-    case once per round (interleaved), after two warm-up calls each."""
+    case once per round (interleaved), after two warm-up calls each. ``rotate``: each round starts
+    one case later, so that no case always runs in the same place of the round (after the same
+    neighbour, at the same point of the GPU's power and clock cycle)."""
     for _, fn in cases:
         fn()
         fn()
     torch.cuda.synchronize()
     samples: list[list[float]] = [[] for _ in cases]
-    for _ in range(rounds):
-        for index, (_, fn) in enumerate(cases):
+    for round_index in range(rounds):
+        shift = round_index % len(cases) if rotate else 0
+        for index in [*range(shift, len(cases)), *range(shift)]:
+            fn = cases[index][1]
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(calls):
@@ -400,7 +405,7 @@ def seed_section(args, torch, results: dict) -> None:
                 compiled(a, b, bias)
             cases.append(("torch.compile relu(a @ b + bias)", lambda: compiled(a, b, bias), ""))
     _progress(f"seed: timing {len(cases)} cases, {args.repeats} interleaved rounds")
-    samples = _event_rounds(torch, [(name, fn) for name, fn, _ in cases], args.repeats)
+    samples = _event_rounds(torch, [(name, fn) for name, fn, _ in cases], args.repeats, rotate=True)
     rows = [{"case": name, "ms": statistics.median(s), "tflops": flops / statistics.median(s) / 1e9, "note": note}
             for (name, _, note), s in zip(cases, samples)]
     del cases, inputs
@@ -449,6 +454,7 @@ def search_section(args, torch, results: dict) -> None:
 
 def _search_rows(args, torch, results: dict, cache_dir: Path) -> None:
     import nvblaslt
+    from nvblaslt._autotune import median_bounds
 
     a, b, bias = _seed_operands(torch, args)
     inputs = _epilog_inputs(nvblaslt, a, b, bias)
@@ -476,13 +482,18 @@ def _search_rows(args, torch, results: dict, cache_dir: Path) -> None:
                      "config_searched": searched.algorithm.algorithm.config()})
     cases = [(f"{name} {what}", mm.execute) for name, *mms in plans
              for what, mm in zip(("heuristic #0", "autotuned", "searched"), mms)]
-    _progress(f"search: re-timing {len(cases)} plans, {args.repeats} interleaved rounds")
-    samples = _event_rounds(torch, cases, args.repeats)
+    _progress(f"search: re-timing {len(cases)} plans, {args.search_rounds} interleaved rounds (order rotated)")
+    samples = _event_rounds(torch, cases, args.search_rounds, rotate=True)
     medians = [statistics.median(s) for s in samples]
     for index, row in enumerate(rows):
         first_ms, auto_ms, searched_ms = medians[3 * index: 3 * index + 3]
+        # searched over autotuned, paired round by round (drift cancels), with a 95 % distribution-free
+        # bound on the median ratio (sign test inverted, 2.5 % each side)
+        paired = [s / a for s, a in zip(samples[3 * index + 2], samples[3 * index + 1])]
+        low, high = median_bounds(paired, 0.025)
         row.update(first_ms=first_ms, autotuned_ms=auto_ms, searched_ms=searched_ms,
-                   searched_over_autotuned=searched_ms / auto_ms, first_over_autotuned=first_ms / auto_ms)
+                   searched_over_autotuned=statistics.median(paired), searched_over_autotuned_bounds=[low, high],
+                   first_over_autotuned=first_ms / auto_ms)
     del plans, cases, inputs, a, b, bias
     _free_memory(torch)
     recalled = _recall_in_another_process(args, [r["epilog"] for r in rows])
@@ -634,8 +645,8 @@ def summary_lines(results: dict) -> list[str]:
         section = results["search"]
         lines += ["", "search against autotune at the seed shape, re-timed in the same rounds (searched/autotuned ≤ 1 "
                       "is the target; 2nd process: recalls the pick without searching)",
-                  f"  {'epilog':14s} {'h0 ms':>8s} {'auto ms':>8s} {'srch ms':>8s} {'s/auto':>7s} {'search':>7s}  "
-                  f"{'kernel':8s} {'2nd proc':18s} decision"]
+                  f"  {'epilog':14s} {'h0 ms':>8s} {'auto ms':>8s} {'srch ms':>8s} {'s/auto':>7s} {'95% bound':>15s} "
+                  f"{'search':>7s}  {'kernel':8s} {'2nd proc':18s} decision"]
         for r in section["rows"]:
             second = r["second_process"]
             other = (second["error"] or "")[:18] if second.get("error") else (
@@ -646,8 +657,9 @@ def summary_lines(results: dict) -> list[str]:
                 decision += f" ({r['confidence']:.0%})"
             if r["form"]:
                 decision += f"; {r['form'][0]} form"
+            low, high = r.get("searched_over_autotuned_bounds") or (math.nan, math.nan)
             lines.append(f"  {r['epilog']:14s} {r['first_ms']:8.3f} {r['autotuned_ms']:8.3f} {r['searched_ms']:8.3f} "
-                         f"{r['searched_over_autotuned']:7.3f} {r['search_s']:6.1f}s  "
+                         f"{r['searched_over_autotuned']:7.3f} [{low:6.3f}, {high:6.3f}] {r['search_s']:6.1f}s  "
                          f"{'same' if r['same_kernel'] else 'other':8s} {other:18s} {decision}")
     if "mlp" in results:
         mlp = results["mlp"]
@@ -728,6 +740,8 @@ def _arguments(argv) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=16384)
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--repeats", type=int, help="interleaved rounds at the seed shape (default 10, quick 5)")
+    parser.add_argument("--search-rounds", type=int,
+                        help="interleaved rounds re-timing the search section's plans (default 24, quick 8)")
     parser.add_argument("--layer-rounds", type=int, help="interleaved rounds per layer (default 21, quick 7)")
     parser.add_argument("--calls", type=int, help="calls per burst, per-call section (default 2000, quick 500)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds, per-call section (default 7, quick 5)")
@@ -742,6 +756,7 @@ def _arguments(argv) -> argparse.Namespace:
         parser.error(f"--sections: unknown {sorted(unknown)}; known: {','.join(SECTIONS)}")
     quick = args.quick
     args.repeats = args.repeats or (5 if quick else 10)
+    args.search_rounds = args.search_rounds or (8 if quick else 24)
     args.layer_rounds = args.layer_rounds or (7 if quick else 21)
     args.calls = args.calls or (500 if quick else 2000)
     args.rounds = args.rounds or (5 if quick else 7)
