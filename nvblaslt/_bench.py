@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -70,19 +71,22 @@ def _nvmath():
 
 
 # ---- timing -------------------------------------------------------------------------------------------
-def _event_rounds(torch, cases: list, rounds: int, calls: int = 1, rotate: bool = False) -> list[list[float]]:
+def _event_rounds(torch, cases: list, rounds: int, calls: int = 1, shuffle: bool = False) -> list[list[float]]:
     """Per-call ms of each ``(name, fn)`` case: CUDA events around a burst of ``calls`` calls, every
-    case once per round (interleaved), after two warm-up calls each. ``rotate``: each round starts
-    one case later, so that no case always runs in the same place of the round (after the same
-    neighbour, at the same point of the GPU's power and clock cycle)."""
+    case once per round (interleaved), after two warm-up calls each. ``shuffle``: each round runs
+    the cases in another order (seeded), so that no case always runs after the same neighbour or in
+    the same place of the round (the same point of the GPU's power and clock cycle)."""
     for _, fn in cases:
         fn()
         fn()
     torch.cuda.synchronize()
     samples: list[list[float]] = [[] for _ in cases]
-    for round_index in range(rounds):
-        shift = round_index % len(cases) if rotate else 0
-        for index in [*range(shift, len(cases)), *range(shift)]:
+    shuffler = random.Random(0)
+    for _ in range(rounds):
+        order = list(range(len(cases)))
+        if shuffle:
+            shuffler.shuffle(order)
+        for index in order:
             fn = cases[index][1]
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -405,7 +409,7 @@ def seed_section(args, torch, results: dict) -> None:
                 compiled(a, b, bias)
             cases.append(("torch.compile relu(a @ b + bias)", lambda: compiled(a, b, bias), ""))
     _progress(f"seed: timing {len(cases)} cases, {args.repeats} interleaved rounds")
-    samples = _event_rounds(torch, [(name, fn) for name, fn, _ in cases], args.repeats, rotate=True)
+    samples = _event_rounds(torch, [(name, fn) for name, fn, _ in cases], args.repeats, shuffle=True)
     rows = [{"case": name, "ms": statistics.median(s), "tflops": flops / statistics.median(s) / 1e9, "note": note}
             for (name, _, note), s in zip(cases, samples)]
     del cases, inputs
@@ -478,12 +482,16 @@ def _search_rows(args, torch, results: dict, cache_dir: Path) -> None:
                      "switched": getattr(report, "switched", None), "confidence": getattr(report, "confidence", None),
                      "kernel_autotuned": _kernel(autotuned), "kernel_searched": _kernel(searched),
                      "same_kernel": autotuned.algorithm.algorithm.config() == searched.algorithm.algorithm.config(),
+                     # the whole 64-byte algorithm and the workspace it is given: identical means the very
+                     # same launch, so any difference the re-timing shows is measurement noise
+                     "same_launch": autotuned.algorithm.as_bytes() == searched.algorithm.as_bytes()
+                     and autotuned._workspace_size == searched._workspace_size,
                      "form": list(getattr(searched, "bias_gradient_form", None) or []) or None,
                      "config_searched": searched.algorithm.algorithm.config()})
     cases = [(f"{name} {what}", mm.execute) for name, *mms in plans
              for what, mm in zip(("heuristic #0", "autotuned", "searched"), mms)]
-    _progress(f"search: re-timing {len(cases)} plans, {args.search_rounds} interleaved rounds (order rotated)")
-    samples = _event_rounds(torch, cases, args.search_rounds, rotate=True)
+    _progress(f"search: re-timing {len(cases)} plans, {args.search_rounds} interleaved rounds, shuffled")
+    samples = _event_rounds(torch, cases, args.search_rounds, shuffle=True)
     medians = [statistics.median(s) for s in samples]
     for index, row in enumerate(rows):
         first_ms, auto_ms, searched_ms = medians[3 * index: 3 * index + 3]
@@ -502,7 +510,7 @@ def _search_rows(args, torch, results: dict, cache_dir: Path) -> None:
         row["second_process"] = {"same_kernel": other.get("config") == row["config_searched"],
                                  "cache_hit": other.get("hit"), "plan_ms": other.get("plan_ms"),
                                  "error": other.get("error")}
-    results["search"] = {"shape": [args.m, args.k, args.n], "rounds": args.repeats, "rows": rows,
+    results["search"] = {"shape": [args.m, args.k, args.n], "rounds": args.search_rounds, "rows": rows,
                          "cache": str(cache_dir)}
 
 
@@ -644,7 +652,8 @@ def summary_lines(results: dict) -> list[str]:
     if "search" in results:
         section = results["search"]
         lines += ["", "search against autotune at the seed shape, re-timed in the same rounds (searched/autotuned ≤ 1 "
-                      "is the target; 2nd process: recalls the pick without searching)",
+                      "is the target)",
+                  "  (same*: the very same launch, algorithm bytes and workspace; 2nd proc: recalls the pick, no search)",
                   f"  {'epilog':14s} {'h0 ms':>8s} {'auto ms':>8s} {'srch ms':>8s} {'s/auto':>7s} {'95% bound':>15s} "
                   f"{'search':>7s}  {'kernel':8s} {'2nd proc':18s} decision"]
         for r in section["rows"]:
@@ -660,7 +669,8 @@ def summary_lines(results: dict) -> list[str]:
             low, high = r.get("searched_over_autotuned_bounds") or (math.nan, math.nan)
             lines.append(f"  {r['epilog']:14s} {r['first_ms']:8.3f} {r['autotuned_ms']:8.3f} {r['searched_ms']:8.3f} "
                          f"{r['searched_over_autotuned']:7.3f} [{low:6.3f}, {high:6.3f}] {r['search_s']:6.1f}s  "
-                         f"{'same' if r['same_kernel'] else 'other':8s} {other:18s} {decision}")
+                         f"{('same*' if r.get('same_launch') else 'same') if r['same_kernel'] else 'other':8s} "
+                         f"{other:18s} {decision}")
     if "mlp" in results:
         mlp = results["mlp"]
         lines += ["", "mlp training step (nvblaslt._bench_mlp), ms and × eager PyTorch:"]
@@ -739,7 +749,7 @@ def _arguments(argv) -> argparse.Namespace:
     parser.add_argument("--m", type=int, default=65536, help="seed shape: (M, K) @ (K, N)")
     parser.add_argument("--k", type=int, default=16384)
     parser.add_argument("--n", type=int, default=8192)
-    parser.add_argument("--repeats", type=int, help="interleaved rounds at the seed shape (default 10, quick 5)")
+    parser.add_argument("--repeats", type=int, help="interleaved rounds at the seed shape (default 16, quick 5)")
     parser.add_argument("--search-rounds", type=int,
                         help="interleaved rounds re-timing the search section's plans (default 24, quick 8)")
     parser.add_argument("--layer-rounds", type=int, help="interleaved rounds per layer (default 21, quick 7)")
@@ -755,7 +765,7 @@ def _arguments(argv) -> argparse.Namespace:
     if unknown:
         parser.error(f"--sections: unknown {sorted(unknown)}; known: {','.join(SECTIONS)}")
     quick = args.quick
-    args.repeats = args.repeats or (5 if quick else 10)
+    args.repeats = args.repeats or (5 if quick else 16)
     args.search_rounds = args.search_rounds or (8 if quick else 24)
     args.layer_rounds = args.layer_rounds or (7 if quick else 21)
     args.calls = args.calls or (500 if quick else 2000)
