@@ -314,10 +314,54 @@ def layer_section(args, torch, results: dict) -> None:
             us = statistics.median(values) * 1000
             rows.append({"tokens": tokens, "in": d_in, "out": d_out, "epilog": name, "case": case, "us": us,
                          "ratio": us / torch_us, "calls_per_sample": calls, "max_relative_error": error})
+        if (tokens, (d_in, d_out), name) == configs[0]:
+            results["breakdown"] = _breakdown(args, torch, w, x, b, mm, epilog)
         del mm, cases
     _free_memory(torch)
     results["layer"] = {"dtype": "bfloat16", "rounds": args.layer_rounds, "rows": rows,
                         "baseline": "torch _addmm_activation"}
+
+
+def _breakdown(args, torch, w, x, b, mm, epilog) -> dict:
+    """Where matmul()'s host time goes on the smallest layer: the whole calls beside the pieces no
+    function form can skip (cuBLASLt's own launch, the result's allocation, reading the arrays'
+    layouts, the caller's ``x.T``), timed in the same interleaved rounds."""
+    import nvblaslt
+    from nvblaslt import _operands
+
+    read = _operands.layout_reader(type(w))
+    stream = torch.cuda.current_stream().cuda_stream
+    out = mm.execute()
+    mm._d_argument.value, mm._stream_argument.value = out.data_ptr(), stream
+    launch, passed = mm._matmul, tuple(type(a).from_param(a.value) if isinstance(a, ctypes.c_void_p) else a
+                                       for a in mm._arguments)
+    xt = x.T
+    pieces = {
+        "torch _addmm_activation(b, x, w.t())": lambda: torch._addmm_activation(b, x, w.t()),
+        "nvblaslt matmul(w, x.T, …)": lambda: nvblaslt.matmul(w, x.T, epilog=epilog, epilog_inputs={"bias": b}),
+        "nvblaslt Matmul.execute()": mm.execute,
+        "cublasLtMatmul alone (bare, the plan's arguments)": lambda: launch(*passed),
+        "result allocation (torch new_empty_strided)": lambda: mm._alloc_d(stream, stream),
+        "layout read of w, x.T and bias": lambda: read((w, xt, None, b)),
+        "x.T (the caller's view)": lambda: x.T,
+        "w.t() (inside torch's call)": lambda: w.t(),
+    }
+    calls, rounds = max(200, args.calls // 4), args.rounds
+    for fn in pieces.values():
+        for _ in range(20):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in pieces}
+    shuffler = random.Random(1)
+    for _ in range(rounds):
+        names = list(pieces)
+        shuffler.shuffle(names)
+        for name in names:
+            samples[name].append(_host_burst(pieces[name], calls))
+    us = {name: statistics.median(v) for name, v in samples.items()}
+    keys = list(pieces)
+    floor = us[keys[3]] + us[keys[4]] + us[keys[5]] + us[keys[6]]
+    return {"problem": f"bf16 {x.shape[0]} tokens {w.shape[1]}->{w.shape[0]} {epilog.name}", "calls": calls,
+            "rounds": rounds, "us": us, "floor_us": floor, "torch_us": us[keys[0]]}
 
 
 # ---- seed: the seed's shape, fused against naive, torch and nvmath ---------------------------------------
@@ -643,6 +687,14 @@ def summary_lines(results: dict) -> list[str]:
             cells = " ".join(f"{group[c]['ratio']:11.3f}" if c in group else f"{'-':>11s}" for c in cases)
             lines.append(f"  {key[0]:6d} {f'{key[1]}->{key[2]}':>11s} {key[3]:9s} "
                          f"{group['torch _addmm_activation']['us']:9.1f} {cells}")
+    if "breakdown" in results:
+        section = results["breakdown"]
+        torch_us = section["torch_us"]
+        lines += ["", f"where matmul()'s time goes, {section['problem']} (host µs a call, or GPU time where longer; "
+                      f"× torch's whole call)"]
+        lines += [f"  {name:52s} {us:7.2f} µs {us / torch_us:6.3f}×" for name, us in section["us"].items()]
+        lines.append(f"  {'launch + allocation + layout read + x.T':52s} {section['floor_us']:7.2f} µs "
+                     f"{section['floor_us'] / torch_us:6.3f}×  (what no checking function form can skip)")
     if "seed" in results:
         section = results["seed"]
         plain = next((r["ms"] for r in section["rows"] if r["case"] == "plain matmul"), section["rows"][0]["ms"])

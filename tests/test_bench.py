@@ -44,6 +44,9 @@ def made_up_results() -> dict:
                              "searched_over_autotuned": 0.934, "first_over_autotuned": 1.02, "search_s": 9.9,
                              "same_kernel": False, "switched": True, "confidence": 0.999,
                              "form": ["split", 26.9, 28.8], "second_process": second}]},
+        "breakdown": {"problem": "bf16 16 tokens 4096->4096 RELU_BIAS", "torch_us": 15.0, "floor_us": 14.0,
+                      "us": {"torch _addmm_activation(b, x, w.t())": 15.0, "nvblaslt matmul(w, x.T, …)": 16.5,
+                             "cublasLtMatmul alone (bare, the plan's arguments)": 10.0}},
         "mlp": {"summary_lines": ["step 1.00 ms"]},
         "import": {"seconds": 0.085},
     }
@@ -54,7 +57,7 @@ def test_the_compact_tables_fit_the_last_hundred_lines():
     text = "\n".join(lines)
     assert len(lines) < 100
     for expected in ("NVIDIA H200", "1.50×", "execute()", "DRELU_BGRAD", "split form", "same, hit",
-                     "step 1.00 ms", "import nvblaslt: 85 ms", "section mlp failed"):
+                     "step 1.00 ms", "import nvblaslt: 85 ms", "section mlp failed", "1.100×", "0.933×"):
         assert expected in text, expected
     assert max(len(line) for line in lines) < 160
 
@@ -70,7 +73,7 @@ def test_options_quick_sections_and_their_defaults():
     assert args.sections == ["layer", "search"] and args.repeats == 5 and args.calls == 500
     assert args.search_epilogs == _bench.QUICK_SEARCH_EPILOGS
     full = _bench._arguments([])
-    assert full.sections == list(_bench.SECTIONS) and full.repeats == 10
+    assert full.sections == list(_bench.SECTIONS) and full.repeats == 16 and full.search_rounds == 24
     with pytest.raises(SystemExit):
         _bench._arguments(["--sections", "layers"])
 
