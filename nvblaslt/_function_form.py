@@ -82,16 +82,16 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
             if found is not None:
                 pointers, layout = found
                 fast_key = (kind, epilog, compute_type, result_type, beta is None, names, layout)
-                if fast_key == cache.last_key:
-                    plan = cache.last_plan
-                else:
-                    try:
+                try:
+                    if fast_key == cache.last_key:
+                        plan = cache.last_plan
+                    else:
                         plan = cache.get(fast_key)
-                    except TypeError:  # an unhashable argument: the checked path will say what is wrong with it
-                        plan = fast_key = None
-                    if plan is not None:
-                        cache.move_to_end(fast_key)  # least recently used goes first when the cache is full
-                        cache.last_key, cache.last_plan = fast_key, plan
+                        if plan is not None:
+                            cache.move_to_end(fast_key)  # least recently used goes first when the cache is full
+                            cache.last_key, cache.last_plan = fast_key, plan
+                except Exception:  # noqa: BLE001 - an unhashable or odd argument: the checked path says what is wrong
+                    plan = fast_key = None
                 if plan is not None:
                     if alpha is not None or beta is not None or pointers != plan._fast_bound:
                         plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)

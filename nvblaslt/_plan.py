@@ -242,6 +242,7 @@ class Matmul:
             status = int(api.CUBLAS_STATUS_NOT_SUPPORTED)
             raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, lib.status_name(status),
                                 lib.status_string(status), _unsupported_hint(problem, epilog, offered > 0))
+        self._planned = False  # until the new plan is whole: execute() must not launch with what is released here
         self._release_plan()
         if self._split is not None:  # the two-call form of the previous plan
             self._split.free()
@@ -340,12 +341,15 @@ class Matmul:
         return checked
 
     def _ensure_workspace(self, nbytes: int) -> None:
-        """A workspace of at least ``nbytes``; the old one is freed after work queued on it."""
+        """A workspace of at least ``nbytes``. The old one is freed after work queued on it, and only
+        once the new one exists: a failed allocation leaves the plan whole, on the old one."""
         if nbytes <= (self._workspace.size if self._workspace is not None else 0):
             return
-        if self._workspace is not None:
-            self._workspace.release()
-        self._workspace = _memory.DeviceBuffer(nbytes, self._last_stream) if nbytes else None
+        old, self._workspace = self._workspace, _memory.DeviceBuffer(nbytes, self._last_stream)
+        if self._planned:
+            self._select(self.algorithm)  # the launch arguments must not keep the old one's pointer
+        if old is not None:
+            old.release()
 
     def _prepare_outputs(self, spec, problem) -> None:
         """Everything execute() needs to make its outputs, built once."""

@@ -32,6 +32,9 @@ class SplitBiasGradient:
         problem, device, stream = fused.problem, fused._device, fused._stream
         self.key = fused._spec.bias_output
         a, b, c = (fused._operands[k] for k in "abc")
+        # The function form's fast path rebinds pointers without updating fused._operands: its next call
+        # must rebind this masking plan too, even with the arrays it bound last.
+        fused._fast_bound = None
         options = dataclasses.replace(fused.options, result_amax=False, logger=None)
         self.masked = Matmul._from_operands(a, b, c, stream=stream, options=options, alpha=fused._alpha.value,
                                             beta=None if c is None else fused._beta.value)

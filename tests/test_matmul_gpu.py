@@ -467,6 +467,68 @@ def test_the_split_bias_gradient_form_takes_each_calls_operands():
         assert rel_error(host(mm.execute()), host(g1b) @ host(g2b)) < 1e-5
 
 
+def test_a_split_form_attached_after_fast_calls_runs_on_the_next_calls_arrays():
+    """The masking plan of a split form starts from the plan's operands, which the fast path does not
+    update: attached after fast calls, the next call with the same arrays must still reach it."""
+    from nvblaslt import _function_form
+    from nvblaslt._split_bgrad import SplitBiasGradient
+
+    _function_form.clear_plan_cache()
+    g1, g2, aux, _, _ = _drelu_bgrad_problem()
+    matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})  # planned on these
+    h1, h2, haux, expected, decided = _drelu_bgrad_problem()
+    for _ in range(2):  # the fast path binds h's arrays, then finds them bound
+        matmul(h1, h2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": haux["relu_aux"]})
+    (plan,) = {p for p in _function_form._local.plans.values() if p.epilog.name == "DRELU_BGRAD"}
+    plan._split = SplitBiasGradient(plan, iterations=0)
+    d, out = matmul(h1, h2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": haux["relu_aux"]})
+    got = host(d)
+    assert rel_error(np.where(decided, got, expected), expected) < 1e-5
+    assert rel_error(host(out["drelu_bgrad"]), np.where(decided, got, expected).sum(axis=1)) < 1e-4
+    _function_form.clear_plan_cache()
+
+
+def test_a_failed_workspace_allocation_leaves_the_plan_whole(monkeypatch):
+    from nvblaslt import _memory
+
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    with Matmul(a, b) as mm:
+        mm.plan()
+        old = mm._workspace
+        grown = (old.size if old is not None else 0) + (1 << 20)
+
+        def out_of_memory(*args, **kwargs):
+            raise MemoryError("cudaMallocAsync: out of memory (simulated)")
+        monkeypatch.setattr(_memory, "DeviceBuffer", out_of_memory)
+        with pytest.raises(MemoryError):
+            mm._ensure_workspace(grown)  # what autotune's search does for a challenger needing more
+        monkeypatch.undo()
+        assert mm._workspace is old and (old is None or old._finalizer.alive)
+        assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
+        mm._ensure_workspace(grown)  # grown for real: the launch arguments take the new buffer
+        assert mm._workspace.size == grown and (old is None or not old._finalizer.alive)
+        assert mm._workspace_pointer in (None, mm._workspace.pointer)
+        assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
+
+
+def test_a_failed_re_plan_leaves_nothing_to_launch(monkeypatch):
+    a, b = rand((M, K), "float32"), rand((K, N), "float32")
+    with Matmul(a, b) as mm:
+        mm.plan()
+        mm.execute()
+
+        def fail(*args):
+            raise RuntimeError("simulated failure while planning again")
+        monkeypatch.setattr(mm, "_prepare_outputs", fail)
+        with pytest.raises(RuntimeError, match="simulated"):
+            mm.plan(epilog="RELU")  # the old descriptors are released by then
+        with pytest.raises(nvblaslt.NvblasltValueError, match="plan"):
+            mm.execute()
+        monkeypatch.undo()
+        mm.plan(epilog="RELU")
+        assert rel_error(host(mm.execute()), np.maximum(host(a) @ host(b), 0)) < 1e-5
+
+
 def test_the_plan_cache_keeps_the_plans_in_use():
     from nvblaslt import _function_form
 
