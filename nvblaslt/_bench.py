@@ -123,6 +123,13 @@ def _free_memory(torch) -> None:
 
 
 # ---- percall: the blog's small layer ------------------------------------------------------------------
+def _as_passed(arguments) -> tuple:
+    """The arguments as ctypes passes them with no conversion (from_param objects): the fastest form of
+    each. A c_void_p or c_size_t instance is converted into one on every call."""
+    return tuple(type(x).from_param(x.value) if isinstance(x, (ctypes.c_void_p, ctypes.c_size_t)) else x
+                 for x in arguments)
+
+
 def _bare_call(nvblaslt, weights_ptr: int, x_ptr: int, bias_ptr: int, out_ptr: int, workspace, stream: int):
     """cublasLtMatmul for D = relu(W @ x + bias), every argument a prebuilt ctypes object and the
     function without argtypes: the floor of any ctypes design. W (100×784) and x (784×256) are
@@ -153,10 +160,7 @@ def _bare_call(nvblaslt, weights_ptr: int, x_ptr: int, bias_ptr: int, out_ptr: i
             ctypes.c_size_t(workspace[1] if algorithm.workspace_size else 0), ctypes.c_void_p(stream))
     raw, checked = _raw_function(lib.cublasLtMatmul), lib.cublasLtMatmul
     keep = (desc, a, b, d, preference, alpha, beta, algorithm)  # the C objects must outlive the calls
-    # from_param() gives the objects ctypes passes as they are; a c_void_p instance is converted into
-    # one on every call, so this is the fastest form of each argument
-    passed = tuple(type(x).from_param(x.value) if isinstance(x, (ctypes.c_void_p, ctypes.c_size_t)) else x
-                   for x in args)
+    passed = _as_passed(args)
 
     def bare():  # no argtypes or status check, every argument in the form ctypes passes as it is
         return raw(*passed)
@@ -333,8 +337,7 @@ def _breakdown(args, torch, w, x, b, mm, epilog) -> dict:
     stream = torch.cuda.current_stream().cuda_stream
     out = mm.execute()
     mm._d_argument.value, mm._stream_argument.value = out.data_ptr(), stream
-    launch, passed = mm._matmul, tuple(type(a).from_param(a.value) if isinstance(a, ctypes.c_void_p) else a
-                                       for a in mm._arguments)
+    launch, passed = mm._matmul, _as_passed(mm._arguments)
     xt = x.T
     pieces = {
         "torch _addmm_activation(b, x, w.t())": lambda: torch._addmm_activation(b, x, w.t()),

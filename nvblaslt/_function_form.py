@@ -20,6 +20,8 @@ from ._streams import stream_handle
 
 _CACHE_SIZE = 64
 _local = threading.local()
+_DEFAULT_OPTIONS = MatmulOptions()
+_DEFAULT_PREFERENCES = MatmulPlanPreferences()
 
 
 class _Plans(OrderedDict):
@@ -29,8 +31,6 @@ class _Plans(OrderedDict):
 
     last_key: tuple | None = None
     last_plan: Matmul | None = None
-_DEFAULT_OPTIONS = MatmulOptions()
-_DEFAULT_PREFERENCES = MatmulPlanPreferences()
 
 
 def _signature(op) -> tuple | None:
