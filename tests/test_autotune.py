@@ -62,12 +62,38 @@ class SimulatedGPU:
 def run_duel(seed: int, challenger_ms: list[float], noise: float = 0.01):
     gpu = SimulatedGPU(seed, noise)
     challengers = [gpu.contestant(f"c{i}", ms) for i, ms in enumerate(challenger_ms)]
-    return duel(gpu, gpu.contestant("incumbent", 26.0), challengers, deadline=time.perf_counter() + 60)
+    return duel(gpu, gpu.contestant("incumbent", 26.0), challengers, deadline=time.perf_counter() + 60,
+                shuffler=random.Random(seed))
 
 
 def test_equal_challengers_almost_never_win():
-    switches = sum(run_duel(seed, [26.0] * 4, noise=0.02).winner() is not None for seed in range(300))
-    assert switches <= 6  # ALPHA is 1 %; sequential looks are allowed a little more
+    switches = sum(run_duel(seed, [26.0] * 4, noise=0.02).winner() is not None for seed in range(1000))
+    # ALPHA is 1 % a look; over a duel's sequential looks the rate is about 2 % (1.9 % over 2000 seeds),
+    # and 3 % is far beyond what 1000 duels at 2 % reach (mean 20, standard deviation 4.4)
+    assert switches <= 30
+
+
+def test_no_contestant_keeps_the_same_neighbour():
+    # What ran just before a kernel moves its time: at the seed's shape on an H200 the same kernel read up
+    # to 6 % apart with a fixed neighbour. In a rotated order the first challenger follows the incumbent
+    # in 4 rounds of 5; shuffled, each follows it in about a quarter of the rounds.
+    gpu = SimulatedGPU(0)
+    sequence: list[float] = []
+
+    def record(run, prepare=None):
+        ms = gpu(run, prepare)
+        sequence.append(gpu.last)
+        return ms
+    record.synchronize = gpu.synchronize  # type: ignore[attr-defined]
+    incumbent = gpu.contestant("incumbent", 26.0)
+    challengers = [gpu.contestant(f"c{i}", 26.0 + 0.001 * (i + 1)) for i in range(4)]  # equal within noise
+    duel(record, incumbent, challengers, deadline=time.perf_counter() + 60, max_rounds=40, min_rounds=1000,
+         shuffler=random.Random(3))  # never judged: 40 full rounds
+    assert len(sequence) == 5 * 40
+    for challenger in (26.001, 26.002, 26.003, 26.004):
+        runs = [i for i, ms in enumerate(sequence) if ms == challenger and i > 0]
+        after_incumbent = sum(sequence[i - 1] == 26.0 for i in runs) / len(runs)
+        assert 0.1 <= after_incumbent <= 0.45, (challenger, after_incumbent)
 
 
 def test_slower_challengers_never_win_and_leave_early():
