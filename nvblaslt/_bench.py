@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import importlib
 import importlib.util
 import json
@@ -176,7 +177,7 @@ def _bare_call(nvblaslt, weights_ptr: int, x_ptr: int, bias_ptr: int, out_ptr: i
 
 def percall_section(args, torch, results: dict) -> None:
     import nvblaslt
-    from nvblaslt import Matmul, MatmulEpilog
+    from nvblaslt import Matmul, MatmulEpilog, _operands
 
     try:
         import cupy as xp
@@ -228,6 +229,11 @@ def percall_section(args, torch, results: dict) -> None:
         "matmul() (cached plan)": lambda: nvblaslt.matmul(weights, x, epilog=epilog, epilog_inputs={"bias": bias}),
         "torch _addmm_activation": lambda: torch._addmm_activation(tb, tx, tw.t()),
     }
+    # pieces of execute() and matmul() that no Python form can skip, for where the time goes
+    read_layouts, allocate = _operands.layout_reader(type(weights)), mm._alloc_d
+    if read_layouts is not None and allocate is not None:
+        cases["  piece: result allocation"] = functools.partial(allocate, stream, stream)
+        cases["  piece: layout read of W, x, bias"] = functools.partial(read_layouts, (weights, x, None, bias))
     slow = {}
     advanced = _nvmath()
     if advanced is not None:
@@ -249,10 +255,12 @@ def percall_section(args, torch, results: dict) -> None:
         fn()
         samples[name] = [_host_burst(fn, max(1, calls // 20)) for _ in range(rounds)]
     floor = statistics.median(samples["bare ctypes cublasLtMatmul"])
+    # the floor's own GPU time (the sleep kernel runs on torch's stream, which must be the bare call's)
+    gpu_us = _queued_gpu_us(torch, bare, 200) if stream == torch.cuda.current_stream().cuda_stream else None
     rows = [{"case": name, "us_per_call": statistics.median(v), "ratio": statistics.median(v) / floor,
              "spread_us": [min(v), max(v)]} for name, v in samples.items()]
     results["percall"] = {"problem": f"{package} fp32 W 100x784 @ x 784x256, RELU_BIAS", "package": package,
-                          "bare_matches_matmul": close, "rows": rows,
+                          "bare_matches_matmul": close, "rows": rows, "bare_gpu_us": gpu_us,
                           "profile": _profile(lambda: nvblaslt.matmul(weights, x, epilog=epilog,
                                                                       epilog_inputs={"bias": bias}), calls)}
 
@@ -338,6 +346,7 @@ def _breakdown(args, torch, w, x, b, mm, epilog) -> dict:
     out = mm.execute()
     mm._d_argument.value, mm._stream_argument.value = out.data_ptr(), stream
     launch, passed = mm._matmul, _as_passed(mm._arguments)
+    refused = (ctypes.c_void_p.from_param(None),) + passed[1:]  # no handle: cuBLASLt returns at its entry check
     xt = x.T
     pieces = {
         "torch _addmm_activation(b, x, w.t())": lambda: torch._addmm_activation(b, x, w.t()),
@@ -348,6 +357,7 @@ def _breakdown(args, torch, w, x, b, mm, epilog) -> dict:
         "layout read of w, x.T and bias": lambda: read((w, xt, None, b)),
         "x.T (the caller's view)": lambda: x.T,
         "w.t() (inside torch's call)": lambda: w.t(),
+        "ctypes call + cuBLASLt's entry check (NULL handle)": lambda: launch(*refused),
     }
     calls, rounds = max(200, args.calls // 4), args.rounds
     for fn in pieces.values():
@@ -363,8 +373,31 @@ def _breakdown(args, torch, w, x, b, mm, epilog) -> dict:
     us = {name: statistics.median(v) for name, v in samples.items()}
     keys = list(pieces)
     floor = us[keys[3]] + us[keys[4]] + us[keys[5]] + us[keys[6]]
+    gpu = _queued_gpu_us(torch, lambda: launch(*passed), 200)  # a queue of 400 kernels never fills
+    if gpu is not None:
+        us["the launch's kernels on the GPU (queued behind a sleep)"] = gpu
     return {"problem": f"bf16 {x.shape[0]} tokens {w.shape[1]}->{w.shape[0]} {epilog.name}", "calls": calls,
             "rounds": rounds, "us": us, "floor_us": floor, "torch_us": us[keys[0]]}
+
+
+def _queued_gpu_us(torch, launch, calls: int) -> float | None:
+    """GPU µs per launch with no host time in it: the launches are queued behind a sleep kernel long
+    enough that the GPU reaches them only once all are queued. None without torch's sleep kernel."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return None
+    values = []
+    for _ in range(5):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        sleep(int(4e7))  # tens of ms at any clock: longer than queueing the launches takes
+        start.record()
+        for _ in range(calls):
+            launch()
+        stop.record()
+        stop.synchronize()
+        values.append(start.elapsed_time(stop) / calls * 1000)
+    return statistics.median(values)
 
 
 # ---- seed: the seed's shape, fused against naive, torch and nvmath ---------------------------------------
@@ -535,21 +568,33 @@ def _search_rows(args, torch, results: dict, cache_dir: Path) -> None:
                      and autotuned._workspace_size == searched._workspace_size,
                      "form": list(getattr(searched, "bias_gradient_form", None) or []) or None,
                      "config_searched": searched.algorithm.algorithm.config()})
+    rivals = _nvmath_autotuned(a, b, bias, [row["epilog"] for row in rows])  # the anchor's best, same rounds
     cases = [(f"{name} {what}", mm.execute) for name, *mms in plans
              for what, mm in zip(("heuristic #0", "autotuned", "searched"), mms)]
+    cases += [(f"{name} nvmath autotuned", rival) for name, rival in rivals.items()]
     _progress(f"search: re-timing {len(cases)} plans, {args.search_rounds} interleaved rounds, shuffled")
     samples = _event_rounds(torch, cases, args.search_rounds, shuffle=True)
     medians = [statistics.median(s) for s in samples]
+    rival_samples = dict(zip(rivals, samples[3 * len(plans):]))
+
+    def paired(numerator, denominator) -> tuple[float, list[float]]:
+        """The median of per-round ratios (drift cancels) and a 95 % distribution-free bound on it
+        (the sign test inverted, 2.5 % each side)."""
+        ratios = [x / y for x, y in zip(numerator, denominator)]
+        return statistics.median(ratios), list(median_bounds(ratios, 0.025))
+
     for index, row in enumerate(rows):
         first_ms, auto_ms, searched_ms = medians[3 * index: 3 * index + 3]
-        # searched over autotuned, paired round by round (drift cancels), with a 95 % distribution-free
-        # bound on the median ratio (sign test inverted, 2.5 % each side)
-        paired = [s / a for s, a in zip(samples[3 * index + 2], samples[3 * index + 1])]
-        low, high = median_bounds(paired, 0.025)
+        ratio, bounds = paired(samples[3 * index + 2], samples[3 * index + 1])
         row.update(first_ms=first_ms, autotuned_ms=auto_ms, searched_ms=searched_ms,
-                   searched_over_autotuned=statistics.median(paired), searched_over_autotuned_bounds=[low, high],
+                   searched_over_autotuned=ratio, searched_over_autotuned_bounds=bounds,
                    first_over_autotuned=first_ms / auto_ms)
-    del plans, cases, inputs, a, b, bias
+        rival = rival_samples.get(row["epilog"])
+        if rival is not None:
+            row["nvmath_autotuned_ms"] = statistics.median(rival)
+            row["autotuned_over_nvmath"], row["autotuned_over_nvmath_bounds"] = paired(samples[3 * index + 1], rival)
+            row["searched_over_nvmath"], row["searched_over_nvmath_bounds"] = paired(samples[3 * index + 2], rival)
+    del plans, cases, rivals, inputs, a, b, bias
     _free_memory(torch)
     recalled = _recall_in_another_process(args, [r["epilog"] for r in rows])
     for row in rows:
@@ -559,6 +604,34 @@ def _search_rows(args, torch, results: dict, cache_dir: Path) -> None:
                                  "error": other.get("error")}
     results["search"] = {"shape": [args.m, args.k, args.n], "rounds": args.search_rounds, "rows": rows,
                          "cache": str(cache_dir)}
+
+
+def _nvmath_autotuned(a, b, bias, epilogs: list[str]) -> dict:
+    """nvmath-python's autotuned plan per epilog (its execute), each backward epilog fed the aux array
+    of nvmath's own forward; empty without nvmath-python."""
+    advanced = _nvmath()
+    if advanced is None:
+        _progress("search: nvmath-python not installed: no nvmath rows")
+        return {}
+    epilog = advanced.MatmulEpilog
+    inputs: dict = {"DEFAULT": None}
+    for forward, backward, key in (("RELU_AUX_BIAS", "DRELU_BGRAD", "relu_aux"),
+                                   ("GELU_AUX_BIAS", "DGELU_BGRAD", "gelu_aux")):
+        inputs[forward] = {"bias": bias}
+        if backward in epilogs:
+            _, aux = advanced.matmul(a, b, epilog=epilog[forward], epilog_inputs={"bias": bias})
+            inputs[backward] = {key: aux[key]}
+    inputs["RELU_BIAS"] = inputs["GELU_BIAS"] = {"bias": bias}
+    plans = {}
+    for name in epilogs:
+        if name not in inputs:
+            continue
+        _progress(f"search: {name}: nvmath-python autotune()")
+        mm = advanced.Matmul(a, b)
+        mm.plan(epilog=None if name == "DEFAULT" else epilog[name], epilog_inputs=inputs[name])
+        mm.autotune(iterations=5)
+        plans[name] = mm.execute
+    return plans
 
 
 def _recall_in_another_process(args, epilogs: list[str]) -> dict:
@@ -674,6 +747,8 @@ def summary_lines(results: dict) -> list[str]:
         lines += ["", f"per call, host time: {section['problem']} (× bare ctypes cublasLtMatmul; "
                       f"bare vs matmul() max rel. diff {section['bare_matches_matmul']:.1e})"]
         lines += [f"  {r['case']:30s} {r['us_per_call']:8.2f} µs  {r['ratio']:6.2f}×" for r in section["rows"]]
+        if section.get("bare_gpu_us"):
+            lines.append(f"  (the bare call's kernels alone take {section['bare_gpu_us']:.2f} µs on the GPU)")
         lines.append("  matmul()'s host time by function (cProfile, µs per call, inflated alike):")
         lines += [f"    {r['us']:6.2f}  {r['function']}" for r in section["profile"][:6]]
     if "layer" in results:
@@ -711,6 +786,7 @@ def summary_lines(results: dict) -> list[str]:
                   "  (same*: the very same launch, algorithm bytes and workspace; 2nd proc: recalls the pick, no search)",
                   f"  {'epilog':14s} {'h0 ms':>8s} {'auto ms':>8s} {'srch ms':>8s} {'s/auto':>7s} {'95% bound':>15s} "
                   f"{'search':>7s}  {'kernel':8s} {'2nd proc':18s} decision"]
+        nvmath_rows = [r for r in section["rows"] if "nvmath_autotuned_ms" in r]
         for r in section["rows"]:
             second = r["second_process"]
             other = (second["error"] or "")[:18] if second.get("error") else (
@@ -726,6 +802,13 @@ def summary_lines(results: dict) -> list[str]:
                          f"{r['searched_over_autotuned']:7.3f} [{low:6.3f}, {high:6.3f}] {r['search_s']:6.1f}s  "
                          f"{('same*' if r.get('same_launch') else 'same') if r['same_kernel'] else 'other':8s} "
                          f"{other:18s} {decision}")
+        if nvmath_rows:
+            lines += ["  against nvmath-python's autotuned plan in the same rounds (paired ratio [95% bound]):",
+                      f"  {'epilog':14s} {'nvm ms':>8s} {'autotuned/nvm':>24s} {'searched/nvm':>24s}"]
+            for r in nvmath_rows:
+                ratios = [f"{r[key]:7.3f} [{r[key + '_bounds'][0]:6.3f}, {r[key + '_bounds'][1]:6.3f}]"
+                          for key in ("autotuned_over_nvmath", "searched_over_nvmath")]
+                lines.append(f"  {r['epilog']:14s} {r['nvmath_autotuned_ms']:8.3f} {ratios[0]:>24s} {ratios[1]:>24s}")
     if "mlp" in results:
         mlp = results["mlp"]
         lines += ["", "mlp training step (nvblaslt._bench_mlp), ms and × eager PyTorch:"]
@@ -760,6 +843,11 @@ def chart(results: dict, path: Path) -> bool:
             (f"{r['epilog']} {what}", r[key]) for r in results["search"]["rows"]
             for what, key in (("heuristic #0", "first_over_autotuned"), ("searched", "searched_over_autotuned"))],
             False))
+        against_nvmath = [(f"{r['epilog']} {what}", r[key]) for r in results["search"]["rows"]
+                          if "nvmath_autotuned_ms" in r
+                          for what, key in (("autotuned", "autotuned_over_nvmath"), ("searched", "searched_over_nvmath"))]
+        if against_nvmath:
+            panels.append(("seed shape: × nvmath-python's autotuned plan, same rounds", against_nvmath, False))
     if "seed" in results:
         rows = results["seed"]["rows"]
         plain = next((r["ms"] for r in rows if r["case"] == "plain matmul"), rows[0]["ms"])

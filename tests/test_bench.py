@@ -43,7 +43,10 @@ def made_up_results() -> dict:
                             {"epilog": "DRELU_BGRAD", "first_ms": 29.5, "autotuned_ms": 28.8, "searched_ms": 26.9,
                              "searched_over_autotuned": 0.934, "first_over_autotuned": 1.02, "search_s": 9.9,
                              "same_kernel": False, "switched": True, "confidence": 0.999,
-                             "form": ["split", 26.9, 28.8], "second_process": second}]},
+                             "form": ["split", 26.9, 28.8], "second_process": second,
+                             "nvmath_autotuned_ms": 28.9, "autotuned_over_nvmath": 0.996,
+                             "autotuned_over_nvmath_bounds": [0.99, 1.002], "searched_over_nvmath": 0.931,
+                             "searched_over_nvmath_bounds": [0.925, 0.937]}]},
         "breakdown": {"problem": "bf16 16 tokens 4096->4096 RELU_BIAS", "torch_us": 15.0, "floor_us": 14.0,
                       "us": {"torch _addmm_activation(b, x, w.t())": 15.0, "nvblaslt matmul(w, x.T, …)": 16.5,
                              "cublasLtMatmul alone (bare, the plan's arguments)": 10.0}},
@@ -57,7 +60,8 @@ def test_the_compact_tables_fit_the_last_hundred_lines():
     text = "\n".join(lines)
     assert len(lines) < 100
     for expected in ("NVIDIA H200", "1.50×", "execute()", "DRELU_BGRAD", "split form", "same, hit",
-                     "step 1.00 ms", "import nvblaslt: 85 ms", "section mlp failed", "1.100×", "0.933×"):
+                     "step 1.00 ms", "import nvblaslt: 85 ms", "section mlp failed", "1.100×", "0.933×",
+                     "0.931 [ 0.925,  0.937]", "nvmath-python's autotuned"):
         assert expected in text, expected
     assert max(len(line) for line in lines) < 160
 
