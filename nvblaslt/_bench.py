@@ -875,7 +875,7 @@ def chart(results: dict, path: Path) -> bool:
         ax.tick_params(axis="y", labelsize=6)
     info = results["machine"]
     fig.suptitle(f"nvblaslt on {info['gpu']}, cuBLASLt {info['cublaslt']}, {info['date']}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / sum(heights)))  # half an inch for the title
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
