@@ -43,7 +43,8 @@ logger = logging.getLogger("nvblaslt")
 SEARCH_BUDGET_S = 9.5  # a whole search, its autotune and the split form included; the last duel round and
 #                       the pick's setup may run past it, and 10 s is what README promises
 ALPHA = 0.01  # chance of switching to a challenger that is not faster, over all challengers, at each look;
-#              over a duel's looks (one per BLOCK rounds) about 2 % in simulation (tests/test_autotune.py)
+#              over a duel's looks (one per BLOCK rounds), with MIN_GAIN, 0.6 % in simulation
+#              (tests/test_autotune.py; 2.2 % with a 0.5 % MIN_GAIN)
 MIN_GAIN = 0.015  # a switch must gain at least this much (median). Below it, what ran before a kernel decides
 #                  its rank: at the seed's shape on an H200 the same few kernels read up to 3 % apart, either
 #                  way, after themselves, after each other and after an L2 flush (.scratch-style A/B, 2026-11-22)
@@ -148,12 +149,15 @@ def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> li
         contestant.run()
     timer.synchronize()
     samples: list[list[float]] = [[] for _ in contestants]
-    shuffler = random.Random()  # fresh orders on every call: no order shared by every tuning
+    shuffler = _new_shuffler()  # fresh orders on every call: no order shared by every tuning
     for _ in range(max(1, rounds)):
         for index in _shuffled(shuffler, len(contestants)):
             contestant = contestants[index]
             samples[index].append(timer(contestant.run, contestant.prepare))
     return samples
+
+
+_new_shuffler: Callable[[], random.Random] = random.Random  # tests seed it, to replay a tuning exactly
 
 
 def _shuffled(shuffler: random.Random, count: int) -> list[int]:
@@ -260,7 +264,7 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
     each_alpha = alpha / max(1, len(challengers))
     incumbent_samples: list[float] = []
     rounds, last_report = 0, time.perf_counter()
-    shuffler = shuffler or random.Random()
+    shuffler = shuffler or _new_shuffler()
     for contestant in [incumbent, *challengers]:  # warm-up
         if contestant.prepare is not None:
             contestant.prepare()
