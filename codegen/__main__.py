@@ -10,32 +10,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import shutil
 import sys
 from pathlib import Path
 
 from . import sources
-from .model import Bindings
-from .parse import parse
-from .render import render
-
-
-def summary(bindings: Bindings) -> str:
-    enums = [d for d in bindings.declarations if d.kind == "enum"]
-    structs = [d for d in bindings.declarations if d.kind == "struct"]
-    members = sum(len(e.members) for e in enums)
-    attrs = sum(len(a.types) for a in bindings.attributes)
-    return (f"cuBLAS {'.'.join(map(str, bindings.version))}: {len(bindings.functions)} functions, "
-            f"{len(enums)} enums ({members} members), {len(structs)} structs, "
-            f"{len(bindings.constants)} constants, {attrs} typed attributes")
-
-
-def generate(headers: sources.HeaderSet) -> tuple[str, Bindings]:
-    try:
-        bindings = parse(headers)
-    finally:
-        shutil.rmtree(headers.directory, ignore_errors=True)
-    return render(bindings), bindings
+from .pipeline import generate, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.header:
             if args.out is None:
                 parser.error("--header needs --out")
-            text, bindings = generate(sources.from_path(args.header, args.include))
+            with sources.from_path(args.header, args.include) as headers:
+                text, bindings = generate(headers)
             args.out.write_text(text)
             print(f"wrote {args.out}: {summary(bindings)}")
             return 0
@@ -66,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown pin in {args.pin}; known: {[p.name for p in sources.pins()]}")
         stale = 0
         for pin in pins:
-            text, bindings = generate(sources.from_pin(pin))
+            with sources.from_pin(pin) as headers:
+                text, bindings = generate(headers)
             relative = pin.module.relative_to(sources.ROOT)
             if args.check:
                 committed = pin.module.read_text() if pin.module.exists() else ""

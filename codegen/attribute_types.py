@@ -8,13 +8,13 @@ that type; the comment text stays in the header.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from . import recipe
-from .model import AttributeType
+from .model import Alias, AttributeType, Enum
 
-if TYPE_CHECKING:
-    from .parse import _Walker
+# Looks up a typedef name of the headers: the enum or bound alias it names, or None.
+Resolve = Callable[[str], Enum | Alias | None]
 
 # An optional "Label: " (as in "Forward pass: void *"), an optional "array of ", a type
 # name, an optional pointer star; then the end of the phrase.
@@ -22,7 +22,6 @@ _TYPE_PHRASE = re.compile(
     r"^(?:[A-Z][\w ]*:\s+)?(?P<array>array of\s+)?(?P<const>const\s+)?"
     r"(?P<base>[A-Za-z_]\w*)(?P<ptr>\s*\*)?(?=[\s,;(]|$)"
 )
-_SCALARS = {"float": "ctypes.c_float", "double": "ctypes.c_double", "int": "ctypes.c_int"}
 
 
 class AttributeTypeError(RuntimeError):
@@ -43,47 +42,52 @@ def _comment_lines(comment: str) -> list[str]:
     return [line.strip().lstrip("*").strip() for line in lines]
 
 
-def _resolve(base: str, pointer: bool, walker: _Walker) -> str | None:
+def _value_ctype(base: str, pointer: bool, resolve: Resolve) -> str | None:
     if pointer:
         return "ctypes.c_void_p"
     if base in recipe.LIBC_TYPEDEFS:
         return recipe.LIBC_TYPEDEFS[base]
-    if base in _SCALARS:
-        return _SCALARS[base]
-    if base in walker.enums:
-        return "ctypes.c_int32"
-    if base in walker.emitted_aliases:
-        return walker.emitted_aliases[base].ctype
+    scalar = recipe.C_SCALARS.get((base,))
+    if scalar is not None:
+        return None if base == "void" else scalar  # a bare void is no value
+    declared = resolve(base)
+    if isinstance(declared, Enum):
+        return "ctypes.c_int32"  # attribute buffers hold enums as 32-bit integers
+    if isinstance(declared, Alias):
+        return declared.ctype
     return None
 
 
-def parse_type_phrase(line: str, walker: _Walker) -> tuple[str, bool, str] | None:
+def parse_type_phrase(line: str, resolve: Resolve) -> tuple[str, bool, str] | None:
     """(ctypes expression, is_array, C spelling) if the line states a type."""
     match = _TYPE_PHRASE.match(line)
     if not match:
         return None
     base, pointer = match.group("base"), bool(match.group("ptr"))
-    ctype = _resolve(base, pointer, walker)
+    ctype = _value_ctype(base, pointer, resolve)
     if ctype is None:
         return None
     spelling = f"{match.group('const') or ''}{base}{' *' if pointer else ''}"
     return ctype, bool(match.group("array")), spelling
 
 
-def read_attribute_types(header_text: str, walker: _Walker) -> dict[str, list[AttributeType]]:
-    """{attribute enum name: [AttributeType per member]}; fails on any member left untyped."""
+def read_attribute_types(header_text: str, resolve: Resolve) -> dict[str, list[AttributeType]]:
+    """{attribute enum name: [AttributeType per member]}; fails on any member left untyped.
+
+    ``resolve`` looks up the headers' typedef names (the parser's declarations)."""
     tables: dict[str, list[AttributeType]] = {}
     missing, conflicting = [], []
     for match in re.finditer(r"typedef\s+enum\s*\w*\s*\{(.*?)\}\s*(\w+)\s*;", header_text, re.S):
         body, enum_name = match.groups()
-        if not recipe.ATTRIBUTE_ENUM.match(enum_name) or enum_name not in walker.enums:
+        enum = resolve(enum_name)
+        if not recipe.ATTRIBUTE_ENUM.match(enum_name) or not isinstance(enum, Enum):
             continue
         comments = _member_comments(body)
         table = []
-        for member in walker.enums[enum_name].members:
+        for member in enum.members:
             override = recipe.ATTRIBUTE_TYPE_OVERRIDES.get(member.c_name)
             lines = [override] if override else _comment_lines(comments.get(member.c_name, ""))
-            found = {t for t in (parse_type_phrase(line, walker) for line in lines) if t}
+            found = {t for t in (parse_type_phrase(line, resolve) for line in lines) if t}
             kinds = {(ctype, is_array) for ctype, is_array, _ in found}
             if not kinds:
                 missing.append(member.c_name)

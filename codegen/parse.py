@@ -19,7 +19,7 @@ from . import recipe
 from .attribute_types import read_attribute_types
 from .constexpr import ConstExprError, evaluate
 from .model import Alias, AttributeEnum, Bindings, Constant, Enum, EnumMember, Function, Struct
-from .sources import STUBS_DIR, HeaderSet
+from .sources import STUBS_DIR, HeaderSet, read_version
 
 
 class ParseError(RuntimeError):
@@ -83,6 +83,12 @@ class _Walker:
         self.emitted_aliases: dict[str, Alias] = {}
         self.external: dict[str, Alias] = {}  # typedefs of other headers the API names
         self.generator = c_generator.CGenerator()
+
+    def declared(self, name: str) -> Enum | Alias | None:
+        """The enum or bound alias a typedef name of the headers stands for, if any."""
+        if name in self.enums:
+            return self.enums[name]
+        return self.emitted_aliases.get(name)
 
     # --- types -------------------------------------------------------------------------
     def _is_opaque(self, node: c_ast.Node) -> bool:
@@ -281,16 +287,6 @@ def read_constants(text: str, names: dict[str, int]) -> list[Constant]:
     return constants
 
 
-def read_version(cublas_api_h: str) -> tuple[int, int, int, int]:
-    values = []
-    for macro in recipe.VERSION_MACROS:
-        match = re.search(rf"#define\s+{macro}\s+(\d+)", cublas_api_h)
-        if not match:
-            raise ParseError(f"cublas_api.h defines no {macro}")
-        values.append(int(match.group(1)))
-    return tuple(values)
-
-
 def parse(headers: HeaderSet) -> Bindings:
     source = preprocess(headers.directory)
     ast = c_parser.CParser().parse(source, "cublasLt.h")
@@ -298,9 +294,8 @@ def parse(headers: HeaderSet) -> Bindings:
     walker.walk(ast)
 
     lt_text = (headers.directory / "cublasLt.h").read_text()
-    api_text = (headers.directory / "cublas_api.h").read_text()
     constants = read_constants(lt_text, walker.enum_values)
-    attribute_types = read_attribute_types(lt_text, walker)
+    attribute_types = read_attribute_types(lt_text, walker.declared)
 
     attributes = []
     for enum_name, types in attribute_types.items():
@@ -315,7 +310,7 @@ def parse(headers: HeaderSet) -> Bindings:
 
     external = list(walker.external.values())
     return Bindings(
-        version=read_version(api_text),
+        version=read_version(headers.directory / "cublas_api.h"),
         sources=headers.provenance,
         declarations=[*external, *walker.declarations],
         functions=walker.functions,

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import recipe
@@ -47,10 +47,33 @@ class Pin:
 
 @dataclass
 class HeaderSet:
-    """The NVIDIA headers one module is generated from, gathered in one directory."""
+    """The NVIDIA headers one module is generated from, gathered in one directory.
+
+    A set made by ``gather`` owns its temporary directory: use it in a ``with`` block (or
+    call ``close``) to remove it. A set made on a directory of your own leaves it alone.
+    """
 
     directory: Path
     provenance: list[str]  # banner lines: where each header came from
+    _owned: tempfile.TemporaryDirectory | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def gather(cls, files: dict[str, Path], provenance: list[str]) -> HeaderSet:
+        """Copy the headers into a fresh directory, so nothing else beside them is picked up."""
+        owned = tempfile.TemporaryDirectory(prefix="nvblaslt-headers-")
+        for name, path in files.items():
+            shutil.copyfile(path, Path(owned.name) / name)
+        return cls(Path(owned.name), provenance, owned)
+
+    def close(self) -> None:
+        if self._owned is not None:
+            self._owned.cleanup()
+
+    def __enter__(self) -> HeaderSet:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def pins() -> list[Pin]:
@@ -120,27 +143,24 @@ def pinned_header(pin: Pin, header: str) -> tuple[Path, str]:
     return path, f"{header}: {dist_name}=={version} ({member}, sha256 {digest[:16]}…)"
 
 
-def gather(files: dict[str, Path], provenance: list[str]) -> HeaderSet:
-    """Copy the headers into a fresh directory, so nothing else beside them is picked up."""
-    directory = Path(tempfile.mkdtemp(prefix="nvblaslt-headers-"))
-    for name, path in files.items():
-        shutil.copyfile(path, directory / name)
-    return HeaderSet(directory, provenance)
-
-
 def from_pin(pin: Pin) -> HeaderSet:
     files, provenance = {}, []
     for header in recipe.NVIDIA_HEADERS:
         files[header], line = pinned_header(pin, header)
         provenance.append(line)
-    return gather(files, provenance)
+    return HeaderSet.gather(files, provenance)
 
 
-def cublas_major(cublas_api_h: Path) -> int:
-    match = re.search(r"#define\s+CUBLAS_VER_MAJOR\s+(\d+)", cublas_api_h.read_text())
-    if not match:
-        raise SourceError(f"{cublas_api_h} defines no CUBLAS_VER_MAJOR")
-    return int(match.group(1))
+def read_version(cublas_api_h: Path) -> tuple[int, int, int, int]:
+    """The cuBLAS version a cublas_api.h declares: its ``recipe.VERSION_MACROS``, in order."""
+    text = cublas_api_h.read_text()
+    values = []
+    for macro in recipe.VERSION_MACROS:
+        match = re.search(rf"#define\s+{macro}\s+(\d+)", text)
+        if not match:
+            raise SourceError(f"{cublas_api_h} defines no {macro}")
+        values.append(int(match.group(1)))
+    return tuple(values)
 
 
 def from_path(header: Path, include_dirs: list[Path]) -> HeaderSet:
@@ -163,7 +183,7 @@ def from_path(header: Path, include_dirs: list[Path]) -> HeaderSet:
     if "cublas_api.h" not in files:
         raise SourceError(f"no cublas_api.h beside {lt_header} or in --include directories")
     if "library_types.h" not in files:
-        major = cublas_major(files["cublas_api.h"])
+        major = read_version(files["cublas_api.h"])[0]
         pin = next((p for p in pins() if p.name == f"cuda{major}"), None)
         if pin is None:
             raise SourceError(
@@ -172,4 +192,4 @@ def from_path(header: Path, include_dirs: list[Path]) -> HeaderSet:
             )
         files["library_types.h"], line = pinned_header(pin, "library_types.h")
         provenance.append(line)
-    return gather(files, provenance)
+    return HeaderSet.gather(files, provenance)

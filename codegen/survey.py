@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import sources
-from .__main__ import generate, summary
 from .model import Bindings
+from .pipeline import generate, summary
 
 
 @dataclass
@@ -77,13 +77,14 @@ def _cublas_wheel(pin: sources.Pin) -> str:
 def _api(spec: str, pins: dict[str, sources.Pin]) -> Api:
     name, version = spec.split("==")
     header = next(sources.wheel_headers(name, version).rglob("cublasLt.h"))
-    major = sources.cublas_major(header.parent / "cublas_api.h")
+    major = sources.read_version(header.parent / "cublas_api.h")[0]
     pin = pins.get(f"cuda{major}")
     if pin is None:
         raise sources.SourceError(f"no pin for cuBLAS {major} (headers/pins/cuda{major}.json) names a runtime wheel")
     runtime = pin.headers["library_types.h"]["wheel"]
     runtime_dir = next(sources.wheel_headers(runtime, pin.wheels[runtime]).rglob("library_types.h")).parent
-    _, bindings = generate(sources.from_path(header, [runtime_dir]))
+    with sources.from_path(header, [runtime_dir]) as headers:
+        _, bindings = generate(headers)
     return Api.of(spec, major, bindings)
 
 
