@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("pycparser")
 pytest.importorskip("jinja2")
 
-from codegen.attribute_types import AttributeTypeError  # noqa: E402
+from codegen.attribute_types import AttributeTypeError, read_attribute_types  # noqa: E402
+from codegen.model import Alias, Enum, EnumMember  # noqa: E402
 from codegen.parse import ParseError, parse, strip_common_prefix  # noqa: E402
 from codegen.render import render  # noqa: E402
 from codegen.sources import HeaderSet  # noqa: E402
@@ -187,3 +188,44 @@ def test_unknown_type_is_an_error_not_a_guess(tmp_path):
             typedef struct snipThing snipThing;
             cublasStatus_t snipUse(snipThing thing);
         """)
+
+
+def test_attribute_types_read_through_a_resolver_alone():
+    """No parser needed: any lookup of typedef names serves."""
+    header = """
+        typedef enum {
+          /** int32_t based on snipMode_t */
+          CUBLASLT_SNIP_ATTR_MODE = 0,
+          /** snipMode_t, default: 0 */
+          CUBLASLT_SNIP_ATTR_ENUM = 1,
+          /** snipHandle_t */
+          CUBLASLT_SNIP_ATTR_HANDLE = 2,
+          /** unsigned, default: 0 */
+          CUBLASLT_SNIP_ATTR_COUNT = 3,
+        } cublasLtSnipAttributes_t;
+    """
+    members = ["CUBLASLT_SNIP_ATTR_MODE", "CUBLASLT_SNIP_ATTR_ENUM", "CUBLASLT_SNIP_ATTR_HANDLE",
+               "CUBLASLT_SNIP_ATTR_COUNT"]
+    declared = {
+        "cublasLtSnipAttributes_t": Enum("cublasLtSnipAttributes_t", "cublasLt.h",
+                                         [EnumMember(m, m, i) for i, m in enumerate(members)]),
+        "snipMode_t": Enum("snipMode_t", "cublasLt.h", []),
+        "snipHandle_t": Alias("snipHandle_t", "cublasLt.h", "ctypes.c_void_p"),
+    }
+    (table,) = read_attribute_types(header, declared.get).values()
+    assert [(t.member, t.ctype, t.is_array) for t in table] == [
+        ("CUBLASLT_SNIP_ATTR_MODE", "ctypes.c_int32", False),
+        ("CUBLASLT_SNIP_ATTR_ENUM", "ctypes.c_int32", False),
+        ("CUBLASLT_SNIP_ATTR_HANDLE", "ctypes.c_void_p", False),
+        ("CUBLASLT_SNIP_ATTR_COUNT", "ctypes.c_uint", False),
+    ]
+
+
+def test_a_header_set_removes_only_the_directory_it_made(tmp_path):
+    (tmp_path / "cublasLt.h").write_text("/* empty */\n")
+    with HeaderSet.gather({"cublasLt.h": tmp_path / "cublasLt.h"}, ["snippet"]) as gathered:
+        assert gathered.directory != tmp_path and (gathered.directory / "cublasLt.h").is_file()
+    assert not gathered.directory.exists()
+    with HeaderSet(tmp_path, ["snippet"]) as given:
+        pass
+    assert (given.directory / "cublasLt.h").is_file()
