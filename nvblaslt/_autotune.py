@@ -114,7 +114,7 @@ class Contestant:
 
 
 def _algorithm(plan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
-    return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan._run(stream, stream, None),
+    return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan.trial_run(stream),
                       lambda: plan._select(result), result)
 
 
@@ -122,22 +122,17 @@ def _runnable(plan, candidates: list[HeuristicResult], stream: int) -> list[Heur
     """The candidates cublasLtMatmul runs: one offered by the heuristics may be refused at launch (seen:
     aux epilogs with M=1); those are left out of the timing and of the plan's list."""
     kept: list[HeuristicResult] = []
-    offered = plan.algorithms
-    plan.algorithms = []  # so that a refusal raises here instead of moving the plan to its next algorithm
-    try:
-        for candidate in candidates:
-            plan._select(candidate)
-            try:
-                plan._run(stream, stream, None)
-            except CublasLtError as error:
-                if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED" or (candidate is candidates[-1] and not kept):
-                    raise  # another failure, or nothing offered runs
-                logger.info("autotune: cublasLtMatmul refused %s; left out",
-                            _tuning_cache.describe_algorithm(candidate))
-                continue
-            kept.append(candidate)
-    finally:
-        plan.algorithms = [r for r in offered if any(r is k for k in kept)] or offered
+    for candidate in candidates:
+        plan._select(candidate)
+        try:
+            plan.trial_run(stream)
+        except CublasLtError as error:
+            if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED" or (candidate is candidates[-1] and not kept):
+                raise  # another failure, or nothing offered runs
+            logger.info("autotune: cublasLtMatmul refused %s; left out", _tuning_cache.describe_algorithm(candidate))
+            continue
+        kept.append(candidate)
+    plan.algorithms = [r for r in plan.algorithms if any(r is k for k in kept)] or plan.algorithms
     return kept
 
 
@@ -375,7 +370,7 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
     failed, last_report, started = 0, time.perf_counter(), time.perf_counter()
 
     def run() -> None:
-        plan._run(stream, stream, None)
+        plan.trial_run(stream)
     exhausted = False
     while not exhausted and time.perf_counter() < deadline:
         group: list[HeuristicResult] = []
@@ -392,12 +387,10 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
         _ensure_workspace(plan, max(c.workspace_size for c in group), timer)
         reference = timer(incumbent.run, incumbent.prepare)
         for candidate in group:
-            heuristic_list = list(plan.algorithms)
             try:
                 ms = timer(run, functools.partial(plan._select, candidate))
             except CublasLtError as error:  # accepted by the check, refused at launch
                 logger.debug("search: %s failed to run (%s)", _tuning_cache.describe_algorithm(candidate), error)
-                plan.algorithms[:] = heuristic_list  # the plan's launch fallback may have dropped some
                 failed += 1
                 continue
             screened.append((candidate, ms / reference))
@@ -420,7 +413,7 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
             again.append((candidate, first))
             continue
         reference = timer(incumbent.run, incumbent.prepare)
-        ms = timer(functools.partial(plan._run, stream, stream, None), functools.partial(plan._select, candidate))
+        ms = timer(functools.partial(plan.trial_run, stream), functools.partial(plan._select, candidate))
         again.append((candidate, ms / reference))
     return sorted(again + screened[len(close):], key=lambda pair: pair[1])
 
@@ -471,8 +464,8 @@ def _choose_bias_gradient_form(plan, timer: Timer, iterations: int, stream: int,
     earlier search's split form was recalled) stays unless the other is faster beyond noise.
     Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen)."""
     split = recalled_split or SplitBiasGradient(plan, iterations)
-    fused = Contestant("fused", lambda: plan._run(stream, stream, None))
-    two_calls = Contestant("split", lambda: split.run(stream, stream, None))
+    fused = Contestant("fused", lambda: plan.trial_run(stream))
+    two_calls = Contestant("split", lambda: split.trial_run(stream))
     incumbent, challenger = (two_calls, fused) if recalled_split is not None else (fused, two_calls)
     # the duel gets its minimum rounds even past the budget: a decision on fewer would be noise
     deadline = max(deadline, time.perf_counter() + 2.5 * (MIN_ROUNDS + 1) * call_ms / 1000)

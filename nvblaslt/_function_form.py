@@ -34,7 +34,8 @@ class _Plans(OrderedDict):
 
 
 def _signature(op) -> tuple | None:
-    return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment)
+    # conjugated: a lazy-conjugate view has the same memory layout as its base, but another plan
+    return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment, op.conjugated)
 
 
 _fast_paths: dict[type, tuple | None] = {}  # array type -> (kind, read layouts, current stream on a device)

@@ -80,7 +80,8 @@ def stage(op: Operand, device: int, stream: int) -> tuple[Operand, _memory.Devic
     strides = device_strides(op)
     buffer = _memory.DeviceBuffer(_span_bytes(op.shape, strides, op.dtype), stream)
     refresh(op, buffer.pointer, strides, stream)
-    staged = Operand(op.obj, buffer.pointer, op.shape, strides, op.dtype, device, op.readonly, op.kind)
+    staged = Operand(op.obj, buffer.pointer, op.shape, strides, op.dtype, device, op.readonly, op.kind,
+                     conjugated=op.conjugated)  # the copy holds the same unconjugated values
     return staged, buffer
 
 

@@ -311,7 +311,8 @@ def read_cached(obj, name: str, stream: int) -> Operand:
     if entry is not None and entry[0]() is obj and entry[1] == fingerprint(obj, kind):
         return Operand(obj, *entry[2])
     op = read(obj, name, stream)
-    if kind in ("torch", "cupy"):
+    identity = fingerprint(obj, kind)
+    if identity is not None and identity[4] != -1:  # -1: a lazy view, whose memory only read() interprets
         try:
             reference = weakref.ref(obj)
         except TypeError:
@@ -320,7 +321,7 @@ def read_cached(obj, name: str, stream: int) -> Operand:
             _recent.pop(next(iter(_recent)))
         # the fields without the array itself: the cache must not keep arrays alive
         fields = (op.ptr, op.shape, op.strides, op.dtype, op.device, op.readonly, op.kind, op.host, op.conjugated)
-        _recent[id(obj)] = (reference, fingerprint(obj, kind), fields)
+        _recent[id(obj)] = (reference, identity, fields)
     return op
 
 

@@ -10,6 +10,7 @@ scales (``_scales``), ``out=`` (``_outputs``), results copied back to the host (
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import threading
 import warnings
@@ -93,9 +94,10 @@ class Matmul:
         self._planned = False
         self._freed = False
         self._workspace: _memory.DeviceBuffer | None = None
+        self._scratch: _memory.DeviceBuffer | None = None  # where trial launches write (see trial_run)
         self._split = None  # a SplitBiasGradient, when autotune found the two-call form faster
         self._staged: dict[str, _memory.DeviceBuffer] = {}
-        self._aux_dtype: _dtypes.DType | None = None  # an fp8 GELU aux (preferences.epilog.aux_type)
+        self._aux_dtype: _dtypes.DType | None = None  # the GELU aux output's dtype (see _fp8_aux)
         self._aux_amax = False
         self.algorithms: list[HeuristicResult] = []
         options = self.options
@@ -193,15 +195,15 @@ class Matmul:
         for attribute, pointer in self._scales.descriptor_pointers(problem).items():
             desc.set(attribute, pointer)
         self._aux_dtype, self._aux_amax = aux_dtype, bool(prefs.epilog.aux_amax)
-        if aux_dtype is not None:
+        if aux_dtype is not None and (aux_dtype != types.d or types.d in _dtypes.FLOAT8):
+            # cuBLASLt's own default with an fp8 D is not the type nvmath-python returns: say it always
             desc.set("EPILOGUE_AUX_DATA_TYPE", int(getattr(api, aux_dtype.cuda)))
         if aux_scale is not None:
             self._scales.write({"aux": aux_scale}, self._stream)
             desc.set("EPILOGUE_AUX_SCALE_POINTER", self._scales.pointer("aux"))
         self._configure_epilog(desc, spec, inputs, problem)
         layouts = [self._layout(problem.a.layout, problem), self._layout(problem.b.layout, problem),
-                   self._layout(problem.c or problem.d.__class__(types.c, problem.d.rows, problem.d.cols,
-                                                                 problem.d.ld, COL, problem.d.batch_stride), problem),
+                   self._layout(problem.c or dataclasses.replace(problem.d, dtype=types.c), problem),
                    self._layout(problem.d, problem)]
         workspace_limit = prefs.workspace_limit
         if self.options.memory_limit != "80%":  # the default leaves far more than any workspace
@@ -295,25 +297,30 @@ class Matmul:
         return structs
 
     def _fp8_aux(self, spec, epilog_preferences, epilog_inputs):
-        """(epilog inputs without the aux scale, the aux output's dtype or None, its scale or None):
+        """(epilog inputs without the aux scale, the GELU aux output's dtype or None, its scale or None):
         nvmath-python's ``preferences.epilog.aux_type`` / ``aux_amax`` and the
-        ``aux_quantization_scale`` epilog input, for a GELU aux stored in fp8."""
+        ``aux_quantization_scale`` epilog input. The GELU aux is stored in D's type, or in C's where D
+        is fp8 (as nvmath-python stores it: an fp8 aux needs a scale), unless ``aux_type`` says otherwise."""
         aux_type = epilog_preferences.aux_type
         given = dict(epilog_inputs) if isinstance(epilog_inputs, dict) else epilog_inputs
         scale = given.pop("aux_quantization_scale", None) if isinstance(given, dict) else None
+        types = self.operands.types
         aux_dtype = None
+        if spec.aux_output == "gelu_aux":
+            aux_dtype = types.c if types.d in _dtypes.FLOAT8 else types.d
         if aux_type is not None:
             if spec.aux_output != "gelu_aux":
                 raise NvblasltValueError("preferences.epilog.aux_type: only GELU_AUX epilogs take an aux type (the ReLU "
                                          "aux is a bitmask)")
             from ._types import cuda_type_names
 
+            default = aux_dtype
             aux_dtype = _dtypes.parse(aux_type, "preferences.epilog.aux_type", cuda_type_names(self._lib.api))
-            allowed = (*_dtypes.FLOAT8, self.operands.types.d)
+            allowed = (*_dtypes.FLOAT8, default)
             if aux_dtype not in allowed:
                 raise NvblasltTypeError(f"preferences.epilog.aux_type: expected one of "
                                         f"{', '.join(d.name for d in allowed)}, got {aux_dtype.name}")
-        narrow = aux_dtype in _dtypes.FLOAT8
+        narrow = aux_type is not None and aux_dtype in _dtypes.FLOAT8
         if narrow and scale is None:
             raise NvblasltValueError("epilog_inputs['aux_quantization_scale']: required when "
                                      "preferences.epilog.aux_type is an fp8 type")
@@ -326,7 +333,7 @@ class Matmul:
         if scale is not None:
             scale = self._scales.check_values({"aux": scale}, self._stream,
                                               "epilog_inputs['aux_quantization_scale']")["aux"]
-        return given, (aux_dtype if aux_dtype != self.operands.types.d else None), scale
+        return given, aux_dtype, scale
 
     def _given_algorithms(self, structs, handle, desc, layouts) -> list[HeuristicResult]:
         """The caller's algorithms, each checked by cuBLASLt for this plan."""
@@ -594,6 +601,43 @@ class Matmul:
                 aux = {k: _memory.to_framework(kind, v) for k, v in aux.items()}
         return d if aux is None else (d, aux)
 
+    def trial_run(self, stream_h: int) -> int:
+        """One launch of the selected algorithm with D and every epilog output in the plan's scratch
+        memory, never in the caller's arrays (an in-place c is read, not written): the launches that
+        autotune and the search time. Raises on a refusal (no fallback: the caller is choosing).
+        Returns the pointer D was written to."""
+        with self._lock:
+            if stream_h != self._last_stream:
+                self._order_after_last_stream(stream_h)
+            pointers = self._scratch_pointers(stream_h)
+            self._d_argument.value = pointers[0]
+            self._stream_argument.value = stream_h
+            for (_, _, set_pointer), pointer in zip(self._alloc_aux, pointers[1:]):
+                set_pointer(pointer)
+            status = self._matmul(*self._arguments)
+        if status:
+            lib = self._lib
+            raise CublasLtError("cublasLtMatmul", status, lib.status_name(status), lib.status_string(status))
+        return pointers[0]
+
+    def _scratch_pointers(self, stream_h: int) -> list[int]:
+        """D's and each epilog output's place in the scratch buffer (made on first use, 256-byte aligned)."""
+        problem = self.problem
+        if problem.inplace:  # D is laid out as c
+            c = self._operands["c"]
+            spans = [_memory.span_elements(c.shape, c.strides) * c.dtype.itemsize]
+        else:
+            spans = [_memory.span_elements(problem.result_shape, problem.result_strides) * problem.types.d.itemsize]
+        spans += [_memory.span_elements(o.shape, o.strides) * o.dtype.itemsize for o in self._outputs]
+        spans += [4] * (len(self._alloc_aux) - len(self._outputs))  # amax values: one float32 each
+        offsets, total = [], 0
+        for span in spans:
+            offsets.append(total)
+            total += -(-max(span, 1) // 256) * 256
+        if self._scratch is None:
+            self._scratch = _memory.DeviceBuffer(total, stream_h)
+        return [self._scratch.pointer + offset for offset in offsets]
+
     def _launch_refused(self, status: int) -> None:
         """cublasLtMatmul said no: try the next algorithm where it refused this one (NOT_SUPPORTED,
         seen for aux epilogs with M=1 on an algorithm the heuristics offered), else raise."""
@@ -627,7 +671,7 @@ class Matmul:
             return  # a graph capture orders nothing outside itself (torch synchronizes before capturing)
         _memory._wait(self._last_stream, stream_h)
         self._last_stream = stream_h
-        for owned in (self._workspace, self._scales.buffer, *self._staged.values()):
+        for owned in (self._workspace, self._scratch, self._scales.buffer, *self._staged.values()):
             if owned is not None:
                 owned.used_on(stream_h)
 
@@ -714,7 +758,7 @@ class Matmul:
                 self._host_operands[name] = op
                 _host.refresh(op, old.ptr, old.strides, stream_h)  # into the device copy's layout
                 op = _operands.Operand(op.obj, old.ptr, op.shape, old.strides, op.dtype, self._device, op.readonly,
-                                       op.kind)
+                                       op.kind, conjugated=op.conjugated)
             self._operands[name] = op
         for key, (op, new) in inputs.items():
             if new is None:
@@ -783,10 +827,16 @@ class Matmul:
             self._split.masked._rebind(pointers, input_names, alpha, beta)
 
     def _forget_arrays(self) -> None:
-        """Drop references to the caller's arrays (pointers and layouts stay)."""
-        for op in self._operands.values():
+        """Drop every reference to the caller's arrays (pointers and layouts stay): the operands as
+        read, their host originals, the epilog inputs, and the first operands the problem was read from."""
+        held = [*self._operands.values(), *self._host_operands.values(),
+                *getattr(self, "_input_operands", {}).values(), self.operands.a.op, self.operands.b.op]
+        if self.operands.c is not None:
+            held.append(self.operands.c.op)
+        for op in held:
             if op is not None:
                 op.obj = None
+        self._scales.forget_arrays()
         if self._split is not None:
             self._split.masked._forget_arrays()
 
@@ -810,6 +860,9 @@ class Matmul:
         if self._workspace is not None:
             self._workspace.release()
             self._workspace = None
+        if self._scratch is not None:  # sized for this plan's outputs
+            self._scratch.release()
+            self._scratch = None
 
     def free(self) -> None:
         """Release descriptors and device memory, stream-ordered after the work already queued."""
@@ -822,6 +875,7 @@ class Matmul:
                 for owned in (self._scales.buffer, *self._staged.values()):
                     if owned is not None:
                         owned.release()
+                self._forget_arrays()
                 self._planned = False
                 self._freed = True
 

@@ -138,6 +138,12 @@ class Scales:
                             "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
 
+    def forget_arrays(self) -> None:
+        """Drop the references to the caller's scale arrays; their pointers stay in use."""
+        for value in self._values.values():
+            if not isinstance(value, float):
+                value.obj = None
+
     def pointer(self, key: str) -> int | None:
         """The device pointer cuBLASLt reads ``key``'s scale from; None when it has none."""
         value = self._values.get(key)

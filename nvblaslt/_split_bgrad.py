@@ -64,6 +64,11 @@ class SplitBiasGradient:
         self.row_sums._a_pointer.value = self.masked._d_argument.value  # D of the masking call
         return d, {self.key: self.row_sums._run(stream_h, framework_stream, None)}
 
+    def trial_run(self, stream_h: int) -> int:
+        """Both calls into the plans' scratch memory (see ``Matmul.trial_run``)."""
+        self.row_sums._a_pointer.value = self.masked.trial_run(stream_h)
+        return self.row_sums.trial_run(stream_h)
+
     def reset_operands(self, **operands) -> None:
         self.masked.reset_operands(**operands)
 

@@ -144,7 +144,7 @@ class FakeSplit:
         self.plan, self.freed, self.masked = plan, False, type("Masked", (), {"algorithm": FakeResult(900)})()
         FakeSplit.instances.append(self)
 
-    def run(self, stream, framework_stream, out):
+    def trial_run(self, stream):
         self.plan.ran = "split"
 
     def free(self):
@@ -163,7 +163,7 @@ class StandInPlan:
     def _select(self, result):
         self.algorithm = result
 
-    def _run(self, stream, framework_stream, out):
+    def trial_run(self, stream):
         assert self._split is None, "fused algorithms must be timed as themselves"
         self.ran = self.algorithm.algorithm.id
 
@@ -256,12 +256,12 @@ def test_search_keeps_to_its_budget(simulated, monkeypatch):
     make, _ = simulated
     speeds = {1: 1.0, 2: 1.05, **{i: 1.03 for i in range(100, 100_100)}}  # simulated ms close to the wall clock's
     plan = make([1, 2], speeds, pool_ids=range(100, 100_100))
-    original = plan._run
+    original = plan.trial_run
 
     def slow_run(*args):  # each "kernel" takes a millisecond of wall clock
         time.sleep(0.001)
         original(*args)
-    plan._run = slow_run
+    plan.trial_run = slow_run
     started = time.perf_counter()
     _autotune.autotune(plan, iterations=3, search=True, remember=False, stream=None, budget_s=1.0)
     assert time.perf_counter() - started < 2.0
