@@ -14,8 +14,16 @@ NaN bytes first); the data are fresh random numbers (never zeros or ones) from a
 
 nvmath-python is imported from the environment or, failing that, from $NVMATH_SITE (default
 /tmp/site). Groups: dtype layout vector batch epilog aux fp8 host options complex stateful
-degenerate refuse. ``--case I`` reruns one case with tracebacks. Exit status 1 on any nvblaslt
-wrong result or mismatch, 2 when the CUDA context was lost.
+degenerate refuse, and the buckets of issue 19: conj (torch lazy conjugate views, CPU and CUDA, and
+``qualifiers``, every transpose, a plain call of the same shape through ``matmul`` before or after
+the conjugate one), inplace (``options={"inplace": True}`` through plan, autotune, execute,
+reset_operands, execute: autotune must leave c alone), fp8aux (FP8 with fp8/bf16/fp16 results, D
+scale, amax, RELU_AUX/GELU_AUX(_BIAS) aux outputs with their aux type, scale and amax) and refcount
+(``sys.getrefcount`` of every operand back where it was after free(), a ``with`` block,
+release_operands() or a function-form call; nvmath-python is measured the same way, and a count it
+misses too is not held against nvblaslt). ``--case I`` reruns one case with tracebacks. The summary
+prints one line per group and an overall line. Exit status 1 on any nvblaslt wrong result or
+mismatch, 2 when the CUDA context was lost.
 """
 
 from __future__ import annotations
@@ -39,7 +47,15 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from reference import (  # noqa: E402
-    dtype_name, element_strides, gelu, gelu_grad, host_bits, host_exact, package_of, unpack_relu_bits)
+    dtype_name, element_strides, gelu, gelu_grad, host_bits, package_of, unpack_relu_bits)
+from reference import host_exact as _host_exact  # noqa: E402
+
+
+def host_exact(x) -> np.ndarray:
+    """``reference.host_exact``, always a copy: of a CPU float64/complex128 torch tensor it returns a view of the
+    tensor's own memory, which an in-place result would write over (and an input check would never see)."""
+    out = _host_exact(x)
+    return out.copy() if type(x).__module__.startswith("torch") else out
 
 OMIT = object()  # an argument left out of the call
 QUALIFIERS_DTYPE = np.dtype([("structure", object), ("is_conjugate", "<i4")])  # nvmath's matrix_qualifiers_dtype
@@ -217,6 +233,10 @@ class Case:
     reset: dict | None = None  # new Arr / values for the reset modes
     mixed_fw: dict | None = None  # operand -> framework, for mixed-package cases
     note: str = ""  # what the case is about, where the fields do not say it
+    seq: list | None = None  # mode pair: the matmul() calls in order, each {"ops": case|toggled, "q": qualifiers}
+    resets: list | None = None  # modes resets/inplace: reset_operands() calls in a row, each a dict as ``reset``
+    aux: dict | None = None  # fp8 aux output: {"type": dtype name|None, "amax": bool, "scale": (form, value)|None}
+    end: str = ""  # mode refcount: how the plan ends (fn with with-noplan free release free-after-reset ...)
 
     def describe(self) -> str:
         parts = [f"{self.group}#{self.index}", self.fw, f"a{self.a.describe()}", f"b{self.b.describe()}"]
@@ -246,6 +266,19 @@ class Case:
             parts.append(f"packages={self.mixed_fw}")
         if self.note:
             parts.append(f"[{self.note}]")
+        if self.aux:
+            aux = [f"type={self.aux['type']}" if self.aux.get("type") else "", "amax" if self.aux.get("amax") else "",
+                   f"scale={self.aux['scale'][0]}({self.aux['scale'][1]:g})" if self.aux.get("scale") else ""]
+            parts.append("aux{" + (" ".join(x for x in aux if x) or "default type") + "}")
+        if self.seq:
+            parts.append("seq=" + ",".join(
+                ("conj" if s["ops"] == "case" else "plain") + ("" if not s["q"] else "/q" + "".join(
+                    "ab"[i] for i, f in enumerate(s["q"][:2]) if f)) for s in self.seq)
+                + (" (same storage)" if (self.reset or {}).get("share") else ""))
+        if self.resets:
+            parts.append("resets=[" + "; ".join(",".join(sorted(r)) for r in self.resets) + "]")
+        if self.end:
+            parts.append(f"end={self.end}")
         if self.mode != "fn":
             parts.append(f"mode={self.mode}")
         return " ".join(parts)
@@ -370,19 +403,24 @@ def gen_layout(g: Gen, index: int) -> Case:
 
 def gen_vector(g: Gen, index: int) -> Case:
     dtype = g.pick(["float32", "float64", "float16", "complex64"])
-    fw = g.fw_for(dtype)
+    return _vector_case(g, index, "vector", g.fw_for(dtype), dtype)
+
+
+def _vector_case(g: Gen, index: int, group: str, fw: str, dtype: str, p_c: float = 0.3) -> Case:
+    """a 1-D, b 1-D or both (a 1-D a is a row, a 1-D b a column), with c beside a matrix operand."""
     m, n, k = g.dim(), g.dim(), g.dim()
     which = g.pick(["a", "b", "both"])
     batch = g.batch(0.3, 2)
     a = g.arr((k,), dtype, pad=int(g.pick([0, 0, 1]))) if which in ("a", "both") else g.arr((*batch, m, k), dtype)
     b = g.arr((k,), dtype, pad=int(g.pick([0, 0, 1]))) if which in ("b", "both") else g.arr((*batch, k, n), dtype)
-    case = Case(index, "vector", fw, a, b, alpha=g.alpha(dtype))
-    if which != "both" and g.chance(0.3):
+    case = Case(index, group, fw, a, b, alpha=g.alpha(dtype))
+    case.note = f"1-D {which}"
+    if which != "both" and g.chance(p_c):
         mm = 1 if which == "a" else m
         nn = 1 if which == "b" else n
         c_batch = batch if (batch and which != "both" and g.chance(0.5)) else ()
         case.c, case.beta = g.arr((*c_batch, mm, nn), dtype), g.beta(dtype)
-    if g.chance(0.2) and dtype != "complex64":
+    if g.chance(0.2) and dtype not in COMPLEX_TYPES:
         case.epilog = g.pick(["RELU", "GELU"])
     return case
 
@@ -503,6 +541,18 @@ def gen_fp8(g: Gen, index: int) -> Case:
 def gen_host(g: Gen, index: int) -> Case:
     dtype = g.pick(["float32", "float64", "float16", "complex64", "bfloat16"])
     fw = g.fw_for(dtype, host=True)
+    if g.chance(0.3):  # 1-D host operands (NumPy, CPU torch), with c beside a matrix operand
+        case = _vector_case(g, index, "host", fw, dtype, p_c=0.5)
+        if g.chance(0.3):
+            case.mode = g.pick(["plan", "twice"])
+        return case
+    if g.chance(0.1):  # a host c updated in place
+        m, n, k = g.dim(hi=32), g.dim(hi=32), g.dim(hi=32)
+        c = g.arr((m, n), dtype)
+        c.grad = False  # a leaf that requires grad cannot be copied into in place
+        return Case(index, "host", fw, g.arr((m, k), dtype), g.arr((k, n), dtype), c=c,
+                    alpha=g.alpha(dtype), beta=g.beta(dtype), options={"inplace": True},
+                    mode=g.pick(["fn", "plan", "autotune"]))
     m, n, k = g.dim(hi=32), g.dim(hi=32), g.dim(lo=2, hi=32)
     batch = g.batch(0.3, 1)
     case = Case(index, "host", fw, g.arr((*batch, m, k), dtype), g.arr((*batch, k, n), dtype), alpha=g.alpha(dtype))
@@ -516,8 +566,16 @@ def gen_host(g: Gen, index: int) -> Case:
             case.forward = _forward(g, FORWARD_OF[case.epilog], batch, m, n, dtype)
     if g.chance(0.3):
         case.options = {"device_id": 0} if g.chance(0.5) else {"blocking": True}
-    if g.chance(0.25):
-        case.mode = g.pick(["plan", "reset", "release"])
+    if g.chance(0.3):
+        case.mode = g.pick(["plan", "reset", "release", "resets"])
+    if case.mode in ("reset", "release"):  # after release_operands() every operand is given again
+        full = 1.0 if case.mode == "release" else 0.0
+        case.reset = _reset_spec(g, case, p_a=max(full, 0.7), p_b=max(full, 0.6), p_c=max(full, 0.5),
+                                 p_bias=max(full, 0.5), p_alpha=0, p_beta=0)
+        if case.mode == "release" and case.forward is not None:
+            case.reset["aux"] = True
+    elif case.mode == "resets":
+        case.resets = [_reset_spec(g, case) for _ in range(int(g.pick([2, 3])))]
     return case
 
 
@@ -587,8 +645,8 @@ def gen_stateful(g: Gen, index: int) -> Case:
     batch = g.batch(0.3, 1)
     case = Case(index, "stateful", fw, g.arr((*batch, m, k), dtype), g.arr((*batch, k, n), dtype),
                 alpha=g.alpha(dtype))
-    case.mode = g.pick(["plan", "autotune", "algorithms", "reset", "reset", "release", "twice"])
-    if g.chance(0.3):
+    case.mode = g.pick(["plan", "autotune", "algorithms", "reset", "reset", "release", "twice", "resets", "resets"])
+    if g.chance(0.4 if case.mode == "resets" else 0.3):
         case.c, case.beta = _c_for(g, batch, m, n, dtype), g.beta(dtype)
     if dtype not in COMPLEX_TYPES and g.chance(0.4):
         case.epilog = g.pick(["RELU_BIAS", "BIAS", "RELU_AUX_BIAS", "GELU", "DRELU", "BGRADA"])
@@ -611,7 +669,36 @@ def gen_stateful(g: Gen, index: int) -> Case:
         if case.mode == "release" and case.forward is not None:
             reset["aux"] = True
         case.reset = reset
+    if case.mode == "resets":  # several resets in a row, each followed by execute()
+        case.resets = [_reset_spec(g, case) for _ in range(int(g.pick([2, 3, 3, 4])))]
     return case
+
+
+def _fresh(g: Gen, arr: Arr, scale: float = 1.0, **changes) -> Arr:
+    """``arr`` with new random values (its shape, layout and broadcast axes kept)."""
+    stored = tuple(1 if i in arr.bcast else s for i, s in enumerate(arr.shape))
+    return dataclasses.replace(arr, values=np.broadcast_to(g.values(stored, arr.dtype, scale), arr.shape), **changes)
+
+
+def _reset_spec(g: Gen, case: Case, p_a=0.7, p_b=0.6, p_c=0.6, p_bias=0.6, p_alpha=0.2, p_beta=0.2,
+                scale=1.0) -> dict:
+    """One reset_operands() call: new a/b/c/bias values (same layouts), perhaps a new alpha or beta."""
+    reset = {}
+    if g.chance(p_a):
+        reset["a"] = _fresh(g, case.a, scale)
+    if g.chance(p_b):
+        reset["b"] = _fresh(g, case.b, scale)
+    if case.c is not None and g.chance(p_c):
+        reset["c"] = _fresh(g, case.c, scale)
+    if case.bias is not None and g.chance(p_bias):
+        reset["bias"] = _fresh(g, case.bias, scale)
+    if g.chance(p_alpha):
+        reset["alpha"] = float(g.rng.uniform(0.5, 1.5) * g.pick([1, -1]))
+    if case.c is not None and g.chance(p_beta):
+        reset["beta"] = float(g.rng.uniform(0.25, 1.5) * g.pick([1, -1]))
+    if not reset:
+        reset["a"] = _fresh(g, case.a, scale)
+    return reset
 
 
 def gen_degenerate(g: Gen, index: int) -> Case:
@@ -702,10 +789,185 @@ def gen_refuse(g: Gen, index: int) -> Case:
     return case
 
 
+# ---- the buckets of issue 19 -------------------------------------------------------------------------------------
+def _weighted_fw(g: Gen, weights: dict) -> str:
+    """A framework from those here, drawn with ``weights`` (the self-test has NumPy alone)."""
+    pool = [(f, w) for f, w in weights.items() if f in g.frameworks]
+    if not pool:
+        raise CaseSkipped(f"no framework among {g.frameworks} for this group")
+    total = sum(w for _f, w in pool)
+    x, run = float(g.rng.random()) * total, 0.0
+    for f, w in pool:
+        run += w
+        if x < run:
+            return f
+    return pool[-1][0]
+
+
+def gen_conj(g: Gen, index: int) -> Case:
+    """Complex operands that carry a pending conjugation: torch lazy conjugate views (``t.conj()``,
+    ``is_conj()`` True; CUDA and CPU tensors), nvmath's ``qualifiers`` (is_conjugate for a and b), or both,
+    with row- and column-major a and b. Mode pair calls ``matmul`` twice or three times in a row on the same
+    shapes, a plain call beside the conjugate one (the same storage unconjugated, or fresh values), so that
+    a cached plan that leaves the conjugation out of its key shows."""
+    dtype = g.pick(COMPLEX_TYPES)
+    fw = _weighted_fw(g, {"torch": 0.45, "torch_cpu": 0.25, "cupy": 0.15, "numpy": 0.15})
+    lazy = fw.startswith("torch")
+    m, n, k = g.dim(hi=32), g.dim(hi=32), g.dim(hi=32)
+    batch = g.batch(0.2, 1)
+    layout_a, layout_b = g.pick([("C", "C"), ("C", "F"), ("F", "C"), ("F", "F")])
+    conj_a, conj_b = (lazy and g.chance(0.6)), (lazy and g.chance(0.6))
+    if lazy and not (conj_a or conj_b):
+        conj_a, conj_b = g.pick([(True, False), (False, True), (True, True)])
+    a = g.arr((*batch, m, k), dtype, layout=layout_a, conj_view=conj_a)
+    b = g.arr((*(batch if g.chance(0.85) else ()), k, n), dtype, layout=layout_b, conj_view=conj_b)
+    case = Case(index, "conj", fw, a, b, alpha=g.alpha(dtype))
+    if not lazy or g.chance(0.5):
+        case.qualifiers = (g.chance(0.5), g.chance(0.5), False)
+        if not lazy and not any(case.qualifiers):
+            case.qualifiers = g.pick([(True, False, False), (False, True, False), (True, True, False)])
+    if g.chance(0.4):
+        case.c, case.beta = _c_for(g, batch, m, n, dtype), g.beta(dtype)
+        if lazy and g.chance(0.05):
+            case.c.conj_view = True  # nvmath-python refuses a conjugate c; a library that runs it must be right
+    case.mode = g.pick(["fn", "fn", "pair", "pair", "pair", "plan", "reset"])
+    if case.mode == "pair":
+        share = lazy and g.chance(0.5)
+        case.reset = {"share": share}
+        if lazy and not share:  # the plain call's operands: fresh values in the same layout, no conjugate bit
+            for name, arr in (("a", a), ("b", b)):
+                if arr.conj_view:
+                    case.reset[name] = _fresh(g, arr, conj_view=False)
+        q = case.qualifiers
+        plain_q = q if lazy else (None if g.chance(0.5) else (not q[0], not q[1], False))
+        plain, conj = {"ops": "toggled", "q": plain_q}, {"ops": "case", "q": q}
+        case.seq = g.pick([[plain, conj], [plain, conj], [conj, plain], [plain, conj, plain]])
+    elif case.mode == "reset":  # new conjugate views (the same conjugate bits: nvmath-python requires them)
+        case.reset = _reset_spec(g, case, p_a=0.8, p_b=0.7, p_c=0.5, p_alpha=0, p_beta=0)
+    return case
+
+
+def gen_inplace(g: Gen, index: int) -> Case:
+    """``Matmul(a, b, c, beta=…, options={"inplace": True})``: plan, autotune (c must be untouched before
+    execute), execute (the result is c), then one to three ``reset_operands`` with new a/b/c/bias values
+    (or c left as it is, holding the previous result), each followed by execute."""
+    dtype = g.pick(["float32", "float32", "float64", "float16", "bfloat16", "complex64"])
+    fw = g.fw_for(dtype, host=g.chance(0.25))
+    m, n, k = g.dim(hi=48), g.dim(hi=48), g.dim(hi=48)
+    batch = g.batch(0.25, 1)
+    a = g.arr((*batch, m, k), dtype)
+    b = g.arr((*(batch if g.chance(0.85) else ()), k, n), dtype)
+    c = g.arr((*batch, m, n), dtype, offset=0)  # in place: c is never broadcast
+    c.grad = False  # a leaf that requires grad cannot be copied into in place
+    case = Case(index, "inplace", fw, a, b, c=c, alpha=g.alpha(dtype), beta=g.beta(dtype),
+                options={"inplace": True}, mode="inplace")
+    if dtype not in COMPLEX_TYPES and g.chance(0.2):
+        case.epilog = g.pick(["RELU", "BIAS", "RELU_BIAS", "GELU"])
+        if "BIAS" in case.epilog:
+            case.bias = g.vec(m, dtype)
+    if g.chance(0.15):
+        case.options["blocking"] = g.pick([True, "auto"])
+    case.resets = [_reset_spec(g, case, p_a=0.8, p_b=0.5, p_c=0.5, p_bias=0.4, p_alpha=0.15, p_beta=0.15)
+                   for _ in range(int(g.pick([1, 1, 2, 3])))]
+    return case
+
+
+def gen_fp8aux(g: Gen, index: int) -> Case:
+    """FP8 operands (torch, a row-major, b column-major, M, N, K multiples of 16) with RELU_AUX/GELU_AUX(_BIAS)
+    and fp8, bf16 or fp16 results: D's scale, result_amax, and the GELU aux in its default type (C's, or
+    fp16, where D is fp8) or in fp8 (``preferences={"epilog": {"aux_type": …, "aux_amax": …}}`` with
+    ``epilog_inputs["aux_quantization_scale"]``); now and then a reset of a and the aux scale."""
+    a_type, b_type = g.pick([("float8_e4m3fn", "float8_e4m3fn")] * 4 + [("float8_e4m3fn", "float8_e5m2"),
+                                                                         ("float8_e5m2", "float8_e4m3fn")])
+    fw = g.fw_for(a_type, host=g.chance(0.15))
+    m, n, k = (16 * int(g.rng.integers(1, 5)) for _ in range(3))
+    batch = g.batch(0.15, 1)
+    # values of 0.5 (clipped to 3.5) keep |D| and the aux well inside e4m3's 448 after every scale below
+    a = g.arr((*batch, m, k), a_type, layout="C", pad=0, offset=0, scale=0.5)
+    b = g.arr((*batch, k, n), b_type, layout="F", pad=0, offset=0, scale=0.5)
+    epilog = g.pick(["GELU_AUX", "GELU_AUX", "GELU_AUX", "GELU_AUX_BIAS", "GELU_AUX_BIAS", "RELU_AUX",
+                     "RELU_AUX_BIAS", "GELU", "RELU", "BIAS"])
+    case = Case(index, "fp8aux", fw, a, b, epilog=epilog, alpha=float(g.rng.uniform(0.5, 2.0) * g.pick([1, -1])))
+    result = g.pick(["float8_e4m3fn", "float8_e4m3fn", "float8_e4m3fn", "float8_e5m2", "bfloat16", "float16", None])
+    c_type = None
+    if g.chance(0.4):
+        c_type = g.pick(["bfloat16", "float16"])
+        case.c = g.arr((*batch, m, n), c_type, layout=g.pick(["F", "F", "C"]), pad=0, offset=0, scale=0.5)
+        case.beta = float(g.rng.uniform(0.25, 1.5) * g.pick([1, -1]))
+    d_type = result or c_type or a_type
+    inferred_c = c_type or ("float16" if d_type in FP8_TYPES else d_type)
+    options = {}
+    if result is not None:
+        options["result_type"] = result
+        case.forms["result_type"] = g.pick(["same", "same", "name", "int"])
+    if d_type in FP8_TYPES and g.chance(0.5):
+        options["result_amax"] = True
+    case.options = options or None
+    forms = ["py", "py", "np64", "tensor0", "tensor1"]
+    scales = {name: (g.pick(forms), float(g.pick([0.5, 1.0, 2.0]))) for name in "ab"}
+    if d_type in FP8_TYPES:
+        scales["d"] = (g.pick(forms), float(g.pick([0.25, 0.5, 1.0])))
+    case.scales = scales
+    if "BIAS" in epilog:
+        case.bias = g.vec(m, "float16" if inferred_c == "float16" else "bfloat16")
+    if epilog.startswith("GELU_AUX"):
+        kind = g.pick(["default", "default", "fp8", "fp8", "fp8", "c-type", "e5m2"])
+        aux = {"type": {"default": None, "fp8": "float8_e4m3fn", "c-type": inferred_c, "e5m2": "float8_e5m2"}[kind]}
+        if aux["type"] in FP8_TYPES:
+            aux["scale"] = (g.pick(["py", "py", "tensor0", "tensor1"]), float(g.pick([0.25, 0.45, 0.5, 1.0, 2.0])))
+            aux["amax"] = g.chance(0.5)
+        elif g.chance(0.05):
+            aux["amax"] = True  # refused: only an fp8 aux has an amax
+        case.aux = aux
+        case.forms["aux_type"] = g.pick(["same", "same", "name"])
+    elif epilog.startswith("RELU_AUX") and g.chance(0.05):
+        case.aux = {"type": "float8_e4m3fn", "scale": ("py", 0.5)}  # refused: the ReLU aux is a bitmask
+    case.mode = g.pick(["fn", "fn", "fn", "plan", "reset"])
+    if case.mode == "reset":  # new a and, for an fp8 aux, a new aux scale (nvmath-python's aux-scale reset)
+        case.reset = {"a": _fresh(g, a, 0.5)}
+        if case.aux and case.aux.get("scale"):
+            case.reset["aux_scale"] = (g.pick(["py", "tensor1"]), float(g.pick([0.25, 0.75, 1.5])))
+    return case
+
+
+REFCOUNT_ENDS = ("fn", "with", "with-noplan", "free", "release", "free-after-reset", "release-after-reset")
+
+
+def gen_refcount(g: Gen, index: int) -> Case:
+    """``sys.getrefcount`` of a, b, c, bias and the aux input (and of reset operands) before a plan and after it
+    ends: a function-form ``matmul`` call, a ``with Matmul(…)`` block (planned and executed, or not),
+    ``free()`` or ``release_operands()`` (with the plan still alive), after a reset or not; the results'
+    values are checked too."""
+    dtype = g.pick(["float32", "float32", "float64", "float16", "complex64"])
+    fw = g.fw_for(dtype, host=g.chance(0.35))
+    m, n, k = g.dim(hi=24), g.dim(hi=24), g.dim(lo=2, hi=24)
+    batch = g.batch(0.2, 1)
+    case = Case(index, "refcount", fw, g.arr((*batch, m, k), dtype), g.arr((*batch, k, n), dtype),
+                alpha=g.alpha(dtype), mode="refcount")
+    if g.chance(0.5):
+        if g.chance(0.25):
+            case.c, case.options = g.arr((*batch, m, n), dtype, offset=0), {"inplace": True}
+            case.c.grad = False
+        else:
+            case.c = _c_for(g, batch, m, n, dtype)
+        case.beta = g.beta(dtype)
+    if dtype not in COMPLEX_TYPES and g.chance(0.45):
+        case.epilog = g.pick(["BIAS", "RELU_BIAS", "GELU_AUX_BIAS", "RELU_AUX", "DRELU", "DGELU"])
+        if "BIAS" in case.epilog:
+            case.bias = g.vec(m, dtype)
+        if case.epilog in FORWARD_OF:
+            case.forward = _forward(g, FORWARD_OF[case.epilog], batch, m, n, dtype)
+    case.end = g.pick(REFCOUNT_ENDS)
+    if "reset" in case.end:
+        case.reset = _reset_spec(g, case, p_a=0.9, p_b=0.6, p_c=0.6, p_bias=0.6, p_alpha=0, p_beta=0)
+    return case
+
+
 GROUPS = {"dtype": (gen_dtype, 9), "layout": (gen_layout, 11), "vector": (gen_vector, 6), "batch": (gen_batch, 9),
           "epilog": (gen_epilog, 16), "aux": (gen_aux, 9), "fp8": (gen_fp8, 8), "host": (gen_host, 7),
           "options": (gen_options, 8), "complex": (gen_complex, 6), "stateful": (gen_stateful, 8),
-          "degenerate": (gen_degenerate, 6), "refuse": (gen_refuse, 5)}
+          "degenerate": (gen_degenerate, 6), "refuse": (gen_refuse, 5), "conj": (gen_conj, 8),
+          "inplace": (gen_inplace, 6), "fp8aux": (gen_fp8aux, 7), "refcount": (gen_refcount, 6)}
 
 
 def group_of(seed: int, index: int) -> str:
@@ -786,6 +1048,7 @@ class Step:
     aux: dict = field(default_factory=dict)
     inputs: dict = field(default_factory=dict)  # host copies the reference is computed from
     returned_c: bool = False  # the result is the very object passed as c (inplace)
+    snap: dict = field(default_factory=dict)  # host copies taken at once of outputs a later step overwrites (c)
 
 
 @dataclass
@@ -797,6 +1060,9 @@ class Run:
     traceback: str = ""
     modified_inputs: list = field(default_factory=list)
     phase: str = "setup"
+    problems: list = field(default_factory=list)  # wrong besides the values: autotune wrote to c before execute
+    leaks: dict = field(default_factory=dict)  # refcount: operand -> references the ended plan still holds
+    leak_end: str = ""
 
 
 def _sync(fw: str) -> None:
@@ -903,11 +1169,15 @@ def run_library(lib: Library, case: Case, nvmath_lib: Library, shared: dict) -> 
         a, b, c = env["a"], env["b"], env.get("c")
         poison(fw)
         if case.mode == "fn":
-            result = lib.mod.matmul(a, b, **({"c": c} if c is not None else {}), **kwargs["call"],
+            result = lib.mod.matmul(a, b, **({"c": c} if c is not None else {}), **_fresh_call(kwargs["call"]),
                                     **kwargs["plan"])
             _sync(fw)
             d, aux = _split(result)
             run.steps.append(Step("call", d, aux, base_inputs, returned_c=c is not None and d is c))
+        elif case.mode == "pair":
+            _pair(lib, case, env, kwargs, base_inputs, run)
+        elif case.mode == "refcount":
+            _refcount(lib, case, env, kwargs, base_inputs, run, aux_in)
         else:
             _stateful(lib, case, env, kwargs, base_inputs, run, nvmath_lib, aux_in)
         run.phase = "inputs check"
@@ -935,8 +1205,25 @@ def _check_context(exc: BaseException) -> None:
 
 def _reference_params(case: Case, kwargs: dict) -> dict:
     scales = {k: v for k, (_form, v) in (case.scales or {}).items()}
+    aux = case.aux or {}
     return {"alpha": case.alpha, "beta": case.beta, "epilog": case.epilog, "scales": scales,
-            "qualifiers": case.qualifiers or (False, False, False), "options": case.options or {}}
+            "qualifiers": case.qualifiers or (False, False, False), "options": case.options or {},
+            "aux_scale": aux["scale"][1] if aux.get("scale") else None, "aux_amax": bool(aux.get("amax"))}
+
+
+def _qualifiers(flags) -> np.ndarray:
+    q = np.zeros((3,), dtype=QUALIFIERS_DTYPE)
+    for i, flag in enumerate(flags):
+        q[i]["is_conjugate"] = int(flag)
+    return q
+
+
+def _fresh_call(call: dict) -> dict:
+    """Constructor keywords with a qualifiers array of their own: nvmath-python writes into the one it is
+    given (it folds a lazy conjugation into it), so no array is passed twice."""
+    if "qualifiers" not in call:
+        return call
+    return dict(call, qualifiers=call["qualifiers"].copy())
 
 
 def _call_kwargs(lib: Library, case: Case, env: dict, aux_in, nvmath_lib: Library) -> dict:
@@ -947,10 +1234,7 @@ def _call_kwargs(lib: Library, case: Case, env: dict, aux_in, nvmath_lib: Librar
     if case.beta is not OMIT:
         call["beta"] = case.beta
     if case.qualifiers is not None:
-        q = np.zeros((3,), dtype=QUALIFIERS_DTYPE)
-        for i, flag in enumerate(case.qualifiers):
-            q[i]["is_conjugate"] = int(flag)
-        call["qualifiers"] = q
+        call["qualifiers"] = _qualifiers(case.qualifiers)
     options = lib.options(case, nvmath_lib)
     if options is not OMIT:
         call["options"] = options
@@ -963,27 +1247,83 @@ def _call_kwargs(lib: Library, case: Case, env: dict, aux_in, nvmath_lib: Librar
             inputs["bias"] = env["bias"]
         if aux_in is not None:
             inputs["relu_aux" if "RELU" in case.epilog else "gelu_aux"] = aux_in
+        if case.aux and case.aux.get("scale"):
+            form, value = case.aux["scale"]
+            inputs["aux_quantization_scale"] = scalar_tensor(value, form, case.fw)
         if inputs:
             plan["epilog_inputs"] = inputs
     if case.preferences:
         plan["preferences"] = dict(case.preferences)
+    if case.aux and (case.aux.get("type") or case.aux.get("amax")):
+        epilog_preferences = {}
+        if case.aux.get("type"):
+            form = case.forms.get("aux_type", "same")
+            epilog_preferences["aux_type"] = lib.type_value("dtype", case.aux["type"], form, case.fw, nvmath_lib)
+        if case.aux.get("amax"):
+            epilog_preferences["aux_amax"] = True
+        plan["preferences"] = dict(plan.get("preferences") or {}, epilog=epilog_preferences)
     return {"call": call, "plan": plan}
+
+
+def _step(label: str, d, aux: dict, inputs: dict, c, snap: bool = False) -> Step:
+    step = Step(label, d, aux, inputs, returned_c=c is not None and d is c)
+    if snap:  # in place: the next execute() writes over this result
+        step.snap["d"] = host_exact(d)
+    return step
+
+
+def _apply_reset(lib, case: Case, env: dict, mm, reset: dict, prev_inputs: dict, aux_in, fw: str) -> dict:
+    """One reset_operands() call as ``reset`` says; the inputs the next execute() computes from."""
+    new_inputs, keywords = dict(prev_inputs), {}
+    inplace = bool((case.options or {}).get("inplace"))
+    for name in ("a", "b", "c"):
+        if name in reset:
+            env[name] = keywords[name] = realize(reset[name], (case.mixed_fw or {}).get(name, fw))
+            new_inputs[name] = host_exact(env[name])
+    if inplace and "c" not in reset and "c" in env:
+        new_inputs["c"] = host_exact(env["c"])  # c kept: it holds the previous result now
+    if "bias" in reset:
+        env["bias"] = realize(reset["bias"], fw)
+        new_inputs["bias"] = host_exact(env["bias"])
+        keywords["epilog_inputs"] = {"bias": env["bias"]}
+    if reset.get("aux"):
+        keywords.setdefault("epilog_inputs", {})["relu_aux" if "RELU" in case.epilog else "gelu_aux"] = aux_in
+    if "aux_scale" in reset:
+        form, value = reset["aux_scale"]
+        keywords.setdefault("epilog_inputs", {})["aux_quantization_scale"] = scalar_tensor(value, form, fw)
+        new_inputs["aux_scale"] = value
+    for name in ("alpha", "beta"):
+        if name in reset:
+            keywords[name] = reset[name]
+            new_inputs[name] = reset[name]
+    if case.mode == "reset_scales" or (case.mode == "release" and case.scales):
+        scales = _scales(case, reset.get("scales"))
+        keywords["quantization_scales"] = _build_scales(scales, fw)
+        new_inputs["scales"] = {k: v for k, (_form, v) in scales.items()}
+    if case.mode == "release":
+        mm.release_operands()
+    mm.reset_operands(**keywords)
+    return new_inputs
 
 
 def _stateful(lib, case, env, kwargs, base_inputs, run, nvmath_lib, aux_in) -> None:
     fw = case.fw
     a, b, c = env["a"], env["b"], env.get("c")
-    mm = lib.mod.Matmul(a, b, **({"c": c} if c is not None else {}), **kwargs["call"])
+    inplace = bool((case.options or {}).get("inplace"))
+    mm = lib.mod.Matmul(a, b, **({"c": c} if c is not None else {}), **_fresh_call(kwargs["call"]))
     try:
         run.phase = "plan"
         algorithms = mm.plan(**kwargs["plan"])
-        if case.mode == "autotune":
+        if case.mode in ("autotune", "inplace"):
             run.phase = "autotune"
             mm.autotune(iterations=2)
+            _sync(fw)
+            if inplace and c is not None and not np.array_equal(host_exact(c), base_inputs["c"], equal_nan=True):
+                run.problems.append("autotune: wrote to c before execute() (in place)")
         if case.mode == "algorithms":
             run.phase = "plan(algorithms=…)"
             chosen = list(algorithms)[:2]
-            other = lib.mod.Matmul(a, b, **({"c": c} if c is not None else {}), **kwargs["call"])
+            other = lib.mod.Matmul(a, b, **({"c": c} if c is not None else {}), **_fresh_call(kwargs["call"]))
             try:
                 other.plan(algorithms=chosen, **kwargs["plan"])
                 d, aux = _split(other.execute())
@@ -995,41 +1335,149 @@ def _stateful(lib, case, env, kwargs, base_inputs, run, nvmath_lib, aux_in) -> N
         run.phase = "execute"
         d, aux = _split(mm.execute())
         _sync(fw)
-        run.steps.append(Step("execute", d, aux, base_inputs, returned_c=c is not None and d is c))
+        run.steps.append(_step("execute", d, aux, base_inputs, c, snap=inplace))
         run.phase = case.mode
         if case.mode == "twice":
             d, aux = _split(mm.execute())
             _sync(fw)
-            run.steps.append(Step("execute again", d, aux, base_inputs))
+            run.steps.append(_step("execute again", d, aux, base_inputs, c, snap=inplace))
         elif case.mode in ("reset", "release", "reset_scales"):
-            reset, new_inputs = case.reset or {}, dict(base_inputs)
-            keywords = {}
-            for name in ("a", "b", "c"):
-                if name in reset:
-                    env[name] = keywords[name] = realize(reset[name], (case.mixed_fw or {}).get(name, fw))
-                    new_inputs[name] = host_exact(env[name])
-            if "bias" in reset:
-                env["bias"] = realize(reset["bias"], fw)
-                new_inputs["bias"] = host_exact(env["bias"])
-                keywords["epilog_inputs"] = {"bias": env["bias"]}
-            if reset.get("aux"):
-                keywords.setdefault("epilog_inputs", {})["relu_aux" if "RELU" in case.epilog else "gelu_aux"] = aux_in
-            if "alpha" in reset:
-                keywords["alpha"] = reset["alpha"]
-                new_inputs["alpha"] = reset["alpha"]
-            if case.mode == "reset_scales" or (case.mode == "release" and case.scales):
-                scales = _scales(case, reset.get("scales"))
-                keywords["quantization_scales"] = _build_scales(scales, fw)
-                new_inputs["scales"] = {k: v for k, (_form, v) in scales.items()}
-            if case.mode == "release":
-                mm.release_operands()
-            mm.reset_operands(**keywords)
+            new_inputs = _apply_reset(lib, case, env, mm, case.reset or {}, base_inputs, aux_in, fw)
             poison(fw)
             d, aux = _split(mm.execute())
             _sync(fw)
-            run.steps.append(Step(f"execute after {case.mode}", d, aux, new_inputs))
+            run.steps.append(_step(f"execute after {case.mode}", d, aux, new_inputs, env.get("c"), snap=inplace))
+        elif case.mode in ("resets", "inplace"):
+            inputs_now = base_inputs
+            for i, reset in enumerate(case.resets or []):
+                run.phase = f"reset {i + 1} ({','.join(sorted(reset))})"
+                inputs_now = _apply_reset(lib, case, env, mm, reset, inputs_now, aux_in, fw)
+                poison(fw)
+                run.phase = f"execute after reset {i + 1}"
+                d, aux = _split(mm.execute())
+                _sync(fw)
+                run.steps.append(_step(f"execute after reset {i + 1}", d, aux, inputs_now, env.get("c"), snap=inplace))
     finally:
         mm.free()
+
+
+def _pair(lib, case: Case, env: dict, kwargs: dict, base_inputs: dict, run: Run) -> None:
+    """matmul() calls in a row on the same shapes: the case's operands (conjugate views, qualifiers) and
+    'toggled' ones: the same storage with the conjugate bit cleared, or fresh plain tensors; each call with
+    the qualifiers ``case.seq`` gives it (a new array each time)."""
+    fw = case.fw
+    toggled = {}
+    for name in ("a", "b"):
+        arr = getattr(case, name)
+        if not arr.conj_view:
+            toggled[name] = env[name]
+        elif (case.reset or {}).get("share"):
+            toggled[name] = env[name].conj()  # a conjugate view's conj(): the plain tensor on the same memory
+        else:
+            toggled[name] = realize(case.reset[name], fw)
+    c = env.get("c")
+    call = {k: v for k, v in kwargs["call"].items() if k != "qualifiers"}
+    for i, spec in enumerate(case.seq or []):
+        ops = env if spec["ops"] == "case" else toggled
+        keywords = dict(call)
+        if spec["q"] is not None:
+            keywords["qualifiers"] = _qualifiers(spec["q"])
+        inputs = dict(base_inputs, a=host_exact(ops["a"]), b=host_exact(ops["b"]),
+                      qualifiers=spec["q"] or (False, False, False))
+        label = f"{'conjugate' if spec['ops'] == 'case' else 'plain'} call {i + 1}"
+        run.phase = label
+        poison(fw)
+        d, aux = _split(lib.mod.matmul(ops["a"], ops["b"], **({"c": c} if c is not None else {}), **keywords,
+                                       **kwargs["plan"]))
+        _sync(fw)
+        run.steps.append(Step(label, d, aux, inputs))
+
+
+def _refcounts(objects: dict) -> dict:
+    gc.collect()
+    return {name: sys.getrefcount(x) for name, x in objects.items()}
+
+
+def _refcount_reset(mm, new: dict, base_inputs: dict, c, inplace: bool) -> dict:
+    """reset_operands() with the new arrays (a function of its own: no local outlives it)."""
+    keywords, inputs = {}, dict(base_inputs)
+    for name in ("a", "b", "c"):
+        if name in new:
+            keywords[name] = new[name]
+            inputs[name] = host_exact(new[name])
+    if inplace and "c" not in new and c is not None:
+        inputs["c"] = host_exact(c)
+    if "bias" in new:
+        keywords["epilog_inputs"] = {"bias": new["bias"]}
+        inputs["bias"] = host_exact(new["bias"])
+    mm.reset_operands(**keywords)
+    return inputs
+
+
+def _refcount(lib, case: Case, env: dict, kwargs: dict, base_inputs: dict, run: Run, aux_in) -> None:
+    """Reference counts of every array handed to the library, before the plan and after it ends as
+    ``case.end`` says (measured while the ended Matmul object is still alive); what the results hold (D is
+    c in place) is allowed for. Every harness-held reference exists before the first count."""
+    fw = case.fw
+    objects = {name: env[name] for name in ("a", "b", "c", "bias") if name in env}
+    if aux_in is not None:
+        objects["aux"] = aux_in
+    reset = case.reset or {}
+    new = {name: realize(reset[name], fw) for name in ("a", "b", "c", "bias") if name in reset}
+    objects.update({f"new {name}": x for name, x in new.items()})
+    a, b, c = env["a"], env["b"], env.get("c")
+    operands = {"c": c} if c is not None else {}
+    call = _fresh_call(kwargs["call"])
+    inplace = bool((case.options or {}).get("inplace"))
+    end = case.end
+    first = len(run.steps)
+    before = _refcounts(objects)
+    run.phase = end
+    if end == "fn":
+        run.steps.append(_step("call", *_split(lib.mod.matmul(a, b, **operands, **call, **kwargs["plan"])),
+                               base_inputs, c))
+        _sync(fw)
+        after = _refcounts(objects)
+    elif end in ("with", "with-noplan"):
+        with lib.mod.Matmul(a, b, **operands, **call) as mm:
+            if end == "with":
+                mm.plan(**kwargs["plan"])
+                run.steps.append(_step("execute", *_split(mm.execute()), base_inputs, c))
+                _sync(fw)
+        after = _refcounts(objects)  # mm is still bound, as in nvmath-python's test
+        del mm
+    else:
+        mm = lib.mod.Matmul(a, b, **operands, **call)
+        freed = False
+        try:
+            mm.plan(**kwargs["plan"])
+            run.steps.append(_step("execute", *_split(mm.execute()), base_inputs, c, snap=inplace))
+            _sync(fw)
+            if "reset" in end:
+                run.phase = f"{end}: reset"
+                inputs = _refcount_reset(mm, new, base_inputs, c, inplace)
+                run.steps.append(_step("execute after reset", *_split(mm.execute()), inputs, new.get("c", c),
+                                       snap=inplace))
+                _sync(fw)
+                del inputs
+            run.phase = end
+            if end.startswith("free"):
+                mm.free()
+                freed = True
+            else:
+                mm.release_operands()
+            after = _refcounts(objects)  # the Matmul object is still alive
+        finally:
+            if not freed:
+                mm.free()
+    # what the harness's own new records hold: the results (D is c in place) and a reset step's inputs (a
+    # copy of base_inputs, which holds the aux input itself)
+    records = [(s.d, *s.aux.values(), *(s.inputs.values() if s.inputs is not base_inputs else ()))
+               for s in run.steps[first:]]
+    held = {name: sum(1 for r in records for y in r if y is x) for name, x in objects.items()}
+    run.leaks = {name: after[name] - held[name] - before[name] for name in objects
+                 if after[name] - held[name] != before[name]}
+    run.leak_end = end
 
 
 # ---- the float64 reference ----------------------------------------------------------------------------------------
@@ -1103,7 +1551,14 @@ def reference(inputs: dict, d_dtype: str, compute: str, aux_dtypes: dict) -> dic
     if "RELU_AUX" in epilog:
         out["relu_aux"] = ("mask", z, bound(size, z, "float32") + bias_rounding)
     if "GELU_AUX" in epilog:
-        out["gelu_aux"] = ("pre", z, bound(size, z, aux_dtypes.get("gelu_aux", d_dtype)) + bias_rounding)
+        # an fp8 aux holds aux_quantization_scale * z; its amax is max|z| (or, should cuBLASLt read it after
+        # the scale, max|scale * z|: either is accepted, and the two libraries are compared)
+        s_aux = inputs.get("aux_scale")
+        s_aux = 1.0 if s_aux is None else float(s_aux)
+        out["gelu_aux"] = ("pre", s_aux * z, bound(abs(s_aux) * size, s_aux * z, aux_dtypes.get("gelu_aux", d_dtype))
+                           + abs(s_aux) * bias_rounding)
+        if inputs.get("aux_amax"):
+            out["gelu_aux_amax"] = ("amax", np.abs(z).max() if z.size else 0.0, s_aux)
     if epilog in ("DRELU_BGRAD", "DGELU_BGRAD"):
         name = epilog.lower()
         vec = d.sum(axis=-1)
@@ -1120,7 +1575,7 @@ def reference(inputs: dict, d_dtype: str, compute: str, aux_dtypes: dict) -> dic
         out["bgradb"] = ("vec", [vec, alpha * vec], 4 * k * u_acc * np.abs(B2).sum(axis=-2)
                          + 2 * U_OUT.get(aux_dtypes.get("bgradb", d_dtype), 2.0**-23) * np.abs(B2).sum(axis=-2))
     if (inputs.get("options") or {}).get("result_amax"):
-        out["result_amax"] = ("amax", np.abs(d).max() if d.size else 0.0, None)
+        out["result_amax"] = ("amax", np.abs(d).max() if d.size else 0.0, sd)
     if d_dtype in FP8_TYPES:
         d, d_size = sd * d, abs(sd) * d_size
     if a_vec:
@@ -1182,15 +1637,17 @@ def check_values(step: Step, case: Case) -> list[str]:
             if wrong.any():
                 problems.append(f"{name}: {int(wrong.sum())} of {int(decided.sum())} decided mask bits wrong")
             continue
-        got = host_exact(got_obj)
+        got = step.snap[name] if name in step.snap else host_exact(got_obj)
         if kind == "pre":
             got = got[..., : value.shape[-2], :]
-        if kind == "amax":
+        if kind == "amax":  # ``bound`` holds the scale the amax may have been read after (D's, the aux's)
+            alt = abs(float(bound)) if bound is not None else 1.0
             ok = np.isfinite(got).all() and got.size == 1 and any(
                 abs(float(got.reshape(-1)[0].real) - t) <= 1e-2 * max(t, 1e-30) for t in
-                (float(value), float(value) * float(step.inputs.get("scales", {}).get("d", 1.0))))
+                (float(value), float(value) * alt))
             if not ok:
-                problems.append(f"{name}: {got.reshape(-1)[:1]} vs max|D| {float(value):.6g}")
+                what = "max|D|" if name == "result_amax" else "max|aux|"
+                problems.append(f"{name}: {got.reshape(-1)[:1]} vs {what} {float(value):.6g}")
             continue
         if kind == "vec" and got.shape != value.shape and got.size == value.size:
             got = got.reshape(value.shape)  # (…, M, 1) against (…, M): the shape is compared between libraries
@@ -1277,6 +1734,20 @@ def _judge(case: Case, mine: Run, theirs: Run) -> Verdict:
     their_values = [p for s in theirs.steps for p in (f"{s.label}: {x}" for x in check_values(s, case))]
     if mine.modified_inputs:
         my_values.append(f"modified its inputs {mine.modified_inputs}")
+    my_values += mine.problems
+    their_values += theirs.problems
+    # reference counts: a count nvmath-python does not restore either is not held against nvblaslt
+    own, shared_leaks = sorted(set(mine.leaks) - set(theirs.leaks)), sorted(set(mine.leaks) & set(theirs.leaks))
+    their_own = sorted(set(theirs.leaks) - set(mine.leaks))
+    if own:
+        my_values.append(f"{mine.leak_end}: references not released: "
+                         + ", ".join(f"{name} {mine.leaks[name]:+d}" for name in own))
+    if shared_leaks:
+        their_values.append(f"{theirs.leak_end}: references not released by either library: "
+                            + ", ".join(f"{name} {theirs.leaks[name]:+d}" for name in shared_leaks))
+    if their_own:
+        their_values.append(f"{theirs.leak_end}: references not released: "
+                            + ", ".join(f"{name} {theirs.leaks[name]:+d}" for name in their_own))
     mine_ok, theirs_ok = mine.error is None, theirs.error is None
     if my_values:
         return Verdict("wrong-nvblaslt", "; ".join(my_values[:4]), my_values[0].split(":")[0])
@@ -1324,6 +1795,10 @@ def _is_column_major(x) -> bool:
                                                                                  and strides[-2] != 1)
 
 
+_FAKE_KEPT: list = []  # the planted refcount defect keeps its operands here
+_FAKE_CONJ_CACHE: dict = {}  # the planted conj-cache defect: conjugate flags cached by shape
+
+
 class _FakeMatmul:
     """nvmath-python's matmul semantics as this harness understands them, computed with NumPy."""
 
@@ -1336,13 +1811,26 @@ class _FakeMatmul:
         self.lib, self.ops = lib, {"a": a, "b": b, "c": c}
         self.alpha, self.beta = alpha, beta
         self.conj = tuple(bool(q["is_conjugate"]) for q in qualifiers) if qualifiers is not None else (False,) * 3
+        if lib.bug == "conj-ignored":
+            self.conj = (False, False, False)
         self.options = dict(options or {})
+        if self.options.get("inplace") and (c is None or np.shape(c) != np.broadcast_shapes(
+                np.shape(a)[:-2], np.shape(b)[:-2]) + (np.shape(a)[-2], np.shape(b)[-1])):
+            raise ValueError("in place: c must be the full result")
         self.scales = dict(quantization_scales or {})
         self.epilog, self.inputs = None, {}
+        if lib.bug == "refcount":
+            _FAKE_KEPT.extend(x for x in (a, b, c) if x is not None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
 
     def plan(self, *, epilog=None, epilog_inputs=None, preferences=None, algorithms=None, stream=None):
         self.epilog = epilog.name if epilog is not None else None
-        self.inputs = dict(epilog_inputs or {})
+        self.inputs = {k: v for k, v in (epilog_inputs or {}).items() if k != "aux_quantization_scale"}
         name = self.epilog or ""
         required = ({"bias"} if "BIAS" in name and "BGRAD" not in name else set()) | (
             {"relu_aux"} if name.startswith("DRELU") else set()) | ({"gelu_aux"} if name.startswith("DGELU") else set())
@@ -1353,10 +1841,13 @@ class _FakeMatmul:
         return ["algorithm-0", "algorithm-1"]
 
     def autotune(self, iterations=10, **kwargs):
-        pass
+        c = self.ops["c"]
+        if self.lib.bug == "inplace-autotune" and self.options.get("inplace") and c is not None:
+            c[...] = 2 * c + 1  # a timing launch written to the caller's c
 
     def release_operands(self):
         self.ops = {k: None for k in self.ops}
+        self.inputs = {k: None for k in self.inputs}
 
     def reset_operands(self, *, a=None, b=None, c=None, alpha=None, beta=None, epilog_inputs=None,
                        quantization_scales=None, stream=None):
@@ -1369,9 +1860,11 @@ class _FakeMatmul:
         self.scales.update(quantization_scales or {})
 
     def free(self):
-        pass
+        self.ops, self.inputs = {}, {}
 
     def execute(self, *, algorithm=None, stream=None, release_workspace=False):
+        if not self.ops or self.ops["a"] is None:
+            raise RuntimeError("execute() after free() or release_operands()")
         a, b, c = self.ops["a"], self.ops["b"], self.ops["c"]
         options = self.options
         inputs = {"a": host_exact(a), "b": host_exact(b), "alpha": self.alpha, "beta": self.beta, "epilog": self.epilog,
@@ -1451,6 +1944,9 @@ class FakeLibrary(Library):
 
     def matmul(self, a, b, c=None, *, epilog=None, epilog_inputs=None, preferences=None, algorithm=None, **kwargs):
         mm = _FakeMatmul(self, a, b, c, **kwargs)
+        if self.bug == "conj-cache":  # a plan cache whose key leaves the conjugate flags out
+            key = (np.shape(a), np.shape(b), np.shape(c), str(a.dtype))
+            mm.conj = _FAKE_CONJ_CACHE.setdefault(key, mm.conj)
         mm.plan(epilog=epilog, epilog_inputs=epilog_inputs, preferences=preferences)
         return mm.execute()
 
@@ -1496,6 +1992,19 @@ def run_case(case: Case, libs: dict) -> tuple[Verdict, Run | None, Run | None]:
     mine = run_library(libs["nvblaslt"], case, libs["nvmath"], shared)
     verdict = judge(case, mine, theirs)
     return verdict, mine, theirs
+
+
+def _summary(label: str, counts, skipped: bool = True) -> str:
+    """``label: N cases: …`` with every verdict's count (the overall line and each group's)."""
+    total = sum(counts[c] for c in CATEGORIES if c != "skipped")
+    line = (f"{label}: {total} cases: {counts['both-ok']} both ok, {counts['both-refused']} both refused, "
+            f"{counts['gap']} gaps, {counts['mismatch']} mismatches, {counts['wrong-nvblaslt']} wrong (nvblaslt), "
+            f"{counts['wrong-nvmath']} wrong (nvmath), {counts['nvblaslt-only']} nvblaslt-only")
+    if counts["harness"]:
+        line += f", {counts['harness']} harness"
+    if skipped and counts["skipped"]:
+        line += f" ({counts['skipped']} skipped)"
+    return line
 
 
 def main(argv=None) -> int:
@@ -1576,11 +2085,13 @@ def main(argv=None) -> int:
             case = make_case(args.seed, index, frameworks)
         except CaseSkipped:
             counts["skipped"] += 1
+            by_group[group_of(args.seed, index)]["skipped"] += 1
             continue
         try:
             verdict, mine, theirs = run_case(case, libs)
         except CaseSkipped as exc:
             counts["skipped"] += 1
+            by_group[case.group]["skipped"] += 1
             if args.verbose:
                 print(f"  skipped {case.describe()}: {exc}")
             continue
@@ -1612,7 +2123,6 @@ def main(argv=None) -> int:
                 f"{counts[c]} {c}" for c in CATEGORIES if counts[c]), flush=True)
     if log:
         log.close()
-    total = sum(counts[c] for c in CATEGORIES if c != "skipped")
     print()
     order = {"wrong-nvblaslt": 0, "mismatch": 1, "gap": 2, "harness": 3, "wrong-nvmath": 4, "nvblaslt-only": 5,
              "both-refused": 6}
@@ -1624,16 +2134,14 @@ def main(argv=None) -> int:
         index = re.search(r"#(\d+)", desc).group(1)
         print(f"[{category}] {group} ×{len(items)}: {detail[:300]}\n    e.g. {desc}\n"
               f"    repro: PYTHONPATH=. python tests/nvmath_diff.py {repro_options} --case {index}")
-    print("\nper group: " + "; ".join(f"{g} " + ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
-                                      for g, c in sorted(by_group.items())))
+    print("\nper group (bucket):")
+    for group in [g for g in GROUPS if g in by_group]:
+        print("  " + _summary(f"group {group}", by_group[group]))
     if counts["skipped"]:
         print(f"({counts['skipped']} cases skipped: a framework or dtype is missing here)")
     if counts["harness"]:
         print(f"({counts['harness']} cases the harness could not judge: see [harness] above)")
-    print(f"nvmath_diff: {total} cases: {counts['both-ok']} both ok, {counts['both-refused']} both refused, "
-          f"{counts['gap']} gaps, {counts['mismatch']} mismatches, {counts['wrong-nvblaslt']} wrong (nvblaslt), "
-          f"{counts['wrong-nvmath']} wrong (nvmath), {counts['nvblaslt-only']} nvblaslt-only "
-          f"[{time.perf_counter() - start:.0f} s]")
+    print(f"{_summary('nvmath_diff', counts, skipped=False)} [{time.perf_counter() - start:.0f} s]")
     if lost:
         print(f"nvmath_diff: stopped early, the CUDA context was lost at {lost}")
         return 2
