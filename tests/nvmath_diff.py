@@ -21,7 +21,8 @@ reset_operands, execute: autotune must leave c alone), fp8aux (FP8 with fp8/bf16
 scale, amax, RELU_AUX/GELU_AUX(_BIAS) aux outputs with their aux type, scale and amax) and refcount
 (``sys.getrefcount`` of every operand back where it was after free(), a ``with`` block,
 release_operands() or a function-form call; nvmath-python is measured the same way, and a count it
-misses too is not held against nvblaslt). ``--case I`` reruns one case with tracebacks. The summary
+misses too is not held against nvblaslt); host also draws 1-D operands and an in-place c, and stateful
+several resets in a row. ``--case I`` reruns one case with tracebacks. The summary
 prints one line per group and an overall line. Exit status 1 on any nvblaslt wrong result or
 mismatch, 2 when the CUDA context was lost.
 """
