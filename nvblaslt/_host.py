@@ -75,23 +75,39 @@ def _copy_strided(source: int, source_strides, target: int, target_strides, shap
     view(target, target_strides)[...] = view(source, source_strides)
 
 
+def _conjugate_strided(host: Operand, target: int, target_strides) -> None:
+    """The complex conjugate of a host operand's values, written to host memory at ``target``."""
+    import numpy as np  # every package with lazy conjugate views (PyTorch) comes with NumPy
+
+    dtype = np.dtype(host.dtype.name)
+
+    def view(pointer, strides):
+        nbytes = _memory.span_elements(host.shape, strides) * dtype.itemsize
+        raw = np.frombuffer((ctypes.c_char * nbytes).from_address(pointer), dtype=dtype)
+        return np.lib.stride_tricks.as_strided(raw, host.shape, tuple(s * dtype.itemsize for s in strides))
+    if math.prod(host.shape):
+        np.conjugate(view(host.ptr, host.strides), out=view(target, target_strides))
+
+
 def stage(op: Operand, device: int, stream: int) -> tuple[Operand, _memory.DeviceBuffer]:
-    """A device copy of a host operand (see ``device_strides``); the buffer keeps it alive."""
+    """A device copy of a host operand (see ``device_strides``); the buffer keeps it alive. A lazy
+    conjugate view is copied conjugated: the copy holds the values it means, and needs no OP_C."""
     strides = device_strides(op)
     buffer = _memory.DeviceBuffer(_span_bytes(op.shape, strides, op.dtype), stream)
     refresh(op, buffer.pointer, strides, stream)
-    staged = Operand(op.obj, buffer.pointer, op.shape, strides, op.dtype, device, op.readonly, op.kind,
-                     conjugated=op.conjugated)  # the copy holds the same unconjugated values
+    staged = Operand(op.obj, buffer.pointer, op.shape, strides, op.dtype, device, op.readonly, op.kind)
     return staged, buffer
 
 
 def refresh(host: Operand, device_pointer: int, strides: tuple[int, ...], stream: int) -> None:
-    """Copy a host operand's current values into its device copy, laid out with element ``strides``;
-    waits for ``stream``."""
+    """Copy a host operand's current values (conjugated, for a lazy conjugate view) into its device
+    copy, laid out with element ``strides``; waits for ``stream``."""
     nbytes = _span_bytes(host.shape, strides, host.dtype)
     pinned = PinnedBuffer(nbytes)
     try:
-        if strides == host.strides:
+        if host.conjugated:
+            _conjugate_strided(host, pinned.pointer, strides)
+        elif strides == host.strides:
             ctypes.memmove(pinned.pointer, host.ptr, nbytes)
         else:
             _copy_strided(host.ptr, host.strides, pinned.pointer, strides, host.shape, host.dtype.itemsize)

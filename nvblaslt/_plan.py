@@ -150,7 +150,7 @@ class Matmul:
         if options.result_amax and types.d not in _dtypes.FLOAT8:
             raise NvblasltValueError(f"options.result_amax: only fp8 results have an amax, the result is "
                                      f"{types.d.name}")
-        self._scales = Scales(types, self._device)
+        self._scales = Scales(types, self._device, self._host)
         scales = self._scales.check(quantization_scales, self._stream)
         if scales:
             with _cuda.on_device(self._device):
@@ -705,8 +705,8 @@ class Matmul:
             if _operands.kind_of(new) != self._kind or op.host != self._host:
                 raise NvblasltTypeError(f"{name}: expected an array like the original ({self._kind}, "
                                         f"{'host' if self._host else 'GPU'} memory)")
-            if op.host:  # copied into the device copy's own layout: any strides will do
-                _require_same(name, self._host_operands[name], op, ("shape", "dtype", "conjugated"))
+            if op.host:  # copied (conjugated, for a conjugate view) into the device copy's layout: any strides do
+                _require_same(name, self._host_operands[name], op, ("shape", "dtype"))
             else:
                 _require_same(name, old, op)
             operands[name] = op
@@ -758,7 +758,7 @@ class Matmul:
                 self._host_operands[name] = op
                 _host.refresh(op, old.ptr, old.strides, stream_h)  # into the device copy's layout
                 op = _operands.Operand(op.obj, old.ptr, op.shape, old.strides, op.dtype, self._device, op.readonly,
-                                       op.kind, conjugated=op.conjugated)
+                                       op.kind)
             self._operands[name] = op
         for key, (op, new) in inputs.items():
             if new is None:

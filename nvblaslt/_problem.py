@@ -275,16 +275,6 @@ def canonical(operands: Operands, epilog: MatmulEpilog) -> Problem:
                                  f"takes c's order; got a row-major c (strides {c_strides_given}); pass c "
                                  f"in column-major order")
     preferred = _variant(operands, epilog, transposed=order == ROW)
-    if _conjugates_row_major(preferred) and not spec.needs_column_major:
-        # cuBLASLt has no kernel for OP_C on row-major storage, which a conjugated operand stored in the
-        # result's order needs when D is column-major. The same numbers in the same memory, the problem
-        # taken the other way round with D (and C) in cuBLASLt's row-major order, put OP_C on
-        # column-major storage, as nvmath-python lays it out.
-        try:
-            other = _variant(operands, epilog, transposed=order != ROW, d_order=ROW)
-        except NvblasltValueError:
-            return preferred
-        return preferred if _conjugates_row_major(other) else other
     fixed = operands.c is not None or spec.needs_column_major
     if not fixed and any(side.layout.order != COL for side in (preferred.a, preferred.b)):
         # Only cuBLASLt's row-major storage could give D in A's order (seen with conjugated operands, which
@@ -298,15 +288,11 @@ def canonical(operands: Operands, epilog: MatmulEpilog) -> Problem:
     return preferred
 
 
-def _conjugates_row_major(problem: Problem) -> bool:
-    return any(side.op == OP_C and side.layout.order == ROW for side in (problem.a, problem.b))
-
-
-def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool, d_order: int = COL) -> Problem:
-    """The problem as cuBLASLt runs it: D (or Dᵀ, ``transposed``) stored in ``d_order``."""
+def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool) -> Problem:
     t = operands.types
     m, n, k = operands.m, operands.n, operands.k
     cuda_epilog = transposed_epilog(epilog) if transposed else epilog
+    order = ROW if transposed else COL
     conj_a, conj_b = operands.conjugate
     # constraints cuBLASLt puts on the operations (as nvmath-python observes them)
     need_a = OP_T if t.fp8 else (OP_N if cuda_epilog == MatmulEpilog.BGRADA else None)
@@ -322,19 +308,15 @@ def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool, d_order
         b = _side(operands.a, t.a, True, conj_a, need_b, "a", "a", why_b)
         rows, cols = n, m
     batched = operands.batch_count > 1
-    row_d = d_order == ROW
-    if row_d and operands.c_broadcast_columns:
-        raise NvblasltValueError("c: a broadcast (M, 1) c needs a column-major D")
-    caller_order = ROW if transposed != row_d else COL  # how the caller's C and D are stored
     if operands.inplace:
         c_matrix = operands.c
         assert c_matrix is not None  # Operands refuses inplace without c
-        ld = c_matrix.orders()[caller_order]
-        d = Layout(t.d, rows, cols, ld, d_order, c_matrix.batch_stride if batched else 0)
+        ld = c_matrix.orders()[order]
+        d = Layout(t.d, rows, cols, ld, COL, c_matrix.batch_stride if batched else 0)
         c = d
         result_shape, result_strides = c_matrix.op.shape, c_matrix.op.strides
     else:
-        d = Layout(t.d, rows, cols, cols if row_d else rows, d_order, rows * cols if batched else 0)
+        d = Layout(t.d, rows, cols, rows, COL, rows * cols if batched else 0)
         c = None
         if operands.c is not None:
             cm: Matrix = operands.c
@@ -342,12 +324,8 @@ def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool, d_order
             if operands.c_broadcast_columns:  # ld 0: every column reads the same (M, 1) vector
                 c = Layout(t.c, rows, cols, 0, COL, batch_stride)
             else:
-                c = Layout(t.c, rows, cols, cm.orders()[caller_order], d_order, batch_stride)
-        # the caller's (i, j) is D's (i, j), or (j, i) when transposed; rows: the caller's N when transposed
-        if row_d:
-            matrix_strides = (1, cols) if transposed else (cols, 1)
-        else:
-            matrix_strides = (rows, 1) if transposed else (1, rows)
+                c = Layout(t.c, rows, cols, cm.orders()[order], COL, batch_stride)
+        matrix_strides = (rows, 1) if transposed else (1, rows)  # rows: the caller's N when transposed
         shape = [*operands.batch_shape, m, n]
         strides = [*c_strides(operands.batch_shape, m * n), *matrix_strides]
         if operands.b_vector:  # NumPy matmul: the promoted dimensions leave the result

@@ -82,9 +82,10 @@ class Scales:
     ``buffer``), an ``Operand`` for a float32 GPU array. The plan owns ``buffer``'s lifetime, as it
     owns its workspace's: it orders it after its streams and releases it."""
 
-    def __init__(self, types, device: int):
+    def __init__(self, types, device: int, host: bool = False):
         self._types = types
         self._device = device
+        self._host = host  # host operands: a scale may be a one-element host array, read as a number
         self._values: dict = {}
         self.buffer: _memory.DeviceBuffer | None = None  # made by the first write of a number
 
@@ -115,6 +116,9 @@ class Scales:
                 continue
             if not isinstance(value, float):
                 op = _operands.read(value, name, stream)
+                if op.host and self._host and op.dtype == _dtypes.FLOAT32 and op.shape in ((), (1,)):
+                    checked[key] = _scale_value(ctypes.c_float.from_address(op.ptr).value, name)  # a number, as staged
+                    continue
                 if op.host or op.dtype != _dtypes.FLOAT32 or op.shape not in ((), (1,)) or op.device != self._device:
                     raise NvblasltValueError(f"{name}: expected a number or a float32 GPU array of shape () or (1,) on "
                                              f"GPU {self._device}, got {op.describe()}")
