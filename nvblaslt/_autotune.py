@@ -29,14 +29,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from cuda.bindings import runtime as cudart
 
-from . import _cuda, _search, _tuning_cache
+from . import _search, _timing, _tuning_cache
 from ._descriptors import HeuristicResult
 from ._errors import CublasLtError
 from ._memory import DeviceBuffer
 from ._split_bgrad import MASKING, SplitBiasGradient
 from ._streams import stream_handle
+from ._timing import Timer, shuffled, shuffled_rounds
 
 logger = logging.getLogger("nvblaslt")
 
@@ -62,47 +62,6 @@ PROGRESS_S = 2.0  # seconds between progress lines
 
 
 # ---- timing ---------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _l2_bytes(device: int) -> int:
-    return _cuda.device_properties(device).l2CacheSize
-
-
-class Timer:
-    """Milliseconds of one call on ``stream``, L2 flushed before it, CUDA events around it."""
-
-    def __init__(self, device: int, stream: int):
-        self.stream = stream
-        self._flush = DeviceBuffer(max(2 * _l2_bytes(device), 1 << 20), stream)
-        self._start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
-        self._stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
-
-    def __call__(self, run: Callable[[], object], prepare: Callable[[], object] | None = None) -> float:
-        """Time ``run()``; ``prepare()`` (host-side set-up, such as selecting the algorithm) runs first, untimed."""
-        if prepare is not None:
-            prepare()
-        stream = self.stream
-        _cuda.check(cudart.cudaMemsetAsync(self._flush.pointer, 0, self._flush.size, stream), "cudaMemsetAsync")
-        _cuda.check(cudart.cudaEventRecord(self._start, stream), "cudaEventRecord")
-        run()
-        _cuda.check(cudart.cudaEventRecord(self._stop, stream), "cudaEventRecord")
-        _cuda.check(cudart.cudaEventSynchronize(self._stop), "cudaEventSynchronize")
-        return _cuda.check(cudart.cudaEventElapsedTime(self._start, self._stop), "cudaEventElapsedTime")
-
-    def synchronize(self) -> None:
-        _cuda.check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
-
-    def close(self) -> None:
-        cudart.cudaEventDestroy(self._start)
-        cudart.cudaEventDestroy(self._stop)
-        self._flush.release()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 @dataclass
 class Contestant:
     """One thing to time: ``prepare`` (untimed) then ``run`` (timed)."""
@@ -137,29 +96,13 @@ def _runnable(plan, candidates: list[HeuristicResult], stream: int) -> list[Heur
 
 
 def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> list[list[float]]:
-    """Samples (ms) of each contestant over ``rounds`` interleaved rounds, after one warm-up run each."""
+    """Samples (ms) of each contestant over ``rounds`` shuffled rounds, after one warm-up run each."""
     for contestant in contestants:  # module load, first-launch costs
         if contestant.prepare is not None:
             contestant.prepare()
         contestant.run()
     timer.synchronize()
-    samples: list[list[float]] = [[] for _ in contestants]
-    shuffler = _new_shuffler()  # fresh orders on every call: no order shared by every tuning
-    for _ in range(max(1, rounds)):
-        for index in _shuffled(shuffler, len(contestants)):
-            contestant = contestants[index]
-            samples[index].append(timer(contestant.run, contestant.prepare))
-    return samples
-
-
-_new_shuffler: Callable[[], random.Random] = random.Random  # tests seed it, to replay a tuning exactly
-
-
-def _shuffled(shuffler: random.Random, count: int) -> list[int]:
-    """0 … count-1 in a fresh order (see the module's note on neighbours)."""
-    order = list(range(count))
-    shuffler.shuffle(order)
-    return order
+    return shuffled_rounds(contestants, rounds, lambda contestant: timer(contestant.run, contestant.prepare))
 
 
 def time_calls(device: int, calls: list, stream: int, iterations: int) -> list[float]:
@@ -259,7 +202,7 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
     each_alpha = alpha / max(1, len(challengers))
     incumbent_samples: list[float] = []
     rounds, last_report = 0, time.perf_counter()
-    shuffler = shuffler or _new_shuffler()
+    shuffler = shuffler or _timing.new_shuffler()
     for contestant in [incumbent, *challengers]:  # warm-up
         if contestant.prepare is not None:
             contestant.prepare()
@@ -272,7 +215,7 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
         round_started = time.perf_counter()
         order: list = [None, *alive]  # None: the incumbent
         times = {}
-        for entry in (order[i] for i in _shuffled(shuffler, len(order))):
+        for entry in (order[i] for i in shuffled(shuffler, len(order))):
             contestant = incumbent if entry is None else entry.contestant
             times[id(entry)] = timer(contestant.run, contestant.prepare)
         incumbent_ms = times[id(None)]

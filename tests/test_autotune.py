@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nvblaslt import _autotune, _search, _tuning_cache
+from nvblaslt import _autotune, _search, _timing, _tuning_cache
 from nvblaslt._autotune import Contestant, duel, faster_confidence, median_bounds
 from nvblaslt._epilogs import MatmulEpilog
 
@@ -184,7 +184,7 @@ def simulated(monkeypatch):
         plan = StandInPlan(heuristic_ids, speeds, epilog)
         generator = random.Random(seed)
         orders = random.Random(seed + 1000)  # the rounds' orders too: a run replays exactly
-        monkeypatch.setattr(_autotune, "_new_shuffler", lambda: random.Random(orders.random()))
+        monkeypatch.setattr(_timing, "new_shuffler", lambda: random.Random(orders.random()))
 
         class Timer:
             calls = 0
