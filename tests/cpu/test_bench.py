@@ -12,7 +12,7 @@ import pytest
 
 from nvblaslt import _bench
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def made_up_results() -> dict:

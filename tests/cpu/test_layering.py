@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("nvblaslt", "codegen")
 GENERATED = "nvblaslt._generated"  # imported by the package, never edited by hand: not checked
 

@@ -21,7 +21,7 @@ import pytest
 from nvblaslt import _search, _tuning_cache
 from nvblaslt._tuning_cache import TuningCache, TuningCacheWarning, cache_at, cache_path, parse, valid_entry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ALGO = "ab" * 64
 
 
