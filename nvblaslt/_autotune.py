@@ -1,11 +1,9 @@
 """Time a plan's algorithms and choose one: ``autotune`` over the heuristic list, and the search
 beyond it, which never loses to it.
 
-Timing: CUDA events around each run, L2 flushed before it (every run reads its operands from
-device memory, as in a real workload), runs interleaved in rounds (clocks drift as the GPU heats
-up; interleaving spreads the drift over every candidate alike). Each round runs its contestants in
-a fresh order: in a fixed or rotated order a contestant always follows the same neighbour, and at
-the seed's shape on an H200 that alone made one kernel read up to 6 % faster than itself.
+Timing (``_timing``): CUDA events around each trial launch, L2 flushed before it (every run reads
+its operands from device memory, as in a real workload), runs interleaved in shuffled rounds
+(clocks drift as the GPU heats up; interleaving spreads the drift over every candidate alike).
 
 The search keeps an incumbent, autotune's pick, and switches only to a challenger that is faster
 beyond the measured noise. Candidates are screened cheaply first (one run each, next to a run of
@@ -33,8 +31,7 @@ from dataclasses import dataclass, field
 from . import _search, _timing, _tuning_cache
 from ._descriptors import HeuristicResult
 from ._errors import CublasLtError
-from ._memory import DeviceBuffer
-from ._split_bgrad import MASKING, SplitBiasGradient
+from ._epilogs import MASKING
 from ._streams import stream_handle
 from ._timing import Timer, shuffled, shuffled_rounds
 
@@ -74,7 +71,7 @@ class Contestant:
 
 def _algorithm(plan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
     return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan.trial_run(stream),
-                      lambda: plan._select(result), result)
+                      lambda: plan.launch.select(result), result)
 
 
 def _runnable(plan, candidates: list[HeuristicResult], stream: int) -> list[HeuristicResult]:
@@ -82,7 +79,7 @@ def _runnable(plan, candidates: list[HeuristicResult], stream: int) -> list[Heur
     aux epilogs with M=1); those are left out of the timing and of the plan's list."""
     kept: list[HeuristicResult] = []
     for candidate in candidates:
-        plan._select(candidate)
+        plan.launch.select(candidate)
         try:
             plan.trial_run(stream)
         except CublasLtError as error:
@@ -91,7 +88,8 @@ def _runnable(plan, candidates: list[HeuristicResult], stream: int) -> list[Heur
             logger.info("autotune: cublasLtMatmul refused %s; left out", _tuning_cache.describe_algorithm(candidate))
             continue
         kept.append(candidate)
-    plan.algorithms = [r for r in plan.algorithms if any(r is k for k in kept)] or plan.algorithms
+    launch = plan.launch
+    launch.algorithms = [r for r in launch.algorithms if any(r is k for k in kept)] or launch.algorithms
     return kept
 
 
@@ -103,20 +101,6 @@ def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> li
         contestant.run()
     timer.synchronize()
     return shuffled_rounds(contestants, rounds, lambda contestant: timer(contestant.run, contestant.prepare))
-
-
-def time_calls(device: int, calls: list, stream: int, iterations: int) -> list[float]:
-    """Median milliseconds of each zero-argument call, each preceded by an L2 flush, round-robin."""
-    with Timer(device, stream) as timer:
-        samples = _round_robin(timer, [Contestant(str(i), call) for i, call in enumerate(calls)], iterations)
-    return [statistics.median(s) for s in samples]
-
-
-def time_algorithms(plan, candidates, stream: int, iterations: int) -> list[tuple[HeuristicResult, float]]:
-    """[(HeuristicResult, median ms)] for every candidate algorithm of ``plan``, fastest first."""
-    with Timer(plan._device, stream) as timer:
-        samples = _round_robin(timer, [_algorithm(plan, c, stream) for c in candidates], iterations)
-    return sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
 
 
 # ---- deciding on noisy paired samples ------------------------------------------------------------------
@@ -289,21 +273,6 @@ class TuningReport:
 
 
 # ---- the search -----------------------------------------------------------------------------------------
-def _ensure_workspace(plan, nbytes: int, timer: Timer) -> None:
-    """Grow the plan's workspace to ``nbytes``; the plan's own method where it has one."""
-    ensure = getattr(plan, "_ensure_workspace", None)
-    if ensure is not None:
-        ensure(nbytes)
-        return
-    workspace = plan._workspace
-    if workspace is not None and workspace.size >= nbytes:
-        return
-    timer.synchronize()  # nothing queued may still use the old one
-    if workspace is not None:
-        workspace.release()
-    plan._workspace = DeviceBuffer(nbytes, 0)
-
-
 def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicResult], stream: int,
             deadline: float) -> tuple[list[tuple[HeuristicResult, float]], int, bool]:
     """[(candidate, its ms over the incumbent's)] from one run each, in groups of 8 each timed next
@@ -327,11 +296,11 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
                 break
         if not group:
             break
-        _ensure_workspace(plan, max(c.workspace_size for c in group), timer)
+        plan.launch.ensure_workspace(max(c.workspace_size for c in group), stream)
         reference = timer(incumbent.run, incumbent.prepare)
         for candidate in group:
             try:
-                ms = timer(run, functools.partial(plan._select, candidate))
+                ms = timer(run, functools.partial(plan.launch.select, candidate))
             except CublasLtError as error:  # accepted by the check, refused at launch
                 logger.debug("search: %s failed to run (%s)", _tuning_cache.describe_algorithm(candidate), error)
                 failed += 1
@@ -356,7 +325,7 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
             again.append((candidate, first))
             continue
         reference = timer(incumbent.run, incumbent.prepare)
-        ms = timer(functools.partial(plan.trial_run, stream), functools.partial(plan._select, candidate))
+        ms = timer(functools.partial(plan.trial_run, stream), functools.partial(plan.launch.select, candidate))
         again.append((candidate, ms / reference))
     return sorted(again + screened[len(close):], key=lambda pair: pair[1])
 
@@ -373,7 +342,7 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     logger.info("search: incumbent %s at %.4f ms (autotune's pick of %d); screening until %.1f s", incumbent.name,
                 incumbent_ms, len(heuristic), screen_deadline - started)
     enumeration_started = time.perf_counter()
-    pool = _search.candidates(plan, workspace_limit=plan._workspace_limit, incumbent=incumbent_result)
+    pool = _search.candidates(plan.launch, workspace_limit=plan.launch.workspace_limit, incumbent=incumbent_result)
     screened, failed, exhausted = _screen(plan, timer, incumbent, pool, stream, screen_deadline)
     logger.info("search: screened %d candidates (%d failed to run) in %.1f s%s", len(screened), failed,
                 time.perf_counter() - enumeration_started,
@@ -406,7 +375,7 @@ def _choose_bias_gradient_form(plan, timer: Timer, iterations: int, stream: int,
     """Fused *_BGRAD against masking epilog + row-sum GEMV; the form the plan had (fused, unless an
     earlier search's split form was recalled) stays unless the other is faster beyond noise.
     Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen)."""
-    split = recalled_split or SplitBiasGradient(plan, iterations)
+    split = recalled_split or plan.make_split_form(iterations)
     fused = Contestant("fused", lambda: plan.trial_run(stream))
     two_calls = Contestant("split", lambda: split.trial_run(stream))
     incumbent, challenger = (two_calls, fused) if recalled_split is not None else (fused, two_calls)
@@ -444,12 +413,12 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
 
     Returns ``[(algorithm, ms)]``, the selected one first, the rest fastest first. Sets
     ``plan.tuning_report`` (a ``TuningReport``), and for a searched *_BGRAD plan
-    ``plan.bias_gradient_form = (form, its ms, the other form's ms)`` and ``plan._split``."""
+    ``plan.bias_gradient_form = (form, its ms, the other form's ms)`` and ``plan.split_form``."""
     started = time.perf_counter()
-    stream_h = stream_handle(stream) if stream is not None else plan._stream
-    recalled_split, plan._split = plan._split, None  # fused algorithms are timed as themselves
+    stream_h = stream_handle(stream) if stream is not None else plan.stream
+    recalled_split, plan.split_form = plan.split_form, None  # fused algorithms are timed as themselves
     try:
-        with Timer(plan._device, stream_h) as timer:
+        with Timer(plan.device, stream_h) as timer:
             candidates = list(plan.algorithms)
             previous = getattr(plan, "tuning_report", None)
             if search and previous is not None and not previous.searched:
@@ -465,8 +434,8 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
                 heuristic = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
             incumbent, incumbent_ms = heuristic[0]
             if not search:
-                plan._select(incumbent)
-                plan._split, recalled_split = recalled_split, None
+                plan.launch.select(incumbent)
+                plan.split_form, recalled_split = recalled_split, None
                 plan.tuning_report = TuningReport(False, _tuning_cache.describe_algorithm(incumbent), incumbent_ms,
                                                   _tuning_cache.describe_algorithm(incumbent), incumbent_ms, False,
                                                   heuristics=len(candidates), seconds=time.perf_counter() - started)
@@ -476,17 +445,17 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
             form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter())
             chosen, chosen_ms, facts = _choose_algorithm(plan, timer, heuristic, stream_h, started,
                                                          deadline - form_reserve)
-            plan._select(chosen)
+            plan.launch.select(chosen)
             form = None
             if plan.epilog in MASKING:
                 form, split = _choose_bias_gradient_form(plan, timer, iterations, stream_h, recalled_split,
                                                          deadline, chosen_ms)
                 recalled_split = None  # kept or freed by the choice now
                 plan.bias_gradient_form = form
-                plan._split = split
+                plan.split_form = split
     finally:
         if recalled_split is not None:  # an error before the choice: the plan keeps what it had
-            plan._split = recalled_split
+            plan.split_form = recalled_split
     report = _report(chosen, chosen_ms, heuristic, facts, form, time.perf_counter() - started)
     plan.tuning_report = report
     logger.info("%s", report)
@@ -494,10 +463,10 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
         facts_to_store = {"confidence": round(report.confidence, 4), "switched": report.switched}
         if form is not None:
             facts_to_store["bias_gradient_form"] = form[0]
-        _tuning_cache.remember(plan, chosen, chosen_ms, **facts_to_store)
+        _tuning_cache.remember(plan.launch, chosen, chosen_ms, **facts_to_store)
         if form is not None and form[0] == "split":  # so that a later plan rebuilds it without timing
-            masked = plan._split.masked
-            _tuning_cache.remember(masked, masked.algorithm, form[1])
+            masked = plan.split_form.masked
+            _tuning_cache.remember(masked.launch, masked.algorithm, form[1])
     return _timings(chosen, chosen_ms, heuristic, facts)
 
 

@@ -10,29 +10,19 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import _dtypes
+from ._dtypes import DType
+from ._errors import NvblasltTypeError, NvblasltValueError
+from ._generated.cublaslt_13 import cublasLtEpilogue_t
+
+
+# The epilogs as cuBLASLt numbers them (the same in 12.x and 13.x), under nvmath-python's name: the
+# generated enum's members, so that no number is written twice.
 if TYPE_CHECKING:
-    from ._dtypes import DType
-
-
-class MatmulEpilog(enum.IntEnum):
-    """The fusable epilogs; values are cuBLASLt's ``cublasLtEpilogue_t`` (checked by the tests)."""
-
-    DEFAULT = 1
-    RELU = 2
-    RELU_AUX = 130
-    BIAS = 4
-    RELU_BIAS = 6
-    RELU_AUX_BIAS = 134
-    DRELU = 136
-    DRELU_BGRAD = 152
-    GELU = 32
-    GELU_AUX = 160
-    GELU_BIAS = 36
-    GELU_AUX_BIAS = 164
-    DGELU = 192
-    DGELU_BGRAD = 208
-    BGRADA = 256
-    BGRADB = 512
+    MatmulEpilog = cublasLtEpilogue_t
+else:
+    MatmulEpilog = enum.IntEnum("MatmulEpilog", [(e.name, e.value) for e in cublasLtEpilogue_t], module=__name__)
+    MatmulEpilog.__doc__ = "The fusable epilogs; values are cuBLASLt's ``cublasLtEpilogue_t``."
 
 
 @dataclass(frozen=True)
@@ -110,8 +100,6 @@ def gelu_aux_ld(m: int) -> int:
 
 def as_epilog(epilog) -> MatmulEpilog:
     """Accept a MatmulEpilog, its name, its cuBLASLt value, or None (DEFAULT)."""
-    from ._errors import NvblasltTypeError, NvblasltValueError
-
     if epilog is None:
         return MatmulEpilog.DEFAULT
     if isinstance(epilog, str):
@@ -163,26 +151,12 @@ def _batch_stride_of(op, matrix_ndim: int, problem, name: str) -> int:
     if not batch_shape:
         return 0
     if tuple(batch_shape) != tuple(problem.batch_shape):
-        raise _value_error(f"{name}: batch dimensions {tuple(batch_shape)} must match the multiplication's "
+        raise NvblasltValueError(f"{name}: batch dimensions {tuple(batch_shape)} must match the multiplication's "
                            f"{tuple(problem.batch_shape) or '(none)'}, or be absent to use one for every batch")
     return _batch(tuple(batch_shape), op.strides[:len(batch_shape)], name) if problem.batch_count > 1 else 0
 
 
-def _value_error(text: str):
-    from ._errors import NvblasltValueError
-
-    return NvblasltValueError(text)
-
-
-def _type_error(text: str):
-    from ._errors import NvblasltTypeError
-
-    return NvblasltTypeError(text)
-
-
 def bias_types(d_dtype) -> tuple:
-    from . import _dtypes
-
     if d_dtype in _dtypes.FLOAT8:
         return (_dtypes.BFLOAT16, _dtypes.FLOAT16)
     return (d_dtype,)  # cuBLASLt 13.1 refuses a float32 bias with a 16-bit result (INVALID_VALUE)
@@ -198,14 +172,14 @@ def check_bias(op, problem) -> EpilogInput:
     elif len(shape) >= 1 and shape[-1] == m:
         vector_ndim, stride = 1, strides[-1]
     else:
-        raise _value_error(f"{name}: expected shape (M,) or (M, 1) with M={m} (one value per row of the result), "
+        raise NvblasltValueError(f"{name}: expected shape (M,) or (M, 1) with M={m} (one value per row of the result), "
                            f"or batched (…, M, 1), got {shape}")
     if stride != 1 and m > 1:
-        raise _value_error(f"{name}: expected unit stride along M, got strides {strides}")
+        raise NvblasltValueError(f"{name}: expected unit stride along M, got strides {strides}")
     batch_stride = _batch_stride_of(op, vector_ndim, problem, name)
     allowed = bias_types(problem.types.d)
     if op.dtype not in allowed:
-        raise _type_error(f"{name}: expected dtype {' or '.join(d.name for d in allowed)} for a "
+        raise NvblasltTypeError(f"{name}: expected dtype {' or '.join(d.name for d in allowed)} for a "
                           f"{problem.types.d.name} result, got {op.dtype.name}")
     return EpilogInput("bias", op.ptr, op.dtype, 0, batch_stride, op.alignment)
 
@@ -216,28 +190,26 @@ def relu_aux_ld_min(m: int) -> int:
 
 def check_aux(op, key: str, problem) -> EpilogInput:
     """The aux a forward epilog returned: column-major (…, ld, N), ld padded as cuBLASLt needs."""
-    from . import _dtypes
-
     name = f"epilog_inputs['{key}']"
     m, n = problem.m, problem.n
     if key == "relu_aux":
         if op.dtype not in (_dtypes.INT8, _dtypes.UINT8):
-            raise _type_error(f"{name}: expected the int8/uint8 bitmask RELU_AUX returns, got dtype {op.dtype.name}")
+            raise NvblasltTypeError(f"{name}: expected the int8/uint8 bitmask RELU_AUX returns, got dtype {op.dtype.name}")
         ld_min, multiple, unit = relu_aux_ld_min(m), RELU_AUX_LD_MULTIPLE_BITS // 8, "bytes"
     else:
         if op.dtype != problem.types.d:
-            raise _type_error(f"{name}: expected dtype {problem.types.d.name} (as GELU_AUX returns it), got "
+            raise NvblasltTypeError(f"{name}: expected dtype {problem.types.d.name} (as GELU_AUX returns it), got "
                               f"{op.dtype.name}")
         ld_min, multiple, unit = m, GELU_AUX_LD_MULTIPLE, "elements"
     if len(op.shape) < 2:
-        raise _value_error(f"{name}: expected a (…, ld, {n}) matrix as the forward epilog returns it, got shape "
+        raise NvblasltValueError(f"{name}: expected a (…, ld, {n}) matrix as the forward epilog returns it, got shape "
                            f"{op.shape}")
     rows, cols = op.shape[-2:]
     if cols != n or (op.strides[-2] != 1 and rows > 1) or (op.strides[-1] != rows and cols > 1):
-        raise _value_error(f"{name}: expected a contiguous column-major ({rows}, {n}) matrix as the forward epilog "
+        raise NvblasltValueError(f"{name}: expected a contiguous column-major ({rows}, {n}) matrix as the forward epilog "
                            f"returns it, got shape {op.shape} with strides {op.strides}")
     if rows < ld_min or rows % multiple:
-        raise _value_error(f"{name}: leading dimension {rows} {unit} must be ≥ {ld_min} and a multiple of "
+        raise NvblasltValueError(f"{name}: leading dimension {rows} {unit} must be ≥ {ld_min} and a multiple of "
                            f"{multiple} (as the forward epilog makes it for M={m})")
     batch_stride = _batch_stride_of(op, 2, problem, name)
     ld = rows * 8 if key == "relu_aux" else rows  # cuBLASLt counts the ReLU mask's ld in bits
@@ -269,3 +241,146 @@ def outputs(spec: EpilogSpec, problem, relu_aux_dtype, aux_dtype=None) -> list[E
         found.append(EpilogOutput(spec.bias_output, shape, strides, problem.types.d, "BIAS_POINTER", 0,
                                   length if batch_count > 1 else 0))
     return found
+
+
+# ---- the split bias-gradient form and the search ---------------------------------------------------
+# DRELU_BGRAD / DGELU_BGRAD as two calls: this masking epilog, then the row sums of D (``_split_bgrad``).
+MASKING = {MatmulEpilog.DRELU_BGRAD: MatmulEpilog.DRELU, MatmulEpilog.DGELU_BGRAD: MatmulEpilog.DGELU}
+# Epilogs whose heuristic picks the search also tries: they include tiles never paired with aux epilogs.
+SEARCH_OTHER_EPILOGS = (MatmulEpilog.DEFAULT, MatmulEpilog.RELU_BIAS, MatmulEpilog.BIAS)
+BIAS_EPILOGS = (MatmulEpilog.BIAS, MatmulEpilog.RELU_BIAS)
+
+
+# ---- one plan's epilog: its inputs checked, its outputs shaped, its descriptor attributes -----------
+# An output pointer before the first launch: aligned, in the never-mapped first page. cuBLASLt's heuristics
+# read whether an output pointer is set (and its alignment): left NULL, an aux epilog with M=1 in 16 bits got
+# one algorithm, which cublasLtMatmul then refused (H200, cuBLASLt 13.1).
+UNSET_OUTPUT = 256
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An epilog ready for one canonical problem: checked inputs, outputs shaped once."""
+
+    epilog: MatmulEpilog
+    spec: EpilogSpec
+    inputs: dict  # key -> EpilogInput
+    outputs: list  # EpilogOutput, as the caller receives them
+    aux_dtype: DType | None  # the GELU aux output's dtype
+    aux_amax: bool  # an fp8 GELU aux's amax is an output too
+
+
+def split_aux_scale(epilog_inputs) -> tuple[dict, object]:
+    """(the epilog inputs, the fp8 aux's ``aux_quantization_scale`` or None): the scale is no operand."""
+    if not isinstance(epilog_inputs, (dict, type(None))):
+        raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
+    given = dict(epilog_inputs or {})
+    return given, given.pop("aux_quantization_scale", None)
+
+
+def aux_output_type(spec: EpilogSpec, types, epilog_preferences, scale, type_names: dict) -> DType | None:
+    """The GELU aux output's dtype, nvmath-python's rules: D's type, or C's where D is fp8 (an fp8
+    aux needs a scale), unless ``preferences.epilog.aux_type`` names an fp8 type or that default;
+    an fp8 aux takes ``aux_quantization_scale`` and may have an amax; nothing else takes either."""
+    aux_type = epilog_preferences.aux_type
+    default = (types.c if types.d in _dtypes.FLOAT8 else types.d) if spec.aux_output == "gelu_aux" else None
+    aux_dtype = default
+    if aux_type is not None:
+        if spec.aux_output != "gelu_aux":
+            raise NvblasltValueError("preferences.epilog.aux_type: only GELU_AUX epilogs take an aux type (the ReLU "
+                                     "aux is a bitmask)")
+        aux_dtype = _dtypes.parse(aux_type, "preferences.epilog.aux_type", type_names)
+        allowed = (*_dtypes.FLOAT8, default)
+        if aux_dtype not in allowed:
+            raise NvblasltTypeError(f"preferences.epilog.aux_type: expected one of "
+                                    f"{', '.join(d.name for d in allowed if d is not None)}, got {aux_dtype.name}")
+    narrow = aux_type is not None and aux_dtype in _dtypes.FLOAT8
+    if narrow and scale is None:
+        raise NvblasltValueError("epilog_inputs['aux_quantization_scale']: required when "
+                                 "preferences.epilog.aux_type is an fp8 type")
+    if scale is not None and not narrow:
+        raise NvblasltValueError("epilog_inputs['aux_quantization_scale']: only an fp8 aux "
+                                 "(preferences.epilog.aux_type) takes a scale")
+    if epilog_preferences.aux_amax and not narrow:
+        raise NvblasltValueError("preferences.epilog.aux_amax: only an fp8 aux (preferences.epilog.aux_type) has "
+                                 "an amax")
+    return aux_dtype
+
+
+def input_keys(epilog: MatmulEpilog, given: dict, problem) -> tuple[str, ...]:
+    """The inputs ``epilog`` reads, all of which must be ``given``. Keys it does not take are ignored
+    with a warning, as nvmath-python ignores them."""
+    spec = SPECS[epilog]
+    missing = [k for k in spec.inputs if k not in given]
+    if missing:
+        raise NvblasltValueError(f"epilog_inputs: {epilog.name} takes {list(spec.inputs)}; missing {missing}")
+    unknown = [k for k in given if k not in spec.inputs]
+    if unknown:  # nvmath-python ignores them; say so rather than drop them in silence
+        import warnings
+
+        warnings.warn(f"epilog_inputs: {epilog.name} takes {list(spec.inputs) or 'no inputs'}; ignoring {unknown}",
+                      stacklevel=5)
+    if spec.aux_input and problem.k == 1:
+        raise NvblasltValueError(f"a, b: {epilog.name} with K=1 is refused (cuBLASLt reads out of bounds there); "
+                                 f"got K=1")
+    return spec.inputs
+
+
+def check_input(key: str, op, problem) -> EpilogInput:
+    """One epilog input (an operand already read), checked against the problem."""
+    if op.conjugated:
+        raise NvblasltValueError(f"epilog_inputs['{key}']: a conjugate view cannot be read as an epilog input; "
+                                 f"call .resolve_conj() first")
+    return check_bias(op, problem) if key == "bias" else check_aux(op, key, problem)
+
+
+def prepare(epilog: MatmulEpilog, problem, inputs: dict, aux_dtype: DType | None, aux_amax: bool) -> Prepared:
+    """The epilog on ``problem``: ``inputs`` (key -> Operand, read) checked, outputs shaped once."""
+    spec = SPECS[epilog]
+    checked = {key: check_input(key, op, problem) for key, op in inputs.items()}
+    return Prepared(epilog, spec, checked, outputs(spec, problem, _dtypes.UINT8, aux_dtype), aux_dtype,
+                    bool(aux_amax))
+
+
+def configure(desc, api, problem, prepared: Prepared, *, result_amax: bool) -> None:
+    """The epilog's attributes of the matmul descriptor: inputs' pointers, types, leading dimensions
+    and batch strides; outputs' types and layouts, with placeholder pointers (set per launch)."""
+    batched = problem.batch_count > 1
+    types = problem.types
+    aux_dtype = prepared.aux_dtype
+    if aux_dtype is not None and (aux_dtype != types.d or types.d in _dtypes.FLOAT8):
+        # cuBLASLt's own default with an fp8 D is not the type nvmath-python returns: say it always
+        desc.set("EPILOGUE_AUX_DATA_TYPE", int(getattr(api, aux_dtype.cuda)))
+    bias = prepared.inputs.get("bias")
+    if bias is not None:
+        desc.set("BIAS_POINTER", bias.ptr)
+        desc.set("BIAS_DATA_TYPE", int(getattr(api, bias.dtype.cuda)))
+        if batched:
+            desc.set("BIAS_BATCH_STRIDE", bias.batch_stride)
+    aux = prepared.inputs.get(prepared.spec.aux_input) if prepared.spec.aux_input else None
+    if aux is not None:
+        desc.set("EPILOGUE_AUX_POINTER", aux.ptr)
+        desc.set("EPILOGUE_AUX_LD", aux.ld)
+        if batched:
+            desc.set("EPILOGUE_AUX_BATCH_STRIDE", aux.batch_stride)
+    for output in prepared.outputs:
+        if output.attribute == "BIAS_POINTER":
+            desc.set("BIAS_DATA_TYPE", int(getattr(api, output.dtype.cuda)))
+            if batched:
+                desc.set("BIAS_BATCH_STRIDE", output.batch_stride)
+        else:
+            desc.set("EPILOGUE_AUX_LD", output.ld)
+            if batched:
+                desc.set("EPILOGUE_AUX_BATCH_STRIDE", output.batch_stride)
+    for attribute in sorted(output_pointer_attributes(prepared, result_amax)):
+        desc.set(attribute, UNSET_OUTPUT)
+
+
+def output_pointer_attributes(prepared: Prepared, result_amax: bool) -> list[str]:
+    """The descriptor's pointer attributes each launch points at a new output, in output order."""
+    attributes = [o.attribute for o in prepared.outputs]
+    if prepared.aux_amax:
+        attributes.append("EPILOGUE_AUX_AMAX_POINTER")
+    if result_amax:
+        attributes.append("AMAX_D_POINTER")
+    return attributes

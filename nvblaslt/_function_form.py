@@ -94,15 +94,15 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
                 except Exception:  # noqa: BLE001 - an unhashable or odd argument: the checked path says what is wrong
                     plan = fast_key = None
                 if plan is not None:
-                    if alpha is not None or beta is not None or pointers != plan._fast_bound:
-                        plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
+                    if alpha is not None or beta is not None or pointers != plan.fast_bound:
+                        plan.rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
                         # the same arrays with the default scalars next time need no rebinding (0.7 µs)
-                        plan._fast_bound = pointers if alpha is None and beta is None else None
+                        plan.fast_bound = pointers if alpha is None and beta is None else None
                     framework_stream = stream_on(layout[0][3])  # a's device
-                    if plan._several_devices and _cuda.current_device() != plan._device:
-                        with _cuda.on_device(plan._device):
-                            return plan._run(framework_stream, framework_stream, None)
-                    return plan._run(framework_stream, framework_stream, None)
+                    if plan.several_devices and _cuda.current_device() != plan.device:
+                        with _cuda.on_device(plan.device):
+                            return plan.run(framework_stream, framework_stream, None)
+                    return plan.run(framework_stream, framework_stream, None)
     return _checked_call(_operands.kind_of(a), cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs,
                          qualifiers, quantization_scales, options, preferences, algorithm, stream, out, compute_type,
                          result_type)
@@ -150,7 +150,7 @@ def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_in
                 "stream: a CUDA graph is being captured on it, and planning allocates device memory, which "
                 "capture forbids; call matmul() once with operands like these before capturing (the cached plan "
                 "is then replayed), or capture Matmul.execute()")
-        plan = Matmul._from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
+        plan = Matmul.from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
                                      quantization_scales=quantization_scales, qualifiers=qualifiers)
         try:
             plan.plan(epilog=epilog, epilog_inputs=inputs, preferences=prefs,
@@ -163,14 +163,14 @@ def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_in
     else:
         cache.move_to_end(key)
         cache.last_key = cache.last_plan = None  # the last fast-path plan is no longer the last entry
-        plan._set_operands(a_op, b_op, c_op, inputs, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
+        plan.set_operands(a_op, b_op, c_op, inputs, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
     if fast_key is not None and cacheable and stream_h == framework_stream and out is None:
         _remember(cache, fast_key, plan)
     try:
         result = plan.execute(stream=stream_h, out=out)
     finally:
         if cacheable:
-            plan._forget_arrays()  # a cached plan must not keep the caller's arrays alive
+            plan.forget_arrays()  # a cached plan must not keep the caller's arrays alive
         else:
             plan.free()  # stream-ordered: after the work just queued
     return result

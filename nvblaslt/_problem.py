@@ -21,11 +21,12 @@ from . import _types
 from ._dtypes import DType
 from ._epilogs import SPECS, MatmulEpilog, transposed_epilog
 from ._errors import NvblasltValueError
+from ._generated.cublaslt_13 import cublasLtOrder_t, cublasOperation_t
 from ._memory import c_strides
 from ._operands import Operand
 
-OP_N, OP_T, OP_C = 0, 1, 2
-COL, ROW = 0, 1  # cublasLtOrder_t
+OP_N, OP_T, OP_C = cublasOperation_t.N, cublasOperation_t.T, cublasOperation_t.C
+COL, ROW = cublasLtOrder_t.COL, cublasLtOrder_t.ROW
 
 
 @dataclass(slots=True)
@@ -345,3 +346,23 @@ def extent_bytes(op: Operand) -> int:
 
 def overlaps(x: Operand, y: Operand) -> bool:
     return x.ptr < y.ptr + extent_bytes(y) and y.ptr < x.ptr + extent_bytes(x)
+
+
+def unsupported_hint(problem, epilog, refused_known_bad: bool = False) -> str:
+    """Why cuBLASLt has no algorithm for ``problem``, as far as it is known."""
+    rows = [side.layout.order != COL for side in (problem.a, problem.b)]
+    if any(rows) and any(side.op == OP_C for side in (problem.a, problem.b)):
+        return ("conjugating a column-major operand needs cuBLASLt's row-major order (OP_C also transposes), "
+                "which has no kernel here; conjugate a row-major A/B, or pass both in the same order")
+    if refused_known_bad:
+        return ("every algorithm cuBLASLt offers for this problem is one seen to give wrong results here "
+                "(nvblaslt._known_bad), so nvblaslt refuses rather than return them")
+    if problem.fp8:
+        return "fp8 kernels need a row-major A and a column-major B (the 'TN' layout) and a supported result type"
+    if epilog.name in ("BGRADA", "BGRADB"):
+        return (f"{epilog.name} has kernels only for some layouts (on cuBLASLt 13.1: BGRADA with a column-major A, "
+                f"BGRADB with a row-major B)")
+    rows = [problem.a.layout.order, problem.b.layout.order]
+    if any(o != COL for o in rows):
+        return "this layout needed cuBLASLt's row-major order, which has no kernel here; pass column-major operands"
+    return f"no algorithm for {problem.describe()} on this GPU"

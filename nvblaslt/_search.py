@@ -1,7 +1,7 @@
 """Find algorithms the heuristics do not offer, most promising first: the heuristics' ranking beyond
-the plan's list, the picks they make for the same problem under other epilogs, cluster-shape and
+the launch's list, the picks they make for the same problem under other epilogs, cluster-shape and
 swizzle variants of those, then every algorithm id and tile. Each is kept only if
-``cublasLtMatmulAlgoCheck`` accepts it for the plan. Everything is read from the plan's C
+``cublasLtMatmulAlgoCheck`` accepts it for the launch. Everything is read from the launch's C
 descriptors. ``_autotune`` screens them within its time budget, so the order matters: the
 enumeration of every id and tile (thousands of checks) runs only if the budget reaches it.
 """
@@ -13,42 +13,20 @@ from collections.abc import Iterable, Iterator
 
 from ._descriptors import Algorithm, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
 from ._errors import CublasLtError, NvblasltError
-from ._known_bad import refuses
+from ._epilogs import BIAS_EPILOGS, SEARCH_OTHER_EPILOGS
 
 DEEPER_HEURISTICS = 64  # how far down the heuristics' own ranking to look
-OTHER_EPILOGS = (1, 6, 4)  # DEFAULT, RELU_BIAS, BIAS: their picks include tiles never paired with aux epilogues
-_BIAS_EPILOGS = (4, 6)
 
 
-def check_algorithm(plan, algo) -> HeuristicResult | None:
-    """``algo`` as the library accepts it for ``plan`` (workspace, waves), or None if it does not."""
-    lib = plan._lib
-    result = lib.api.cublasLtMatmulHeuristicResult_t()
-    layouts = plan._layouts
-    try:
-        lib.cublasLtMatmulAlgoCheck(plan._handle.handle, plan._desc.handle, layouts[0].handle, layouts[1].handle,
-                                    layouts[2].handle, layouts[3].handle, ctypes.byref(algo), ctypes.byref(result))
-    except CublasLtError:
-        return None
-    checked = HeuristicResult(result, lib)
-    problem = getattr(plan, "problem", None)
-    if problem is not None and refuses(checked, problem):  # measured wrong: never a candidate, never recalled
-        return None
-    return checked
-
-
-_check = check_algorithm  # the name _plan.py imports today
-
-
-def _types(plan) -> tuple[int, ...]:
+def _types(launch) -> tuple[int, ...]:
     """(compute type, scale type, A, B, C, D types) as cublasLtMatmulAlgoGetIds/Init take them."""
-    return (plan._desc.get("COMPUTE_TYPE"), plan._desc.get("SCALE_TYPE"),
-            *(layout.get("TYPE") for layout in plan._layouts))
+    return (launch.desc.get("COMPUTE_TYPE"), launch.desc.get("SCALE_TYPE"),
+            *(layout.get("TYPE") for layout in launch.layouts))
 
 
-def _configured(plan, base, settings: dict, workspace_limit: int) -> HeuristicResult | None:
-    """A copy of ``base`` with config ``settings``, if the library accepts it for this plan."""
-    lib = plan._lib
+def _configured(launch, base, settings: dict, workspace_limit: int) -> HeuristicResult | None:
+    """A copy of ``base`` with config ``settings``, if the library accepts it for this launch."""
+    lib = launch.lib
     algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(base)
     candidate = Algorithm(algo, lib)
     try:
@@ -56,31 +34,31 @@ def _configured(plan, base, settings: dict, workspace_limit: int) -> HeuristicRe
             candidate.set(attribute, value)
     except CublasLtError:
         return None
-    result = check_algorithm(plan, algo)
+    result = launch.check(algo)
     return result if result is not None and result.workspace_size <= workspace_limit else None
 
 
-def _rechecked(plan, results: Iterable[HeuristicResult], workspace_limit: int) -> list[HeuristicResult]:
+def _rechecked(launch, results: Iterable[HeuristicResult], workspace_limit: int) -> list[HeuristicResult]:
     found = []
     for other in results:
-        result = check_algorithm(plan, plan._lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(other.algorithm.algo))
+        result = launch.check(launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(other.algorithm.algo))
         if result is not None and result.workspace_size <= workspace_limit:
             found.append(result)
     return found
 
 
-def _deeper_heuristics(plan) -> list[HeuristicResult]:
-    """The heuristics' own ranking for this plan, past the plan's ``limit``."""
-    a, b, c, d = plan._layouts
+def _deeper_heuristics(launch) -> list[HeuristicResult]:
+    """The heuristics' own ranking for this launch, past the launch's ``limit``."""
+    a, b, c, d = launch.layouts
     try:
-        return heuristics(plan._handle, plan._desc, a, b, c, d, plan._preference, count=DEEPER_HEURISTICS)
+        return heuristics(launch.handle, launch.desc, a, b, c, d, launch.preference, count=DEEPER_HEURISTICS)
     except CublasLtError:
         return []
 
 
-def _desc_with_epilog(plan, epilog: int) -> MatmulDesc:
-    """A copy of the plan's MatmulDesc (types, transposes, scale pointers…) with another epilogue."""
-    lib, source = plan._lib, plan._desc
+def _desc_with_epilog(launch, epilog: int) -> MatmulDesc:
+    """A copy of the launch's MatmulDesc (types, transposes, scale pointers…) with another epilogue."""
+    lib, source = launch.lib, launch.desc
     desc = MatmulDesc(source.get("COMPUTE_TYPE"), source.get("SCALE_TYPE"), lib=lib)
     for member in lib.api.ATTRIBUTES[lib.api.cublasLtMatmulDescAttributes_t][2]:
         if member.name.startswith(("EPILOGUE", "BIAS_")) or member.name in ("COMPUTE_TYPE", "SCALE_TYPE"):
@@ -91,38 +69,38 @@ def _desc_with_epilog(plan, epilog: int) -> MatmulDesc:
                 desc.set(member, value)
         except NvblasltError:  # absent from the loaded library, or read-only
             continue
-    desc.set("EPILOGUE", epilog)
-    if epilog in _BIAS_EPILOGS:  # the heuristics want a pointer; nothing runs
-        desc.set("BIAS_POINTER", plan._workspace.pointer if plan._workspace else 256)
+    desc.set("EPILOGUE", int(epilog))
+    if epilog in BIAS_EPILOGS:  # the heuristics want a pointer; nothing runs
+        desc.set("BIAS_POINTER", launch.workspace.pointer if launch.workspace else 256)
     return desc
 
 
-def _heuristics_of_other_epilogs(plan, workspace_limit: int) -> list[HeuristicResult]:
+def _heuristics_of_other_epilogs(launch, workspace_limit: int) -> list[HeuristicResult]:
     """The heuristics' picks for the same problem under other epilogs, re-checked against this
-    plan: tiles the heuristics never pair with an aux epilogue, such as Hopper's 192x192, are
+    launch: tiles the heuristics never pair with an aux epilogue, such as Hopper's 192x192, are
     reached only this way (they are not in the capability lists)."""
-    lib = plan._lib
-    a, b, c, d = plan._layouts
+    lib = launch.lib
+    a, b, c, d = launch.layouts
     found: list[HeuristicResult] = []
     with MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib) as preference:
         for name in ("A", "B", "C", "D"):
             member = f"MIN_ALIGNMENT_{name}_BYTES"
-            preference.set(member, plan._preference.get(member))
-        for epilog in OTHER_EPILOGS:
-            if epilog == int(plan._desc.get("EPILOGUE")):
+            preference.set(member, launch.preference.get(member))
+        for epilog in SEARCH_OTHER_EPILOGS:
+            if epilog == int(launch.desc.get("EPILOGUE")):
                 continue
             try:
-                with _desc_with_epilog(plan, epilog) as desc:
-                    others = heuristics(plan._handle, desc, a, b, c, d, preference, count=16)
+                with _desc_with_epilog(launch, epilog) as desc:
+                    others = heuristics(launch.handle, desc, a, b, c, d, preference, count=16)
             except CublasLtError:
                 continue
-            found += _rechecked(plan, others, workspace_limit)
+            found += _rechecked(launch, others, workspace_limit)
     return found
 
 
-def _variants(plan, base: HeuristicResult, workspace_limit: int) -> Iterator[HeuristicResult]:
+def _variants(launch, base: HeuristicResult, workspace_limit: int) -> Iterator[HeuristicResult]:
     """``base`` with other cluster shapes and CTA swizzling, where accepted."""
-    lib = plan._lib
+    lib = launch.lib
     cluster_shapes = [m.value for m in getattr(lib.api, "cublasLtClusterShape_t", [])
                       if m.name in ("SHAPE_AUTO", "SHAPE_1x1x1", "SHAPE_2x1x1", "SHAPE_1x2x1", "SHAPE_2x2x1",
                                     "SHAPE_4x1x1", "SHAPE_1x4x1")]
@@ -133,21 +111,21 @@ def _variants(plan, base: HeuristicResult, workspace_limit: int) -> Iterator[Heu
             settings = {"CTA_SWIZZLING": swizzle}
             if cluster is not None:
                 settings["CLUSTER_SHAPE_ID"] = cluster
-            checked = _configured(plan, algorithm.algo, settings, workspace_limit)
+            checked = _configured(launch, algorithm.algo, settings, workspace_limit)
             if checked is not None:
                 yield checked
 
 
-def _enumerated(plan, workspace_limit: int) -> Iterator[HeuristicResult]:
-    """Every (algorithm id, tile) from the capability lists that the library accepts for this plan,
+def _enumerated(launch, workspace_limit: int) -> Iterator[HeuristicResult]:
+    """Every (algorithm id, tile) from the capability lists that the library accepts for this launch,
     with the stage count left to the library where it allows that."""
-    lib = plan._lib
-    handle = plan._handle.handle
-    types = _types(plan)
+    lib = launch.lib
+    handle = launch.handle.handle
+    types = _types(launch)
     ids = (ctypes.c_int * 256)()
     count = ctypes.c_int()
     lib.cublasLtMatmulAlgoGetIds(handle, *types, 256, ids, ctypes.byref(count))
-    epilog = int(plan._desc.get("EPILOGUE"))
+    epilog = int(launch.desc.get("EPILOGUE"))
     for algo_id in ids[:count.value]:
         base = lib.api.cublasLtMatmulAlgo_t()
         try:
@@ -161,18 +139,18 @@ def _enumerated(plan, workspace_limit: int) -> Iterator[HeuristicResult]:
         stages = [0] + [s for s in (algorithm.capability("STAGES_IDS") or []) if s]
         for tile in tiles:
             for stage in stages:  # 0 (undefined) first: the library picks; else the first one accepted
-                result = _configured(plan, base, {"TILE_ID": tile, "STAGES_ID": stage}, workspace_limit)
+                result = _configured(launch, base, {"TILE_ID": tile, "STAGES_ID": stage}, workspace_limit)
                 if result is not None:
                     yield result
                     break
 
 
-def candidates(plan, *, workspace_limit: int, incumbent: HeuristicResult | None = None) -> Iterator[HeuristicResult]:
-    """Configurations beyond the plan's heuristic list, without duplicates, most promising first:
+def candidates(launch, *, workspace_limit: int, incumbent: HeuristicResult | None = None) -> Iterator[HeuristicResult]:
+    """Configurations beyond the launch's heuristic list, without duplicates, most promising first:
     the heuristics' deeper ranking, other epilogs' picks, cluster-shape and swizzle variants (of the
     incumbent first, then of the heuristic picks), then every enumerated id and tile. Lazy: stop
     iterating and the remaining checks are never made."""
-    seen = {config_key(r) for r in plan.algorithms}
+    seen = {config_key(r) for r in launch.algorithms}
 
     def fresh(results: Iterable[HeuristicResult]) -> Iterator[HeuristicResult]:
         for result in results:
@@ -181,34 +159,15 @@ def candidates(plan, *, workspace_limit: int, incumbent: HeuristicResult | None 
                 seen.add(key)
                 yield result
 
-    deeper = _rechecked(plan, _deeper_heuristics(plan), workspace_limit)
+    deeper = _rechecked(launch, _deeper_heuristics(launch), workspace_limit)
     yield from fresh(deeper)
-    others = _heuristics_of_other_epilogs(plan, workspace_limit)
+    others = _heuristics_of_other_epilogs(launch, workspace_limit)
     yield from fresh(others)
-    bases = [*([incumbent] if incumbent is not None else []), *plan.algorithms, *others, *deeper]
+    bases = [*([incumbent] if incumbent is not None else []), *launch.algorithms, *others, *deeper]
     for base in bases:
-        yield from fresh(_variants(plan, base, workspace_limit))
-    yield from fresh(_enumerated(plan, workspace_limit))
-
-
-def configurations(plan, *, workspace_limit: int) -> list[HeuristicResult]:
-    """Every candidate beyond the plan's heuristic list (see ``candidates``), as a list."""
-    return list(candidates(plan, workspace_limit=workspace_limit))
+        yield from fresh(_variants(launch, base, workspace_limit))
+    yield from fresh(_enumerated(launch, workspace_limit))
 
 
 def config_key(result: HeuristicResult) -> tuple:
     return tuple(sorted(result.algorithm.config().items()))
-
-
-def recall(plan):
-    """Transitional: ``Matmul.plan()`` calls this today; the cache is ``_tuning_cache.recall``."""
-    from ._tuning_cache import recall as recall_from_cache
-
-    return recall_from_cache(plan)
-
-
-def remember(plan, result, milliseconds, **facts):
-    """Transitional: ``Matmul._autotune`` calls this until it delegates to ``_autotune.autotune``."""
-    from ._tuning_cache import remember as remember_in_cache
-
-    return remember_in_cache(plan, result, milliseconds, **facts)

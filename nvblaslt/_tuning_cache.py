@@ -36,6 +36,8 @@ try:
 except ImportError:  # not POSIX: writes stay atomic, without the lock
     fcntl = None  # type: ignore[assignment]
 
+from . import _cuda
+
 logger = logging.getLogger("nvblaslt")
 
 ENV_CACHE_DIR = "NVBLASLT_CACHE_DIR"
@@ -335,8 +337,6 @@ _CHECKED_AT_RECALL = frozenset({"MAX_WORKSPACE_BYTES"})
 def gpu_identity(device: int) -> dict:
     """What makes one GPU's best kernel differ from another's: name, compute capability, SMs
     (a MIG slice keeps the name but has fewer)."""
-    from . import _cuda
-
     props = _cuda.device_properties(device)
     return {"name": props.name.decode(errors="replace"), "cc": list(_cuda.compute_capability(device)),
             "sms": int(props.multiProcessorCount)}
@@ -364,14 +364,14 @@ def _attribute_values(descriptor, enum_name: str, skip=frozenset()) -> dict:
     return values
 
 
-def problem_description(plan) -> dict:
-    """Everything the choice of kernel depends on, read from the plan's C descriptors: GPU,
+def problem_description(launch) -> dict:
+    """Everything the choice of kernel depends on, read from the launch's C descriptors: GPU,
     cuBLASLt version, every attribute of the four layouts, the matmul descriptor (pointers only as
     set or not) and the preference."""
-    return {"gpu": gpu_identity(plan._device), "cublaslt": list(plan._lib.version_tuple),
-            "desc": _attribute_values(plan._desc, "cublasLtMatmulDescAttributes_t"),
-            "layouts": [_attribute_values(layout, "cublasLtMatrixLayoutAttribute_t") for layout in plan._layouts],
-            "preference": _attribute_values(plan._preference, "cublasLtMatmulPreferenceAttributes_t",
+    return {"gpu": gpu_identity(launch.device), "cublaslt": list(launch.lib.version_tuple),
+            "desc": _attribute_values(launch.desc, "cublasLtMatmulDescAttributes_t"),
+            "layouts": [_attribute_values(layout, "cublasLtMatrixLayoutAttribute_t") for layout in launch.layouts],
+            "preference": _attribute_values(launch.preference, "cublasLtMatmulPreferenceAttributes_t",
                                             skip=_CHECKED_AT_RECALL)}
 
 
@@ -407,27 +407,25 @@ def describe_algorithm(result) -> str:
 
 
 # ---- what Matmul and autotune call ----------------------------------------------------------------
-def recall(plan) -> tuple[object | None, dict]:
-    """(the remembered HeuristicResult, if the library still accepts it for this plan and it fits the
-    plan's workspace limit; the stored entry) — or (None, {}). Never raises for the cache's sake."""
-    from . import _search
-
+def recall(launch) -> tuple[object | None, dict]:
+    """(the remembered HeuristicResult, if the library still accepts it for this launch and it fits the
+    launch's workspace limit; the stored entry) — or (None, {}). Never raises for the cache's sake."""
     try:
-        description = problem_description(plan)
+        description = problem_description(launch)
         entry = cache_at(cache_path()).lookup(problem_key(description))
-    except Exception as error:  # the cache must never break a plan
+    except Exception as error:  # the cache must never break a launch
         _warn_once(cache_path(), "key", f"skipped: the problem could not be described ({error})")
         return None, {}
-    summary = problem_summary(description, plan._lib.api)
+    summary = problem_summary(description, launch.lib.api)
     if entry is None:
         logger.debug("tuning cache: nothing remembered for %s", summary)
         return None, {}
-    algo_type = plan._lib.api.cublasLtMatmulAlgo_t
+    algo_type = launch.lib.api.cublasLtMatmulAlgo_t
     raw = bytes.fromhex(entry["algo"])
-    result = _search.check_algorithm(plan, algo_type.from_buffer_copy(raw)) if len(raw) == ctypes.sizeof(
+    result = launch.check(algo_type.from_buffer_copy(raw)) if len(raw) == ctypes.sizeof(
         algo_type) else None
-    if result is None or result.workspace_size > plan._workspace_limit:
-        logger.info("tuning cache: the remembered algorithm for %s is not accepted for this plan; ignored", summary)
+    if result is None or result.workspace_size > launch.workspace_limit:
+        logger.info("tuning cache: the remembered algorithm for %s is not accepted for this launch; ignored", summary)
         return None, {}
     form = entry.get("bias_gradient_form")
     logger.info("tuning cache hit: %s for %s (%.3f ms when searched%s); no search", describe_algorithm(result),
@@ -435,18 +433,18 @@ def recall(plan) -> tuple[object | None, dict]:
     return result, entry
 
 
-def remember(plan, result, milliseconds: float, **facts) -> bool:
-    """Store ``result`` (its 64 bytes, valid for this library version) as the choice for ``plan``'s
+def remember(launch, result, milliseconds: float, **facts) -> bool:
+    """Store ``result`` (its 64 bytes, valid for this library version) as the choice for ``launch``'s
     problem, with ``facts`` about the choice (such as ``bias_gradient_form``). Returns whether it
     reached the disk; it is in this process's memory either way."""
     try:
-        description = problem_description(plan)
+        description = problem_description(launch)
     except Exception as error:  # the cache must never break autotune
         _warn_once(cache_path(), "key", f"skipped: the problem could not be described ({error})")
         return False
     entry = {**facts, "algo": bytes(result.algorithm.algo).hex(), "ms": float(milliseconds),
              "config": {k: int(v) for k, v in result.algorithm.config().items()},
-             "problem": problem_summary(description, plan._lib.api)}
+             "problem": problem_summary(description, launch.lib.api)}
     stored = cache_at(cache_path()).store(problem_key(description), entry)
     logger.info("tuning cache: remembered %s for %s%s", describe_algorithm(result), entry["problem"],
                 "" if stored else " (in memory only)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import types
 
 import pytest
 
@@ -141,7 +142,9 @@ class FakeSplit:
     instances: list = []
 
     def __init__(self, plan, iterations):
-        self.plan, self.freed, self.masked = plan, False, type("Masked", (), {"algorithm": FakeResult(900)})()
+        self.plan, self.freed = plan, False
+        masked_launch = types.SimpleNamespace(algorithm=FakeResult(900))
+        self.masked = types.SimpleNamespace(launch=masked_launch, algorithm=masked_launch.algorithm)
         FakeSplit.instances.append(self)
 
     def trial_run(self, stream):
@@ -151,24 +154,43 @@ class FakeSplit:
         self.freed = True
 
 
-class StandInPlan:
-    """What autotune uses of a Matmul; ``speeds`` maps an algorithm id (or "split") to its true ms."""
+class StandInLaunch:
+    """What autotune uses of a plan's Launch, by its public names."""
 
-    def __init__(self, heuristic_ids, speeds, epilog=MatmulEpilog.RELU_BIAS):
+    def __init__(self, heuristic_ids):
         self.algorithms = [FakeResult(i) for i in heuristic_ids]
-        self.speeds, self.epilog = speeds, epilog
-        self.algorithm, self.ran, self._split = self.algorithms[0], None, None
-        self._device, self._stream, self._workspace_limit, self.workspace = 0, 0, 1 << 20, 0
+        self.algorithm, self.workspace_limit, self.workspace = self.algorithms[0], 1 << 20, 0
 
-    def _select(self, result):
+    def select(self, result):
         self.algorithm = result
 
-    def trial_run(self, stream):
-        assert self._split is None, "fused algorithms must be timed as themselves"
-        self.ran = self.algorithm.algorithm.id
-
-    def _ensure_workspace(self, nbytes):
+    def ensure_workspace(self, nbytes, stream):
         self.workspace = max(self.workspace, nbytes)
+
+
+class StandInPlan:
+    """What autotune uses of a Matmul, by its public names; ``speeds`` maps an algorithm id (or
+    "split") to its true ms."""
+
+    def __init__(self, heuristic_ids, speeds, epilog=MatmulEpilog.RELU_BIAS):
+        self.launch = StandInLaunch(heuristic_ids)
+        self.speeds, self.epilog = speeds, epilog
+        self.ran, self.split_form, self.device, self.stream = None, None, 0, 0
+
+    @property
+    def algorithms(self):
+        return self.launch.algorithms
+
+    @property
+    def algorithm(self):
+        return self.launch.algorithm
+
+    def trial_run(self, stream):
+        assert self.split_form is None, "fused algorithms must be timed as themselves"
+        self.ran = self.launch.algorithm.algorithm.id
+
+    def make_split_form(self, iterations):
+        return FakeSplit(self, iterations)
 
 
 @pytest.fixture
@@ -178,7 +200,6 @@ def simulated(monkeypatch):
     FakeSplit.instances = []
     monkeypatch.setattr(_tuning_cache, "remember", lambda plan, result, ms, **facts: stored.append(
         (plan, result.algorithm.id, ms, facts)) or True)
-    monkeypatch.setattr(_autotune, "SplitBiasGradient", FakeSplit)
 
     def make(heuristic_ids, speeds, pool_ids=(), seed=0, noise=0.01, epilog=MatmulEpilog.RELU_BIAS):
         plan = StandInPlan(heuristic_ids, speeds, epilog)
@@ -247,7 +268,7 @@ def test_search_switches_to_a_clearly_faster_challenger_and_says_how_sure(simula
     assert plan.algorithm.algorithm.id == 117 and timings[0][0].algorithm.id == 117
     assert report.switched and report.confidence > 0.99 and report.ratio < 0.98
     assert report.interval[1] < 1.0 and report.screened == 40
-    assert plan.workspace == 4096  # grown for the candidates that need it
+    assert plan.launch.workspace == 4096  # grown for the candidates that need it
     assert stored[-1][1] == 117 and stored[-1][3]["switched"] is True
     assert "switched to id 117" in str(report)
 
@@ -277,11 +298,11 @@ def test_the_bias_gradient_form_changes_only_beyond_noise(simulated, split_ms, e
     assert form == expected
     split = FakeSplit.instances[-1]
     if expected == "split":
-        assert plan._split is split and not split.freed and form_ms < other_ms
+        assert plan.split_form is split and not split.freed and form_ms < other_ms
         assert stored[-2][3]["bias_gradient_form"] == "split"
-        assert stored[-1][0] is split.masked  # the masking plan's own choice, for later plans
+        assert stored[-1][0] is split.masked.launch  # the masking plan's own choice, for later plans
     else:
-        assert plan._split is None and split.freed
+        assert plan.split_form is None and split.freed
         assert stored[-1][3]["bias_gradient_form"] == "fused"
 
 
@@ -289,6 +310,6 @@ def test_plain_autotune_times_fused_algorithms_and_keeps_a_recalled_split(simula
     make, _ = simulated
     plan = make([1, 2], {1: 26.0, 2: 25.0}, epilog=MatmulEpilog.DRELU_BGRAD)
     recalled = FakeSplit(plan, 0)
-    plan._split = recalled
+    plan.split_form = recalled
     _autotune.autotune(plan, iterations=3, search=False, remember=False, stream=None)
-    assert plan._split is recalled and plan.algorithm.algorithm.id == 2
+    assert plan.split_form is recalled and plan.algorithm.algorithm.id == 2

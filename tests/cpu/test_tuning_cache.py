@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from nvblaslt import _search, _tuning_cache
+from nvblaslt import _tuning_cache
+from nvblaslt._launch import Launch
 from nvblaslt._tuning_cache import TuningCache, TuningCacheWarning, cache_at, cache_path, parse, valid_entry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -351,12 +352,13 @@ def test_concurrent_writers_in_several_processes_lose_nothing(path):
     assert all(valid_entry(e) for e in entries.values())
 
 
-# ---- the problem key, recall and remember, with a stand-in plan -----------------------------------------
+# ---- the problem key, recall and remember, on a real Launch -----------------------------------------------
 GPU = {"name": "Test GPU", "cc": [9, 0], "sms": 132}
 
 
-def stand_in_plan(lib, *, ld=64, epilog=1, alignment=256, scale_pointer=None, bias_pointer=None, gpu=None):
-    """What recall and remember read from a plan: real descriptors of ``lib``, no GPU."""
+def stand_in_plan(lib, *, ld=64, epilog=1, alignment=256, scale_pointer=None, bias_pointer=None):
+    """What recall and remember read: a real ``Launch`` over real descriptors of ``lib`` (no GPU: the
+    handle is NULL, so cuBLASLt's algorithm check refuses everything unless a test says otherwise)."""
     from nvblaslt import MatmulDesc, MatmulPreference, MatrixLayout
 
     api = lib.api
@@ -369,8 +371,8 @@ def stand_in_plan(lib, *, ld=64, epilog=1, alignment=256, scale_pointer=None, bi
     layouts = [MatrixLayout(api.CUDA_R_32F, 64, 32, ld, lib=lib) for _ in range(4)]
     preference = MatmulPreference(max_workspace_bytes=1 << 20, lib=lib)
     preference.set("MIN_ALIGNMENT_A_BYTES", alignment)
-    return types.SimpleNamespace(_lib=lib, _desc=desc, _layouts=layouts, _preference=preference, _device=0,
-                                 _workspace_limit=1 << 20, _handle=types.SimpleNamespace(handle=None), gpu=gpu)
+    return Launch(lib, None, types.SimpleNamespace(handle=None), desc, layouts, preference, workspace_limit=1 << 20,
+                  device=0, alpha=None, beta=None)
 
 
 @pytest.fixture
@@ -398,16 +400,16 @@ def test_the_key_ignores_pointer_values_and_per_call_pointers(plans):
     assert key_of(a) == key_of(b)
     plan = plans(epilog=6, bias_pointer=0x1000)
     before = key_of(plan)
-    plan._desc.set("BIAS_POINTER", 0x3000)
-    plan._desc.set("EPILOGUE_AUX_POINTER", 0x4000)  # set by execute() for aux outputs
-    plan._desc.set("AMAX_D_POINTER", 0x5000)  # and for result_amax
+    plan.desc.set("BIAS_POINTER", 0x3000)
+    plan.desc.set("EPILOGUE_AUX_POINTER", 0x4000)  # set by execute() for aux outputs
+    plan.desc.set("AMAX_D_POINTER", 0x5000)  # and for result_amax
     assert key_of(plan) == before
 
 
 def test_the_key_changes_with_the_library_version(plans):
     plan = plans()
     description = _tuning_cache.problem_description(plan)
-    assert description["cublaslt"] == list(plan._lib.version_tuple)
+    assert description["cublaslt"] == list(plan.lib.version_tuple)
     assert description["layouts"][0]["LD"] == 64 and description["desc"]["EPILOGUE"] == 1
     assert description["preference"]["MIN_ALIGNMENT_A_BYTES"] == 256
     assert "MAX_WORKSPACE_BYTES" not in description["preference"]  # checked at recall instead
@@ -428,18 +430,17 @@ def test_remember_then_recall_round_trip(path, plans, monkeypatch, lib):
     result = fake_result(lib)
     assert _tuning_cache.remember(plan, result, 2.5, bias_gradient_form="split")
     checked = []
-    monkeypatch.setattr(_search, "check_algorithm", lambda p, algo: checked.append(bytes(algo)) or result)
+    monkeypatch.setattr(Launch, "check", lambda self, algo: checked.append(bytes(algo)) or result)
     recalled, stored = _tuning_cache.recall(plans())
     assert recalled is result and stored["bias_gradient_form"] == "split" and stored["ms"] == 2.5
     assert checked == [bytes(result.algorithm.algo)]  # the library is asked before the bytes are used
-    assert _search.recall(plans())[0] is result  # what Matmul.plan() calls today
 
 
 def test_recall_refuses_what_the_library_or_the_workspace_refuses(path, plans, monkeypatch, lib):
     plan = plans()
     _tuning_cache.remember(plan, fake_result(lib), 1.0)
     assert _tuning_cache.recall(plan) == (None, {})  # no GPU here: AlgoCheck refuses
-    monkeypatch.setattr(_search, "check_algorithm", lambda p, algo: fake_result(lib, workspace=2 << 20))
+    monkeypatch.setattr(Launch, "check", lambda self, algo: fake_result(lib, workspace=2 << 20))
     assert _tuning_cache.recall(plan) == (None, {})  # more workspace than the plan allows
 
 
@@ -447,7 +448,7 @@ def test_recall_refuses_what_the_library_or_the_workspace_refuses(path, plans, m
 def test_a_bad_entry_makes_recall_return_none(path, plans, monkeypatch, lib, kind):
     plan = plans()
     write(path, document({key_of(plan): BAD_ENTRIES[kind]}))
-    monkeypatch.setattr(_search, "check_algorithm", lambda p, algo: fake_result(lib))
+    monkeypatch.setattr(Launch, "check", lambda self, algo: fake_result(lib))
     with pytest.warns(TuningCacheWarning):
         assert _tuning_cache.recall(plan) == (None, {})
 
@@ -461,6 +462,6 @@ def test_a_bad_file_makes_recall_return_none(path, plans, kind):
 
 def test_recall_survives_a_plan_it_cannot_describe(path, plans):
     plan = plans()
-    plan._layouts = None
+    plan.layouts = None
     with pytest.warns(TuningCacheWarning, match="could not be described"):
         assert _tuning_cache.recall(plan) == (None, {})

@@ -1,0 +1,321 @@
+"""``Launch``: one ``cublasLtMatmul`` call, owned whole. The handle, the matmul descriptor, the four
+layouts, the preference and the workspace; the heuristics, cuBLASLt's check of an algorithm, the
+selected algorithm and the fallback when the library refuses it at launch; and the prebuilt
+ctypes argument tuple, which nothing else builds.
+
+``build`` makes the descriptors of a canonical problem (``_problem``) whose epilog ``_epilogs``
+has prepared. ``Matmul`` binds operand pointers and runs; autotune, the search, the tuning cache
+and the bench read and drive a plan through these public names.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+
+from . import _cuda
+from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
+from ._epilogs import Prepared, configure
+from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
+from ._known_bad import refuses
+from ._memory import DeviceBuffer
+from ._options import memory_limit_bytes
+from ._problem import COL, unsupported_hint
+
+logger = logging.getLogger("nvblaslt")
+
+
+def raw_function(function):
+    """The same C function with no argtypes and no status check: the caller passes ctypes objects
+    only (a Python int would go as a 32-bit C int) and checks the status itself."""
+    return ctypes.CFUNCTYPE(function.restype)(ctypes.cast(function, ctypes.c_void_p).value)
+
+
+class ForeignHandle:
+    """A cublasLtHandle_t the caller owns (``options.handle``): used, never destroyed."""
+
+    def __init__(self, handle: int, lib):
+        self.handle, self.lib = int(handle), lib
+
+    def close(self) -> None:
+        pass
+
+
+def build(lib, problem, prepared: Prepared, *, options, preferences, scale_pointers: dict, aux_scale_pointer,
+          alignments: dict, device: int) -> tuple[MatmulDesc, list[MatrixLayout], MatmulPreference, int]:
+    """(matmul descriptor, A/B/C/D layouts, preference, workspace limit) for ``problem``."""
+    api = lib.api
+    types = problem.types
+    desc = MatmulDesc(getattr(api, f"CUBLAS_{types.compute}"), getattr(api, types.scale), lib=lib)
+    desc.set("TRANSA", problem.a.op)
+    desc.set("TRANSB", problem.b.op)
+    desc.set("EPILOGUE", int(problem.epilog))
+    if options.sm_count_target:
+        desc.set("SM_COUNT_TARGET", options.sm_count_target)
+    if options.fast_accumulation and problem.fp8:  # as in nvmath-python: fp8 operands only
+        desc.set("FAST_ACCUM", 1)
+    for attribute, pointer in scale_pointers.items():
+        desc.set(attribute, pointer)
+    if aux_scale_pointer is not None:
+        desc.set("EPILOGUE_AUX_SCALE_POINTER", aux_scale_pointer)
+    configure(desc, api, problem, prepared, result_amax=bool(options.result_amax))
+
+    def layout(matrix) -> MatrixLayout:
+        return MatrixLayout(getattr(api, matrix.dtype.cuda), matrix.rows, matrix.cols, matrix.ld,
+                            order=matrix.order if matrix.order != COL else None,
+                            batch_count=problem.batch_count, batch_stride=matrix.batch_stride, lib=lib)
+    c = problem.c or dataclasses.replace(problem.d, dtype=types.c)  # no C: cuBLASLt still takes its layout
+    layouts = [layout(problem.a.layout), layout(problem.b.layout), layout(c), layout(problem.d)]
+
+    workspace_limit = preferences.workspace_limit
+    if options.memory_limit != "80%":  # the default leaves far more than any workspace
+        total = _cuda.device_properties(device).totalGlobalMem
+        workspace_limit = min(workspace_limit, memory_limit_bytes(options.memory_limit, total))
+    preference = MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib)
+    for key, value in alignments.items():
+        preference.set(f"MIN_ALIGNMENT_{key}_BYTES", value)
+    if preferences.max_waves_count:
+        preference.set("MAX_WAVES_COUNT", preferences.max_waves_count)
+    reduction = preferences.reduction_scheme_mask
+    if reduction is None and types.d.itemsize <= 2:
+        # Split-K partial sums kept in a 16- or 8-bit result type lose digits (measured on an H200: 31× the
+        # error of one rounding in bf16); cuBLASLt's heuristics still pick them first for some shapes.
+        reduction = int(api.CUBLASLT_REDUCTION_SCHEME_INPLACE) | int(api.CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+    if reduction is not None:
+        preference.set("REDUCTION_SCHEME_MASK", reduction)
+    if preferences.numerical_impl_mask is not None:
+        preference.set("IMPL_MASK", preferences.numerical_impl_mask)
+    return desc, layouts, preference, workspace_limit
+
+
+class Launch:
+    """One cublasLtMatmul call: its descriptors, algorithm, workspace and prebuilt arguments.
+
+    ``a_pointer``, ``b_pointer``, ``c_pointer`` (None without C), ``d_argument`` and
+    ``stream_argument`` are mutable ``c_void_p`` objects made once and shared by every argument
+    tuple: a launch takes whatever they hold. ``alpha`` and ``beta`` are the plan's ``Scalar``s."""
+
+    def __init__(self, lib, problem, handle, desc: MatmulDesc, layouts: list[MatrixLayout],
+                 preference: MatmulPreference, *, workspace_limit: int, device: int, alpha, beta):
+        self.lib, self.problem, self.handle, self.desc, self.layouts = lib, problem, handle, desc, layouts
+        self.preference, self.workspace_limit, self.device = preference, workspace_limit, device
+        self.alpha, self.beta = alpha, beta
+        self.algorithms: list[HeuristicResult] = []  # the candidates, best first
+        self.algorithm: HeuristicResult | None = None
+        self.workspace: DeviceBuffer | None = None
+        self.workspace_size = 0  # bytes the selected algorithm is given (0: none)
+        self.matmul = raw_function(lib.cublasLtMatmul)
+        self.a_pointer, self.b_pointer = ctypes.c_void_p(), ctypes.c_void_p()
+        self.c_pointer: ctypes.c_void_p | None = None
+        self.d_argument, self.stream_argument = ctypes.c_void_p(), ctypes.c_void_p()  # set per call
+        self.arguments: tuple = ()
+        self.known_bad = 0  # algorithms the heuristics offered that ``_known_bad`` refuses
+
+    @classmethod
+    def planned(cls, lib, problem, prepared: Prepared, *, options, preferences, scales, operands: dict,
+                aux_scale: bool, device: int, alpha, beta, algorithms) -> tuple[Launch, list[HeuristicResult]]:
+        """A launch for ``problem`` and its algorithms, best first: the caller's ``algorithms``
+        (checked) or the heuristics'. Raises NOT_SUPPORTED, with what is known of why, where none."""
+        structs = algorithm_structs(algorithms, lib.api) if algorithms is not None else None
+        c = operands["c"]
+        alignments = {"A": operands[problem.a.source].alignment, "B": operands[problem.b.source].alignment,
+                      "C": c.alignment if c is not None else 256, "D": c.alignment if problem.inplace else 256}
+        desc, layouts, preference, workspace_limit = build(
+            lib, problem, prepared, options=options, preferences=preferences,
+            scale_pointers=scales.descriptor_pointers(problem),
+            aux_scale_pointer=scales.pointer("aux") if aux_scale else None, alignments=alignments, device=device)
+        handle = Handle.for_device(device) if options.handle is None else ForeignHandle(options.handle, lib)
+        launch = cls(lib, problem, handle, desc, layouts, preference, workspace_limit=workspace_limit, device=device,
+                     alpha=alpha, beta=beta)
+        try:
+            found = launch.checked(structs) if structs is not None else launch.heuristics(preferences.limit)
+            if not found:
+                status = int(lib.api.CUBLAS_STATUS_NOT_SUPPORTED)
+                raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, lib.status_name(status),
+                                    lib.status_string(status),
+                                    unsupported_hint(problem, prepared.epilog, launch.known_bad > 0))
+        except BaseException:
+            launch.close()
+            raise
+        return launch, found
+
+    # ---- algorithms -----------------------------------------------------------------------------------
+    def heuristics(self, count: int) -> list[HeuristicResult]:
+        """The heuristics' algorithms, best first, without those measured wrong here (``_known_bad``);
+        [] where cuBLASLt has none."""
+        try:
+            offered = heuristics(self.handle, self.desc, *self.layouts, self.preference, count=count)
+        except CublasLtError as error:
+            if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
+                raise
+            return []
+        found = [r for r in offered if not refuses(r, self.problem)]
+        self.known_bad = len(offered) - len(found)
+        return found
+
+    def check(self, algo) -> HeuristicResult | None:
+        """``algo`` as cuBLASLt accepts it for this launch (workspace, waves), or None if it does not
+        or it is one measured wrong here."""
+        lib = self.lib
+        result = lib.api.cublasLtMatmulHeuristicResult_t()
+        layouts = self.layouts
+        try:
+            lib.cublasLtMatmulAlgoCheck(self.handle.handle, self.desc.handle, layouts[0].handle, layouts[1].handle,
+                                        layouts[2].handle, layouts[3].handle, ctypes.byref(algo), ctypes.byref(result))
+        except CublasLtError:
+            return None
+        checked = HeuristicResult(result, lib)
+        return None if refuses(checked, self.problem) else checked
+
+    def checked(self, structs) -> list[HeuristicResult]:
+        """The caller's algorithms (``cublasLtMatmulAlgo_t`` values), each checked for this launch."""
+        found = []
+        for index, algo in enumerate(structs):
+            result = self.check(algo)
+            if result is None:
+                raise NvblasltValueError(f"algorithms[{index}]: cuBLASLt's algorithm check refuses it for this plan")
+            found.append(result)
+        return found
+
+    def select(self, result: HeuristicResult) -> None:
+        """Use ``result`` from the next launch on (its workspace must be ensured first)."""
+        self.algorithm = result
+        workspace = self.workspace
+        self.workspace_size = workspace.size if workspace is not None and result.workspace_size else 0
+        self._build_arguments()
+
+    def ensure_workspace(self, nbytes: int, stream: int) -> None:
+        """A workspace of at least ``nbytes``. The old one is freed after work queued on it, and only
+        once the new one exists: a failed allocation leaves the launch whole, on the old one."""
+        if nbytes <= (self.workspace.size if self.workspace is not None else 0):
+            return
+        old, self.workspace = self.workspace, DeviceBuffer(nbytes, stream)
+        if self.algorithm is not None:
+            self.select(self.algorithm)  # the arguments must not keep the old one's pointer
+        if old is not None:
+            old.release()
+
+    def release_workspace(self) -> None:
+        if self.workspace is not None:
+            self.workspace.release()
+            self.workspace = None
+
+    # ---- pointers and arguments -------------------------------------------------------------------------
+    def pointer_setter(self, attribute: str):
+        """set(pointer) for one pointer attribute of the matmul descriptor, its ctypes call prebuilt."""
+        lib = self.lib
+        member = lib.api.cublasLtMatmulDescAttributes_t[attribute]
+        setter, handle, value = lib.cublasLtMatmulDescSetAttribute, ctypes.c_void_p(self.desc.handle), ctypes.c_void_p()
+        reference, size = ctypes.byref(value), ctypes.sizeof(value)
+
+        def set_pointer(pointer: int) -> None:
+            value.value = pointer
+            setter(handle, member, reference, size)
+        return set_pointer
+
+    def bind(self, a: int, b: int, c: int | None) -> None:
+        """cuBLASLt's A, B and C pointers (the caller's B and A when the problem is transposed)."""
+        self.a_pointer.value, self.b_pointer.value = a, b
+        if c is not None and self.c_pointer is None:
+            self.c_pointer = ctypes.c_void_p(c)
+            self._build_arguments()
+        elif c is not None:
+            self.c_pointer.value = c
+
+    def _build_arguments(self) -> None:
+        # No argtypes: every argument is a ctypes object already, so ctypes converts nothing per call
+        # (measured on the H200 host: 0.8 to 1.6 µs a call less than with argtypes). The arguments fixed
+        # for the plan go as from_param() objects, which ctypes passes as they are; a c_void_p instance
+        # is turned into one on every call (0.9 µs a call less over 16 arguments, H200 host).
+        if self.algorithm is None:
+            return
+        fixed = ctypes.c_void_p.from_param
+        types = self.problem.types
+        layouts = self.layouts
+        # Without C, cuBLASLt still takes a C pointer; D's own is fine unless C's type differs (fp8 results),
+        # where cuBLASLt would take C == D for an in-place call with mismatched descriptors.
+        if self.c_pointer is not None:
+            c_argument = self.c_pointer
+        else:
+            c_argument = self.d_argument if types.c == types.d else self.a_pointer
+        workspace = self.workspace.pointer if self.workspace_size else None
+        self.arguments = (fixed(self.handle.handle), fixed(self.desc.handle), self.alpha.reference, self.a_pointer,
+                          fixed(layouts[0].handle), self.b_pointer, fixed(layouts[1].handle), self.beta.reference,
+                          c_argument, fixed(layouts[2].handle), self.d_argument, fixed(layouts[3].handle),
+                          ctypes.byref(self.algorithm.algorithm.algo), fixed(workspace),
+                          ctypes.c_size_t.from_param(self.workspace_size), self.stream_argument)
+
+    # ---- running ----------------------------------------------------------------------------------------
+    def run(self, d_pointer: int, stream: int) -> None:
+        """One cublasLtMatmul into ``d_pointer`` on ``stream``. Where cuBLASLt refuses the selected
+        algorithm at launch (NOT_SUPPORTED, seen for aux epilogs with M=1 on an algorithm the
+        heuristics offered), the next one of the list is tried; any other status raises."""
+        self.d_argument.value = d_pointer
+        self.stream_argument.value = stream
+        status = self.matmul(*self.arguments)
+        if status:
+            self._refused(status)
+
+    def try_run(self, d_pointer: int, stream: int) -> None:
+        """One cublasLtMatmul with the selected algorithm, raising on any refusal (no fallback: the
+        caller is choosing among algorithms)."""
+        self.d_argument.value = d_pointer
+        self.stream_argument.value = stream
+        status = self.matmul(*self.arguments)
+        if status:
+            raise self.error(status)
+
+    def error(self, status: int) -> CublasLtError:
+        lib = self.lib
+        return CublasLtError("cublasLtMatmul", status, lib.status_name(status), lib.status_string(status))
+
+    def _refused(self, status: int) -> None:
+        while self.lib.status_name(status) == "CUBLAS_STATUS_NOT_SUPPORTED" and self._next_algorithm():
+            logger.info("cublasLtMatmul refused an algorithm for %s; trying %s", self.problem.describe(),
+                        self.algorithm)
+            status = self.matmul(*self.arguments)  # the same pointer objects: this call's operands
+            if not status:
+                return
+        raise self.error(status)
+
+    def _next_algorithm(self) -> bool:
+        """Drop the algorithm cuBLASLt refused at launch; False if it was not from the list or none is left."""
+        if not any(r is self.algorithm for r in self.algorithms):
+            return False
+        while self.algorithms and self.algorithms[0] is not self.algorithm:
+            self.algorithms.pop(0)
+        if len(self.algorithms) <= 1:
+            return False
+        self.algorithms.pop(0)
+        self.select(self.algorithms[0])
+        return True
+
+    def close(self) -> None:
+        """Destroy the descriptors and release the workspace (stream-ordered after queued work)."""
+        for owned in (self.desc, self.preference, *self.layouts):
+            owned.close()
+        self.release_workspace()
+
+
+__all__ = ["ForeignHandle", "Launch", "algorithm_structs", "build", "raw_function"]
+
+
+def algorithm_structs(algorithms, api) -> list:
+    """``cublasLtMatmulAlgo_t`` values from the caller's algorithms (ours, nvmath-python's, or their bytes)."""
+    if not isinstance(algorithms, (list, tuple)) or not algorithms:
+        raise NvblasltTypeError(f"algorithms: expected a non-empty list of algorithms, got {algorithms!r}")
+    struct_type = api.cublasLtMatmulAlgo_t
+    structs = []
+    for index, item in enumerate(algorithms):
+        algo = getattr(item, "algorithm", item)
+        algo = getattr(algo, "algo", algo)
+        if not isinstance(algo, struct_type):
+            raw = getattr(item, "algorithm", item)
+            try:  # nvmath-python's Algorithm keeps the algorithm's bytes (a NumPy array)
+                algo = struct_type.from_buffer_copy(bytes(memoryview(raw)))
+            except (TypeError, ValueError, BufferError):
+                raise NvblasltTypeError(f"algorithms[{index}]: expected an algorithm from plan()/autotune(), got "
+                                        f"{type(item).__name__}") from None
+        structs.append(algo)
+    return structs

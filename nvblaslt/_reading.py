@@ -1,0 +1,110 @@
+"""The arrays a plan reads: its operands at construction, its epilog inputs at plan time, and new
+ones on ``reset_operands``, read and compared with what the plan was made for before anything of
+the plan changes (a refused reset changes nothing)."""
+
+from __future__ import annotations
+
+from . import _host, _operands, _streams
+from ._epilogs import check_input
+from ._errors import NvblasltTypeError, NvblasltValueError
+from ._streams import stream_handle
+
+
+def read_operands(a, b, c, stream) -> tuple[list, str, int | None]:
+    """(a, b, c as read, their package, the stream given or None): the constructor's reading."""
+    for name, x in (("a", a), ("b", b)):
+        if x is None:
+            raise NvblasltTypeError(f"{name}: expected an array, got None")
+    given = [(x, name) for x, name in ((a, "a"), (b, "b"), (c, "c")) if x is not None]
+    kinds = {name: _operands.kind_of(x) for x, name in given}
+    if len(set(kinds.values())) > 1:
+        raise NvblasltTypeError(f"a, b, c: operands must come from one array package, got "
+                                f"{', '.join(f'{n}: {k}' for n, k in kinds.items())}")
+    stream_h = stream_handle(stream) if stream is not None else None
+    if stream_h is not None:
+        read_stream = stream_h
+    elif _operands.is_host_array(a):
+        read_stream = 0  # host operands: no framework stream to ask (nor, on CPU-only builds, one to have)
+    else:
+        read_stream = _streams.current_stream(kinds["a"], None)
+    return [_operands.read(x, name, read_stream) for x, name in given], kinds["a"], stream_h
+
+
+def read_input(key: str, value, host: bool, device: int, stream: int):
+    """(one epilog input as read, its staged copy's buffer or None): host inputs are staged to the GPU."""
+    name = f"epilog_inputs['{key}']"
+    op = value if isinstance(value, _operands.Operand) else _operands.read(value, name, stream)
+    if op.host != host:
+        raise NvblasltTypeError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the operands are "
+                                f"in {'host' if host else 'GPU'} memory")
+    if op.host:
+        return _host.stage(op, device, stream)
+    if op.device != device:
+        raise NvblasltValueError(f"{name}: on GPU {op.device}, but the operands are on GPU {device}")
+    return op, None
+
+
+def require_same(name: str, old, new, what_matters=("shape", "strides", "dtype", "device", "conjugated")) -> None:
+    for what in what_matters:
+        if getattr(old, what) != getattr(new, what):
+            raise NvblasltValueError(f"{name}: the plan was made for {what} {getattr(old, what)}, got "
+                                     f"{getattr(new, what)}; make a new Matmul for a different problem")
+    if "device" in what_matters and new.alignment < old.alignment:
+        raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but the "
+                                 f"plan's algorithms assume {old.alignment}; make a new Matmul")
+
+
+def read_reset(new: dict, current: dict, host_originals: dict, released, framework: str, host: bool,
+                  stream: int) -> dict:
+    """{name: Operand} for the new a, b, c given (None: keep), each like the one it replaces."""
+    if released:
+        missing = sorted(n for n in released if new.get(n) is None)
+        if missing:
+            raise NvblasltValueError(f"{', '.join(missing)}: release_operands() dropped the operands; give all "
+                                     f"of them again")
+    found = {}
+    for name, array in new.items():
+        if array is None:
+            continue
+        old = current[name]
+        if old is None:
+            raise NvblasltValueError(f"{name}: the plan was made without {name}; make a new Matmul")
+        op = _operands.read(array, name, stream)
+        if _operands.kind_of(array) != framework or op.host != host:
+            raise NvblasltTypeError(f"{name}: expected an array like the original ({framework}, "
+                                    f"{'host' if host else 'GPU'} memory)")
+        if op.host:  # copied (conjugated, for a conjugate view) into the device copy's layout: any strides do
+            require_same(name, host_originals[name], op, ("shape", "dtype"))
+        else:
+            require_same(name, old, op)
+        found[name] = op
+    return found
+
+
+def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict, staged: dict, problem,
+                stream: int) -> dict:
+    """{key: (Operand, its EpilogInput, or None for a host input copied into its staged copy)}."""
+    if not planned:
+        raise NvblasltValueError("epilog_inputs: call plan() before resetting epilog inputs")
+    unknown = [k for k in epilog_inputs if k not in checked]
+    if unknown:
+        raise NvblasltValueError(f"epilog_inputs: {epilog.name} takes {list(checked)}; unknown {unknown}")
+    found = {}
+    for key, value in epilog_inputs.items():
+        name = f"epilog_inputs['{key}']"
+        op = _operands.read(value, name, stream)
+        if op.host:
+            copy = staged[key]
+            if op.shape != copy.shape or op.dtype != copy.dtype:
+                raise NvblasltValueError(f"{name}: the plan was made for shape {copy.shape} and dtype "
+                                         f"{copy.dtype.name}, got {op.shape} and {op.dtype.name}")
+            found[key] = (op, None)
+            continue
+        old, new = checked[key], check_input(key, op, problem)
+        if (new.ld, new.batch_stride, new.dtype) != (old.ld, old.batch_stride, old.dtype):
+            raise NvblasltValueError(f"{name}: the plan was made for another layout or dtype; make a new plan for it")
+        if new.alignment < old.alignment:
+            raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but the "
+                                     f"plan assumed {old.alignment}")
+        found[key] = (op, new)
+    return found
