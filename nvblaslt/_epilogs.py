@@ -104,7 +104,7 @@ def as_epilog(epilog) -> MatmulEpilog:
         return MatmulEpilog.DEFAULT
     if isinstance(epilog, str):
         try:
-            return MatmulEpilog[epilog.upper()]
+            return MatmulEpilog.__members__[epilog.upper()]
         except KeyError:
             raise NvblasltValueError(f"epilog: expected one of {', '.join(MatmulEpilog.__members__)}, "
                                      f"got {epilog!r}") from None

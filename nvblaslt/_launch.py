@@ -145,7 +145,8 @@ class Launch:
         """The heuristics' algorithms, best first, without those measured wrong here (``_known_bad``);
         [] where cuBLASLt has none."""
         try:
-            offered = heuristics(self.handle, self.desc, *self.layouts, self.preference, count=count)
+            a, b, c, d = self.layouts
+            offered = heuristics(self.handle, self.desc, a, b, c, d, self.preference, count=count)
         except CublasLtError as error:
             if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
                 raise
@@ -217,10 +218,12 @@ class Launch:
     def bind(self, a: int, b: int, c: int | None) -> None:
         """cuBLASLt's A, B and C pointers (the caller's B and A when the problem is transposed)."""
         self.a_pointer.value, self.b_pointer.value = a, b
-        if c is not None and self.c_pointer is None:
+        if c is None:
+            return
+        if self.c_pointer is None:
             self.c_pointer = ctypes.c_void_p(c)
             self._build_arguments()
-        elif c is not None:
+        else:
             self.c_pointer.value = c
 
     def _build_arguments(self) -> None:
@@ -239,7 +242,7 @@ class Launch:
             c_argument = self.c_pointer
         else:
             c_argument = self.d_argument if types.c == types.d else self.a_pointer
-        workspace = self.workspace.pointer if self.workspace_size else None
+        workspace = self.workspace.pointer if self.workspace is not None and self.workspace_size else None
         self.arguments = (fixed(self.handle.handle), fixed(self.desc.handle), self.alpha.reference, self.a_pointer,
                           fixed(layouts[0].handle), self.b_pointer, fixed(layouts[1].handle), self.beta.reference,
                           c_argument, fixed(layouts[2].handle), self.d_argument, fixed(layouts[3].handle),

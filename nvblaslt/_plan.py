@@ -73,7 +73,7 @@ class Matmul:
         self._lock = threading.Lock()
         self._released: set[str] | None = None
         self._planned = self._freed = False
-        self.launch: Launch | None = None
+        self.launch: Launch = None  # type: ignore[assignment]  # made by plan()
         self.split_form: SplitBiasGradient | None = None  # the two-call form, when tuning found it faster
         self.fast_bound: list | None = None  # the function form's pointers bound now (default scalars), if any
         self._staged: dict[str, _memory.DeviceBuffer] = {}
@@ -261,7 +261,7 @@ class Matmul:
             if self._host:
                 c = self._operands["c"]
                 in_place = (self._host_operands["c"], c.ptr, c.strides) if self.problem.inplace else None
-                result = _host.to_host(result, self._kind, *self._results.host_layouts, stream_h, in_place)
+                result = self._results.to_host(result, self._kind, stream_h, in_place)
             else:
                 _cuda.check(cudart.cudaStreamSynchronize(stream_h), "cudaStreamSynchronize")
         if release_workspace and launch.workspace is not None:

@@ -44,7 +44,7 @@ class Matrix:
     def orders(self) -> dict[int, int]:
         """{order: leading dimension} for each storage order that describes this matrix."""
         r, c, sr, sc = self.rows, self.cols, self.row_stride, self.col_stride
-        found = {}
+        found: dict[int, int] = {}
         if (sr == 1 or r == 1) and (c == 1 or sc >= r):
             found[COL] = sc if c > 1 else max(r, 1)
         if (sc == 1 or c == 1) and (r == 1 or sr >= c):

@@ -89,7 +89,7 @@ def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict,
     unknown = [k for k in epilog_inputs if k not in checked]
     if unknown:
         raise NvblasltValueError(f"epilog_inputs: {epilog.name} takes {list(checked)}; unknown {unknown}")
-    found = {}
+    found: dict[str, tuple] = {}
     for key, value in epilog_inputs.items():
         name = f"epilog_inputs['{key}']"
         op = _operands.read(value, name, stream)

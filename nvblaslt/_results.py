@@ -5,7 +5,7 @@ the layouts host results are copied back in.
 
 from __future__ import annotations
 
-from . import _dtypes, _memory
+from . import _dtypes, _host, _memory
 from ._epilogs import Prepared, output_pointer_attributes
 
 _ALIGN = 256
@@ -31,7 +31,7 @@ class Results:
                          launch.pointer_setter(attribute))
                         for (key, shape, strides, dtype), attribute in zip(layouts, attributes)]
         # where host results are copied back to: (D's layout, each output's by key)
-        self.host_layouts = ((problem.result_shape, problem.result_strides, problem.types.d),
+        self.host_layouts: tuple[tuple, dict] = ((problem.result_shape, problem.result_strides, problem.types.d),
                              {key: (shape, strides, dtype) for key, shape, strides, dtype in layouts})
         self._spans = [_memory.span_elements(shape, strides) * dtype.itemsize for _, shape, strides, dtype in layouts]
         self._inplace = problem.inplace
@@ -64,6 +64,11 @@ class Results:
         for (_, _, set_pointer), offset in zip(self.outputs, offsets[1:]):
             set_pointer(base + offset)
         return base
+
+    def to_host(self, result, framework: str, stream: int, in_place):
+        """Host operands' results: D or ``(D, aux)`` copied back into new host arrays (see ``_host.to_host``)."""
+        d_layout, aux_layouts = self.host_layouts
+        return _host.to_host(result, framework, d_layout, aux_layouts, stream, in_place)
 
     def used_on(self, stream: int) -> None:
         if self._scratch is not None:
