@@ -14,7 +14,7 @@ import ctypes
 import dataclasses
 import logging
 
-from . import _cuda
+from . import _cuda, _tuning_cache
 from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
 from ._epilogs import Prepared, configure
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
@@ -114,9 +114,11 @@ class Launch:
 
     @classmethod
     def planned(cls, lib, problem, prepared: Prepared, *, options, preferences, scales, operands: dict,
-                aux_scale: bool, device: int, alpha, beta, algorithms) -> tuple[Launch, list[HeuristicResult]]:
-        """A launch for ``problem`` and its algorithms, best first: the caller's ``algorithms``
-        (checked) or the heuristics'. Raises NOT_SUPPORTED, with what is known of why, where none."""
+                aux_scale: bool, device: int, alpha, beta, algorithms, stream: int) -> tuple[Launch, list, dict]:
+        """(a launch for ``problem``, its algorithms best first, the tuning cache's entry or {}): the
+        caller's ``algorithms`` (checked), or the heuristics' after what an earlier search remembered;
+        the workspace they need made on ``stream``. Raises NOT_SUPPORTED, with what is known of why,
+        where there is no algorithm."""
         structs = algorithm_structs(algorithms, lib.api) if algorithms is not None else None
         c = operands["c"]
         alignments = {"A": operands[problem.a.source].alignment, "B": operands[problem.b.source].alignment,
@@ -135,10 +137,17 @@ class Launch:
                 raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, lib.status_name(status),
                                     lib.status_string(status),
                                     unsupported_hint(problem, prepared.epilog, launch.known_bad > 0))
+            remembered: dict = {}
+            if structs is None:
+                tuned, remembered = _tuning_cache.recall(launch)  # what an earlier autotune(search=True) found
+                if tuned is not None:
+                    found.insert(0, tuned)
+            launch.algorithms = found
+            launch.ensure_workspace(max(r.workspace_size for r in found), stream)
         except BaseException:
             launch.close()
             raise
-        return launch, found
+        return launch, found, remembered
 
     # ---- algorithms -----------------------------------------------------------------------------------
     def heuristics(self, count: int) -> list[HeuristicResult]:

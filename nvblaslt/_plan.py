@@ -16,7 +16,7 @@ import threading
 
 from cuda.bindings import runtime as cudart
 
-from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading, _streams, _tuning_cache
+from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading, _streams
 from ._descriptors import HeuristicResult
 from ._epilogs import MASKING, SPECS, as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
@@ -175,25 +175,18 @@ class Matmul:
         prepared = _epilogs.prepare(epilog, problem, inputs, aux_dtype, prefs.epilog.aux_amax)
         if aux_scale is not None:
             self._scales.write({"aux": aux_scale}, self.stream)
-        # 3. the launch: descriptors, then the caller's algorithms or the heuristics'
-        launch, found = Launch.planned(lib, problem, prepared, options=self.options, preferences=prefs,
-                                       scales=self._scales, operands=self._operands, aux_scale=aux_scale is not None,
-                                       device=self.device, alpha=self.alpha, beta=self.beta, algorithms=algorithms)
-        # 4. commit: the previous plan goes; the cache may know a tuned algorithm; the outputs' allocators
+        # 3. the launch: descriptors, the caller's algorithms or the heuristics' (and the tuning cache's), workspace
+        launch, found, remembered = Launch.planned(
+            lib, problem, prepared, options=self.options, preferences=prefs, scales=self._scales,
+            operands=self._operands, aux_scale=aux_scale is not None, device=self.device, alpha=self.alpha,
+            beta=self.beta, algorithms=algorithms, stream=self._last_stream)
+        results = Results(launch, problem, prepared, framework=self._kind, host=self._host, device=self.device,
+                          result_amax=bool(self.options.result_amax))
+        # 4. commit: the previous plan goes, this one takes its place
         self._planned = False  # until the new plan is whole: execute() must not launch with what is released here
         self._release_plan()
-        self.problem, self.epilog, self.launch, self._prepared = problem, epilog, launch, prepared
-        self._input_operands = inputs
-        remembered: dict = {}
-        if algorithms is None:
-            tuned, remembered = _tuning_cache.recall(launch)  # what an earlier autotune(search=True) found
-            if tuned is not None:
-                found.insert(0, tuned)
-        launch.algorithms = found
-        launch.ensure_workspace(max(r.workspace_size for r in found), self._last_stream)
-        self._results = Results(launch, problem, prepared, framework=self._kind, host=self._host,
-                                device=self.device, result_amax=bool(self.options.result_amax))
-        self.allocate_result = self._results.allocate_d
+        self.problem, self.epilog, self.launch, self._prepared, self._results = problem, epilog, launch, prepared, results
+        self._input_operands, self.allocate_result = inputs, results.allocate_d
         self._framework_stream = _streams.current_stream_getter(self._kind if not self._host else "protocol",
                                                                 self.device)
         self._out_checker = OutputChecker(self._kind, self._host, problem, self.device, self._operands,
