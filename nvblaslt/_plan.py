@@ -185,7 +185,8 @@ class Matmul:
         # 4. commit: the previous plan goes, this one takes its place
         self._planned = False  # until the new plan is whole: execute() must not launch with what is released here
         self._release_plan()
-        self.problem, self.epilog, self.launch, self._prepared, self._results = problem, epilog, launch, prepared, results
+        self.problem, self.epilog, self.launch, self._prepared = problem, epilog, launch, prepared
+        self._results = results
         self._input_operands, self.allocate_result = inputs, results.allocate_d
         self._framework_stream = _streams.current_stream_getter(self._kind if not self._host else "protocol",
                                                                 self.device)
