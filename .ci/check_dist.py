@@ -12,7 +12,8 @@ import zipfile
 from pathlib import Path
 
 # What the sdist's test suite reads besides the package itself.
-SDIST_NEEDS = ["LICENSE", "pyproject.toml", "README.md", "tests/conftest.py", "tests/fakes.py", "tests/reference.py",
+SDIST_NEEDS = ["LICENSE", "pyproject.toml", "README.md", "tests/__init__.py", "tests/conftest.py", "tests/fakes.py",
+               "tests/reference.py", "tests/scripts.py", "tests/cpu/__init__.py", "tests/gpu/__init__.py",
                "codegen/templates/bindings.py.j2", "headers/stubs/stdint.h", "headers/pins/cuda12.json",
                "headers/pins/cuda13.json", "examples/regenerate_bindings.py", "nvblaslt/py.typed"]
 

@@ -13,7 +13,7 @@ import pytest
 import nvblaslt
 import nvblaslt._autotune as autotune_module
 from nvblaslt import Matmul, MatmulEpilog, matmul
-from reference import gelu, host
+from tests.reference import gelu, host
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

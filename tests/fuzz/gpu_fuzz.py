@@ -2,8 +2,14 @@
 
 Every call must either be refused with an nvblaslt error, or be accepted and agree with a float64
 reference; anything else (another exception, a wrong result, a crash of this process) is a failure.
+Summary line:
 
-    PYTHONPATH=. python3 tests/gpu_fuzz.py [calls] [seed]
+    gpu_fuzz: N calls in T s (seed S): A accepted and correct, R invalid calls refused, F failures; ...
+
+    python -m tests.fuzz.gpu_fuzz [calls] [seed]      # from the repository root; 10000 calls, seed 0
+    python -m pytest -m fuzz tests      # a smoke run at a fixed seed (test_gpu_fuzz.py), and the CPU fuzz
+
+Exit status 1 on any failure.
 """
 
 from __future__ import annotations
@@ -16,11 +22,9 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from reference import gelu, gelu_grad, host, rel_error  # noqa: E402
-
-import nvblaslt  # noqa: E402
-from nvblaslt import MatmulEpilog, NvblasltError, matmul  # noqa: E402
+import nvblaslt
+from nvblaslt import MatmulEpilog, NvblasltError, matmul
+from tests.reference import gelu, gelu_grad, host, rel_error
 
 warnings.filterwarnings("ignore", message="epilog_inputs: .* ignoring")
 
@@ -142,7 +146,7 @@ def main(calls: int, seed: int) -> int:
         if (index + 1) % 2000 == 0:
             print(f"  {index + 1} calls, {len(failures)} failures", flush=True)
     nvblaslt.clear_plan_cache()
-    print(f"{calls} calls in {time.perf_counter() - start:.0f} s (seed {seed}): "
+    print(f"gpu_fuzz: {calls} calls in {time.perf_counter() - start:.0f} s (seed {seed}): "
           f"{stats['accepted and correct']} accepted and correct, {stats['refused']} invalid calls refused, "
           f"{len(failures)} failures; 0 crashes (this process is still alive)")
     for key, count in sorted(stats.items()):

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 from nvblaslt import Matmul, _autotune, _tuning_cache  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 M, K, N = 4096, 2048, 3072
 
 

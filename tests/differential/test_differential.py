@@ -1,11 +1,12 @@
-"""The differential test's smoke subset (issue 19): ``tests/nvmath_diff.py`` at fixed seeds, once over every
+"""The differential test's smoke subset (issue 19): ``nvmath_diff.py`` at fixed seeds, once over every
 group and once over the buckets issue 19 added or widened, each case run through nvmath-python 1.0 and
 nvblaslt and both checked against float64. nvblaslt must have no wrong result and no mismatch, and the runs
 must judge cases (not skip them all). Marked ``differential`` and ``gpu``: skipped without a GPU, and
 without nvmath-python (imported from the environment or ``$NVMATH_SITE``, default /tmp/site, as the harness
 imports it).
 
-    PYTHONPATH=. python3 -m pytest -m differential tests
+    python -m pytest -m differential tests
+    python -m tests.differential.nvmath_diff --cases 60 --seed 1901      # the first run by hand (repository root)
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.differential]
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
-HARNESS = TESTS / "nvmath_diff.py"
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = "tests.differential.nvmath_diff"  # run as a module from ROOT
 TIMEOUT_S = 540
 
 SEED_ALL, CASES_ALL = 1901, 60  # every group
@@ -33,7 +33,7 @@ COUNT = re.compile(r"(\d+) (both ok|both refused|gaps|mismatches|wrong \(nvblasl
 
 def _environment() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
@@ -51,9 +51,9 @@ class HarnessRun:
     """One run of the harness: its exit status, its overall counts and each group's."""
 
     def __init__(self, args: list[str]):
-        self.command = f"PYTHONPATH=. python3 tests/nvmath_diff.py {' '.join(args)}"
+        self.command = f"python -m {HARNESS} {' '.join(args)}"
         try:
-            done = subprocess.run([sys.executable, str(HARNESS), *args], cwd=ROOT, env=_environment(),
+            done = subprocess.run([sys.executable, "-m", HARNESS, *args], cwd=ROOT, env=_environment(),
                                   capture_output=True, text=True, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
@@ -85,7 +85,7 @@ class HarnessRun:
 
 @pytest.fixture(scope="module")
 def nvmath_importable() -> None:
-    probe = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import nvmath_diff; nvmath_diff._import_nvmath(); "
+    probe = (f"from {HARNESS} import _import_nvmath; _import_nvmath(); "
              f"import nvmath; print(getattr(nvmath, '__version__', '?'))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_environment(), capture_output=True,
                           text=True, timeout=300)

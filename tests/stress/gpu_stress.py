@@ -1,9 +1,11 @@
 """GPU stress script (issue 10, "Tests"): every risky case in its own process, with a timeout, so that
 a crash or a hang is a recorded failure and not the end of the run.
 
-    PYTHONPATH=. python tests/gpu_stress.py [--only NAME[,NAME]] [--jobs J] [--log FILE] [--list] [--verbose]
+    python -m tests.stress.gpu_stress [--only NAME[,NAME]] [--jobs J] [--log FILE] [--list] [--verbose]
+    python -m pytest -m stress tests      # a smoke subset of the cases through this script (test_stress.py)
 
-The cases live in ``_stress_cases.py`` (``python tests/_stress_cases.py --list``). Independent cases run
+Run both from the repository root. The cases live in ``_stress_cases.py``
+(``python -m tests.stress._stress_cases --list``). Independent cases run
 ``--jobs`` at a time (default 4); those marked exclusive (memory pressure) run alone at the end.
 A case fails as: wrong (a wrong result returned without an error), error (an exception other than a
 clean NvblasltError refusal, a broken capture, a library left unusable), crash (the process died), or
@@ -25,9 +27,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
-sys.path.insert(0, TESTS)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where ``tests`` imports from
+CASE_RUNNER = "tests.stress._stress_cases"
 
 
 _CACHE_DIR = None
@@ -44,7 +45,7 @@ def _environment() -> dict:
         atexit.register(shutil.rmtree, _CACHE_DIR, True)
     env = dict(os.environ)
     env["NVBLASLT_CACHE_DIR"] = _CACHE_DIR
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, TESTS, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     env["PYTHONFAULTHANDLER"] = "1"  # a crash prints the Python stack of every thread
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -54,7 +55,7 @@ def run_one(name: str, timeout: float, scale: float) -> dict:
     """Run case ``name`` in a fresh process; its record: status, detail, notes, seconds."""
     start = time.perf_counter()
     limit = timeout * scale
-    process = subprocess.Popen([sys.executable, os.path.join(TESTS, "_stress_cases.py"), name], cwd=ROOT,
+    process = subprocess.Popen([sys.executable, "-m", CASE_RUNNER, name], cwd=ROOT,
                                env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
@@ -91,7 +92,7 @@ def run_one(name: str, timeout: float, scale: float) -> dict:
 
 
 def main(argv=None) -> int:
-    from _stress_cases import CASES
+    from tests.stress._stress_cases import CASES
 
     parser = argparse.ArgumentParser(description="nvblaslt GPU stress cases, each in its own process")
     parser.add_argument("--only", help="comma-separated names (or parts of names) of the cases to run")

@@ -18,8 +18,8 @@ Stand-ins point at fake device addresses (never dereferenced on a machine withou
 for host (kDLCPU) arrays, at real NumPy memory. Cases are built lazily and deterministically,
 so the parent process and each worker process agree on them by id.
 
-    python tests/_fuzz_inputs.py --list            # the case ids
-    python tests/_fuzz_inputs.py ID [ID ...]       # run cases, one JSON line per event
+    python -m tests.fuzz._fuzz_inputs --list            # the case ids (from the repository root)
+    python -m tests.fuzz._fuzz_inputs ID [ID ...]       # run cases, one JSON line per event
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 
 import nvblaslt
 from nvblaslt import CublasLtError, Matmul, MatmulEpilog, matmul
-from reference import gelu, gelu_grad, host, host_exact, rel_error, unpack_relu_mask
+from tests.reference import gelu, gelu_grad, host, host_exact, rel_error, unpack_relu_mask
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

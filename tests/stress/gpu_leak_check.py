@@ -1,8 +1,14 @@
-"""Leak check (run by hand on a GPU machine): N plan create/execute/release cycles; host RSS and
-device memory must not grow. Released with free(), or (--collect) only by dropping the object,
-which leaves descriptors and workspace to the garbage collector's finalizers.
+"""Leak check (GPU): N plan create/execute/release cycles; host RSS and device memory must not grow.
+Released with free(), or (--collect) only by dropping the object, which leaves descriptors and workspace
+to the garbage collector's finalizers. Summary, last line:
 
-    PYTHONPATH=. python3 tests/gpu_leak_check.py [cycles] [--collect]"""
+    gpu_leak_check: N cycles (free()|dropped): L leaks
+
+    python -m tests.stress.gpu_leak_check [cycles] [--collect]      # from the repository root; 100000 cycles
+    python -m pytest -m stress tests      # a short run of each mode (test_leak_check.py)
+
+Exit status 1 on a leak.
+"""
 
 import gc
 import os
@@ -39,9 +45,13 @@ def main(cycles: int, collect: bool) -> int:
     torch.cuda.synchronize()
     gc.collect()
     rss1, free1 = rss_mib(), torch.cuda.mem_get_info()[0]
-    print(f"{cycles} cycles ({'dropped' if collect else 'free()'}): host RSS {rss0:.1f} -> {rss1:.1f} MiB ({rss1 - rss0:+.2f}); "
+    mode = "dropped" if collect else "free()"
+    print(f"{cycles} cycles ({mode}): host RSS {rss0:.1f} -> {rss1:.1f} MiB ({rss1 - rss0:+.2f}); "
           f"device free {free0 / 2**20:.0f} -> {free1 / 2**20:.0f} MiB ({(free1 - free0) / 2**20:+.1f})")
-    return 0 if rss1 - rss0 < 1.0 and free0 - free1 < 1 << 20 else 1
+    leaks = [what for what, grew in (("host RSS", rss1 - rss0 >= 1.0), ("device memory", free0 - free1 >= 1 << 20))
+             if grew]
+    print(f"gpu_leak_check: {cycles} cycles ({mode}): {len(leaks)} leaks" + (f" ({', '.join(leaks)})" if leaks else ""))
+    return 1 if leaks else 0
 
 
 if __name__ == "__main__":

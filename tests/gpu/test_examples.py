@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # The outputs shown in NVIDIA's epilog tutorial (the seed), cell by cell.
 SEED_TUTORIAL = """\

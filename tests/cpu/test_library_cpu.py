@@ -13,7 +13,7 @@ import pytest
 import nvblaslt
 from nvblaslt import CublasLtError, LibraryNotFoundError, _attributes, _loader
 
-from conftest import has_gpu
+from tests.conftest import has_gpu
 
 # One way to create a descriptor of each kind, given a Library.
 DESCRIPTORS = {

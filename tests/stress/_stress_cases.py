@@ -1,6 +1,7 @@
 """The cases of the GPU stress script (``gpu_stress.py``), one per name, each run in its own process:
 
-    python tests/_stress_cases.py NAME      # prints JSON lines: notes, then {"status": ...}
+    python -m tests.stress._stress_cases NAME      # prints JSON lines: notes, then {"status": ...}
+    python -m tests.stress._stress_cases --list    # the names (run both from the repository root)
 
 A case passes when every call is either correct against float64 or refused with an
 ``nvblaslt.NvblasltError``. It fails as ``wrong`` (exit 3) when a call returns a wrong result
@@ -30,9 +31,9 @@ import zlib
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from reference import gelu, gelu_grad, host_bits, host_exact, package_of, unpack_relu_bits  # noqa: E402
+from tests.reference import gelu, gelu_grad, host_bits, host_exact, package_of, unpack_relu_bits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where ``tests`` imports from
 
 CASES: dict[str, tuple] = {}  # name -> (function, timeout_s, exclusive)
 
@@ -482,7 +483,7 @@ def lifetimes():
 
 # ---- malformed DLPack / CAI / extents --------------------------------------------------------------------------------
 def _capsule_cases():
-    from _fuzz_inputs import Capsule
+    from tests.fuzz._fuzz_inputs import Capsule
 
     torch = _torch()
     keep = torch.zeros(64 * 64, device="cuda")
@@ -527,7 +528,7 @@ def bad_extents():
     """Negative extents, NULL data for a non-empty array, extents overflowing 64 bits, float extents,
     MatrixLayout(rows=2**64+4): refused, never wrapped or passed to C."""
     import nvblaslt
-    from _fuzz_inputs import CAI
+    from tests.fuzz._fuzz_inputs import CAI
 
     keep, Capsule, base = _capsule_cases()
     good = Capsule(**base)
@@ -1026,9 +1027,8 @@ def aliasing():
 _CHILD = r"""
 import json, os, sys, warnings
 import numpy as np
-sys.path.insert(0, {tests!r})
 import torch, nvblaslt
-from reference import host_exact
+from tests.reference import host_exact
 warnings.simplefilter("always")
 shapes = {shapes!r}
 for m, n, k in shapes:
@@ -1062,10 +1062,10 @@ def _cache_child(cache_dir, shapes, search: bool, env_changes=None, timeout=60):
             env.pop(key, None)
         else:
             env[key] = value
-    code = _CHILD.format(tests=HERE, shapes=shapes, search=search)
+    code = _CHILD.format(shapes=shapes, search=search)
     try:
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout,
-                              cwd=os.path.dirname(HERE))
+                              cwd=ROOT)
     except subprocess.TimeoutExpired:
         return "hang", ""
     if done.returncode == 3:
@@ -1209,12 +1209,12 @@ def tuning_cache_concurrent_writers():
         for shape in shapes:
             env = dict(os.environ, NVBLASLT_CACHE_DIR=root)
             env.pop("XDG_CACHE_HOME", None)
-            code = _CHILD.format(tests=HERE, shapes=[shape], search=True).replace(
+            code = _CHILD.format(shapes=[shape], search=True).replace(
                 "warnings.simplefilter(\"always\")",
                 f"warnings.simplefilter(\"always\"); time.sleep(max(0, {start_at} - time.time()))")
             children.append(subprocess.Popen(
                 [sys.executable, "-c", "import time\n" + code], env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.path.dirname(HERE)))
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
         failures = []
         for child, shape in zip(children, shapes):
             try:

@@ -9,8 +9,9 @@ ran, metadata differ), or wrong (a library disagrees with float64, NaN included)
 in-process with every exception caught; outputs are poisoned (the framework's pool is filled with
 NaN bytes first); the data are fresh random numbers (never zeros or ones) from a seed per case.
 
-    PYTHONPATH=. python tests/nvmath_diff.py [--cases N] [--seed S] [--only GROUP[,GROUP]]
-        [--frameworks cupy,torch,numpy] [--log FILE] [--case I] [--verbose]
+    python -m tests.differential.nvmath_diff [--cases N] [--seed S] [--only GROUP[,GROUP]]
+        [--frameworks cupy,torch,numpy] [--log FILE] [--case I] [--verbose]      # from the repository root
+    python -m pytest -m differential tests      # the smoke subset (test_differential.py) and the CPU self-test
 
 nvmath-python is imported from the environment or, failing that, from $NVMATH_SITE (default
 /tmp/site). Groups: dtype layout vector batch epilog aux fp8 host options complex stateful
@@ -45,11 +46,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from reference import (  # noqa: E402
+from tests.reference import (
     dtype_name, element_strides, gelu, gelu_grad, host_bits, package_of, unpack_relu_bits)
-from reference import host_exact as _host_exact  # noqa: E402
+from tests.reference import host_exact as _host_exact
 
 
 def host_exact(x) -> np.ndarray:
@@ -2140,7 +2139,7 @@ def main(argv=None) -> int:
         desc, detail = items[0]
         index = re.search(r"#(\d+)", desc).group(1)
         print(f"[{category}] {group} ×{len(items)}: {detail[:300]}\n    e.g. {desc}\n"
-              f"    repro: PYTHONPATH=. python tests/nvmath_diff.py {repro_options} --case {index}")
+              f"    repro: python -m tests.differential.nvmath_diff {repro_options} --case {index}")
     print("\nper group (bucket):")
     for group in [g for g in GROUPS if g in by_group]:
         print("  " + _summary(f"group {group}", by_group[group]))

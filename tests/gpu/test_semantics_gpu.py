@@ -11,7 +11,7 @@ import pytest
 
 import nvblaslt
 from nvblaslt import Matmul, MatmulEpilog, NvblasltError, matmul
-from reference import gelu, gelu_grad, host, rel_error, unpack_relu_mask
+from tests.reference import gelu, gelu_grad, host, rel_error, unpack_relu_mask
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

@@ -4,22 +4,19 @@ For BGRADA/BGRADB on small-M/N problems, each algorithm the heuristics offer is 
 its bias gradient compared with a float64 reference (tolerance scaled by the sum of |terms|).
 What it finds goes into ``nvblaslt/_known_bad.py``.
 
-    PYTHONPATH=. python3 tests/probe_known_bad.py
+    python -m tools.probe_known_bad      # from the repository root (it imports tests.reference)
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 
 import numpy as np
 import torch
 
 import nvblaslt
 from nvblaslt import Matmul, MatmulEpilog
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from reference import host  # noqa: E402
+from tests.reference import host
 
 RNG = np.random.default_rng(3)
 
