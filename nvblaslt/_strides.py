@@ -1,0 +1,75 @@
+"""Strided-array arithmetic, in elements: C-order strides, the span an array touches, the one
+stride that walks its batch dimensions, and whether two arrays' memory overlaps.
+
+Strides are non-negative here: ``_operands`` refuses negative strides over any extent above one,
+and every array nvblaslt makes has positive strides.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ._errors import NvblasltValueError
+
+
+class _Item(Protocol):
+    @property
+    def itemsize(self) -> int: ...
+
+
+class Strided(Protocol):
+    """What the byte-level functions read: an ``Operand`` or anything laid out like one."""
+
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def strides(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> _Item: ...
+
+
+def c_strides(shape: tuple[int, ...], unit: int = 1) -> tuple[int, ...]:
+    """Element strides of a C-order (row-major, last index fastest) array of ``unit``-element items."""
+    strides: list[int] = []
+    step = unit
+    for extent in reversed(shape):
+        strides.insert(0, step)
+        step *= max(extent, 1)
+    return tuple(strides)
+
+
+def span_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Elements from the first to the last one a strided array touches (0 for an empty array)."""
+    if not shape:
+        return 1
+    if 0 in shape:
+        return 0
+    return sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+
+
+def extent_bytes(array: Strided) -> int:
+    """Bytes from an array's pointer to the end of the last element it touches."""
+    return span_elements(array.shape, array.strides) * array.dtype.itemsize
+
+
+def overlaps(x: Strided, y: Strided) -> bool:
+    """Whether the memory spans of two arrays share a byte."""
+    return x.ptr < y.ptr + extent_bytes(y) and y.ptr < x.ptr + extent_bytes(x)
+
+
+def batch_stride(shape: tuple[int, ...], strides: tuple[int, ...], name: str) -> int:
+    """The one stride that walks the (C-order) batch dimensions, or 0 when all are broadcast."""
+    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    if not dims:
+        return 0
+    if all(s == 0 for _, s in dims):
+        return 0
+    for (n_outer, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]):
+        if s_outer != s_inner * n_inner:
+            raise NvblasltValueError(f"{name}: batch dimensions {shape} with element strides {strides} cannot be "
+                                     f"walked with one stride (cuBLASLt batches are strided)")
+    if dims[-1][1] <= 0:
+        raise NvblasltValueError(f"{name}: batch stride {dims[-1][1]} must be positive (or 0 to broadcast)")
+    return dims[-1][1]
