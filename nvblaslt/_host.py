@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ctypes
 import math
-import sys
 
 from cuda.bindings import runtime as cudart
 
 from . import _cuda, _memory, _operands
 from ._errors import NvblasltValueError
+from ._frameworks import Framework, as_framework, framework_of
 from ._operands import Operand
+from ._strides import c_strides, span_elements
 
 _H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
 _D2H = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
@@ -31,15 +32,15 @@ class PinnedBuffer:
 
 
 def _span_bytes(shape, strides, dtype) -> int:
-    return _memory.span_elements(shape, strides) * dtype.itemsize
+    return span_elements(shape, strides) * dtype.itemsize
 
 
 def _matrix_orders(shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Dense strides with row-major and with column-major matrices, batch axes outermost."""
     if len(shape) < 2:
-        return _memory.c_strides(shape), _memory.c_strides(shape)
+        return c_strides(shape), c_strides(shape)
     m, n = shape[-2], shape[-1]
-    return _memory.c_strides(shape), (*_memory.c_strides(shape[:-2], max(m * n, 1)), 1, max(m, 1))
+    return c_strides(shape), (*c_strides(shape[:-2], max(m * n, 1)), 1, max(m, 1))
 
 
 def device_strides(op: Operand) -> tuple[int, ...]:
@@ -69,7 +70,7 @@ def _copy_strided(source: int, source_strides, target: int, target_strides, shap
     element = np.dtype((np.void, itemsize))
 
     def view(pointer, strides):
-        nbytes = _memory.span_elements(shape, strides) * itemsize
+        nbytes = span_elements(shape, strides) * itemsize
         raw = np.frombuffer((ctypes.c_char * nbytes).from_address(pointer), dtype=element)
         return np.lib.stride_tricks.as_strided(raw, shape, tuple(s * itemsize for s in strides))
     view(target, target_strides)[...] = view(source, source_strides)
@@ -82,7 +83,7 @@ def _conjugate_strided(host: Operand, target: int, target_strides) -> None:
     dtype = np.dtype(host.dtype.name)
 
     def view(pointer, strides):
-        nbytes = _memory.span_elements(host.shape, strides) * dtype.itemsize
+        nbytes = span_elements(host.shape, strides) * dtype.itemsize
         raw = np.frombuffer((ctypes.c_char * nbytes).from_address(pointer), dtype=dtype)
         return np.lib.stride_tricks.as_strided(raw, host.shape, tuple(s * dtype.itemsize for s in strides))
     if math.prod(host.shape):
@@ -117,25 +118,6 @@ def refresh(host: Operand, device_pointer: int, strides: tuple[int, ...], stream
         pinned.free()
 
 
-def empty_like_layout(kind: str, template, shape: tuple[int, ...], strides: tuple[int, ...], dtype):
-    """An uninitialised host array of ``kind`` (numpy or torch) with these element strides."""
-    if kind == "torch":
-        torch = sys.modules["torch"]
-        return torch.empty_strided(shape, strides, dtype=getattr(torch, dtype.name))
-    import numpy as np
-
-    span = _memory.span_elements(shape, strides)
-    base = np.empty(span, dtype=np.dtype(dtype.name))
-    return np.lib.stride_tricks.as_strided(base, shape, tuple(s * dtype.itemsize for s in strides))
-
-
-def host_pointer(array) -> int:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(array, torch.Tensor):
-        return array.data_ptr()
-    return array.__array_interface__["data"][0]
-
-
 def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: int, device_strides=None) -> None:
     """Device memory laid out with ``device_strides`` (default: the host array's ``strides``) ->
     ``host_array``; waits for ``stream``."""
@@ -146,22 +128,23 @@ def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: in
         _cuda.check(cudart.cudaMemcpyAsync(pinned.pointer, device_pointer, nbytes, _D2H, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
         if device_strides == tuple(strides):
-            ctypes.memmove(host_pointer(host_array), pinned.pointer, nbytes)
+            ctypes.memmove(framework_of(host_array).host_pointer(host_array), pinned.pointer, nbytes)
         else:
-            _copy_strided(pinned.pointer, device_strides, host_pointer(host_array), strides, shape, dtype.itemsize)
+            _copy_strided(pinned.pointer, device_strides, framework_of(host_array).host_pointer(host_array), strides,
+                          shape, dtype.itemsize)
     finally:
         pinned.free()
 
 
-def to_host(result, kind: str, d_layout: tuple, aux_layouts: dict, stream: int, in_place=None):
+def to_host(result, framework: Framework | str, d_layout: tuple, aux_layouts: dict, stream: int, in_place=None):
     """Device results, D or ``(D, aux)``, copied back into new host arrays of the operands' package
-    (``kind``: CPU torch, else NumPy), each laid out as ``(shape, strides, dtype)`` says; with
-    ``in_place`` = (the host c, its staged device pointer and strides), D goes back into c instead."""
+    (``framework``'s host arrays: CPU torch, else NumPy), each laid out as ``(shape, strides, dtype)``
+    says; with ``in_place`` = (the host c, its staged device pointer and strides), D goes back into c."""
     d, aux = (result if isinstance(result, tuple) else (result, None))
-    host_kind = kind if kind == "torch" else "numpy"
+    framework = as_framework(framework)  # transitional: callers pass adapters, not names
 
     def back(array, shape, strides, dtype):
-        host = empty_like_layout(host_kind, None, shape, strides, dtype)
+        host = framework.empty_host(shape, strides, dtype)
         copy_back(_device_pointer(array), host, shape, strides, dtype, stream)
         return host
 
@@ -180,7 +163,7 @@ def _device_pointer(array) -> int:
     """Where a device result lives: nvblaslt's own array, or one of a GPU package's."""
     if isinstance(array, _memory.DeviceArray):
         return array.ptr
-    fingerprint = _operands.fingerprint(array, _operands.kind_of(array))
+    fingerprint = framework_of(array).fingerprint(array)
     if fingerprint is not None:
         return fingerprint[0]
     return _operands.read(array, "result", 0).ptr

@@ -8,19 +8,18 @@ DLPack comes first: its dtype codes are unambiguous (CAI cannot tell bfloat16 fr
 from __future__ import annotations
 
 import math
-import sys
 import weakref
 from dataclasses import dataclass
 
 from cuda.bindings import runtime as cudart
 
-from . import _cuda, _dlpack, _dtypes
+from . import _cuda, _dlpack, _dtypes, _frameworks
 from ._errors import CudaError, NvblasltTypeError, NvblasltValueError
-from ._memory import DeviceArray, _wait, c_strides
+from ._frameworks import Framework, framework_of
+from ._memory import wait_for
+from ._strides import c_strides, span_elements
 from ._streams import dlpack_stream
 
-# Top-level module of an array's type -> the framework results are returned in.
-KINDS = {"cupy": "cupy", "torch": "torch", "jax": "jax", "jaxlib": "jax", "numba": "numba", "numpy": "numpy"}
 _MAX_NDIM = 64  # far beyond any matmul operand; a capsule claiming more is malformed
 _MAX_EXTENT = 1 << 62
 
@@ -34,7 +33,7 @@ class Operand:
     dtype: _dtypes.DType
     device: int
     readonly: bool
-    kind: str  # cupy, torch, jax, numba, numpy or protocol
+    kind: str  # the name of its package's adapter (see ``framework``)
     host: bool = False  # in host memory (NumPy, CPU torch): staged to the GPU before use
     conjugated: bool = False  # a PyTorch lazy-conjugate view: the memory holds the unconjugated values
 
@@ -43,20 +42,22 @@ class Operand:
         """The largest power of two (up to 256) dividing the pointer: what kernels may assume."""
         return min(256, self.ptr & -self.ptr) if self.ptr else 256
 
+    @property
+    def framework(self) -> Framework:
+        """The adapter of the array's package: the one results are returned in."""
+        return _frameworks.BY_NAME[self.kind]
+
     def describe(self) -> str:
         return f"{type(self.obj).__name__} of shape {self.shape}, dtype {self.dtype.name}, strides {self.strides}"
 
 
-_kind_by_type: dict[type, str] = {DeviceArray: "protocol"}
+def kind_of(obj) -> str:  # transitional: framework_of(obj)
+    return framework_of(obj).name
 
 
-def kind_of(obj) -> str:
-    """The framework results are returned in, from the array's type (remembered per type)."""
-    cls = type(obj)
-    kind = _kind_by_type.get(cls)
-    if kind is None:
-        kind = _kind_by_type[cls] = KINDS.get(cls.__module__.partition(".")[0], "protocol")
-    return kind
+# transitional: framework_of(array); top-level module of an array's type -> its package's name
+KINDS = {module: framework.name for module, framework in _frameworks.BY_MODULE.items()}
+layout_reader = _frameworks.layout_reader  # transitional: framework_of(array).layout_reader(type(array))
 
 
 def _checked_layout(shape, strides, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -84,7 +85,7 @@ def _check_memory(pointer: int, shape, strides, dtype, name: str) -> None:
     if any(s < 0 for n, s in zip(shape, strides) if n > 1):
         raise NvblasltValueError(f"{name}: negative strides are not supported, got shape {shape} with element "
                                  f"strides {strides}")
-    last = pointer + sum((n - 1) * s for n, s in zip(shape, strides)) * dtype.itemsize + dtype.itemsize
+    last = pointer + span_elements(shape, strides) * dtype.itemsize
     if last > 1 << 64:
         raise NvblasltValueError(f"{name}: shape {shape} with strides {strides} from 0x{pointer:x} runs past the end "
                                  f"of the address space")
@@ -123,7 +124,8 @@ def _read_dlpack(obj, name: str, stream: int) -> Operand:
     shape, strides = _checked_layout(shape, strides or c_strides(shape), name)
     pointer = (tensor.data or 0) + tensor.byte_offset
     _check_memory(pointer, shape, strides, dtype, name)
-    return Operand(obj, pointer, shape, strides, dtype, device_id if not host else -1, readonly, kind_of(obj), host)
+    return Operand(obj, pointer, shape, strides, dtype, device_id if not host else -1, readonly,
+                   framework_of(obj).name, host)
 
 
 def _pointer_device(pointer: int, name: str) -> int:
@@ -181,15 +183,15 @@ def _read_cai(obj, name: str, stream: int) -> Operand:
                 or not 0 < producer_stream < 1 << 64:
             raise NvblasltValueError(f"{name}: __cuda_array_interface__ stream must be a non-zero int, got "
                                      f"{producer_stream!r}")
-        _wait(0 if producer_stream in (1, 2) else producer_stream, stream)
+        wait_for(0 if producer_stream in (1, 2) else producer_stream, stream)
     device = _pointer_device(pointer, name) if pointer else _cuda.current_device()
-    return Operand(obj, pointer or 0, shape, strides, dtype, device, readonly, kind_of(obj))
+    return Operand(obj, pointer or 0, shape, strides, dtype, device, readonly, framework_of(obj).name)
 
 
 def _read_host_interface(obj, name: str) -> Operand:
     pointer, shape, strides, dtype, readonly = _read_interface(obj, obj.__array_interface__, name,
                                                                "__array_interface__")
-    return Operand(obj, pointer, shape, strides, dtype, -1, readonly, kind_of(obj), True)
+    return Operand(obj, pointer, shape, strides, dtype, -1, readonly, framework_of(obj).name, True)
 
 
 def is_host_array(obj) -> bool:
@@ -204,100 +206,6 @@ def is_host_array(obj) -> bool:
     return hasattr(obj, "__array_interface__") and not hasattr(obj, "__cuda_array_interface__")
 
 
-def _torch_fingerprint(t):
-    if t.is_conj() or t.is_neg():  # lazy views: only the checked path reads what their memory means
-        return 0, None, None, None, -1
-    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()
-
-
-def _cupy_fingerprint(x):
-    memory = x.data  # its device_id is an int; x.device builds a Device object each time
-    return memory.ptr, x.shape, x.strides, x.dtype, memory.device_id
-
-
-# (pointer, shape, strides, dtype, device; device -1: not to be read by a hot path) per package
-FINGERPRINTS = {"torch": _torch_fingerprint, "cupy": _cupy_fingerprint}
-
-
-def fingerprint(obj, kind: str):
-    """A cheap identity of a CuPy/PyTorch array's memory and shape, or None for other arrays.
-
-    Lets a hot path reuse what it read from the same object before: an array that was resized
-    or re-pointed in place has another fingerprint and is read again."""
-    get = FINGERPRINTS.get(kind)
-    return get(obj) if get is not None else None
-
-
-def _torch_layouts(torch):
-    tensor_types = (torch.Tensor, torch.nn.Parameter)  # subclasses with their own semantics take the checked path
-    # the C methods called unbound: no bound method made and no instance dict searched per read
-    tensor = torch.Tensor
-    is_neg, is_conj, get_device, data_ptr, stride = (tensor.is_neg, tensor.is_conj, tensor.get_device,
-                                                     tensor.data_ptr, tensor.stride)
-
-    def layouts(arrays):
-        pointers, layout = [], []
-        for t in arrays:
-            if t is None:
-                pointers.append(None)
-                layout.append(None)
-                continue
-            if type(t) not in tensor_types or is_neg(t):
-                return None
-            dtype = t.dtype
-            if dtype.is_complex and is_conj(t):  # lazy views: only the checked path reads what their memory means
-                return None
-            device = get_device(t)
-            if device < 0:  # a CPU tensor: host operands take the checked path
-                return None
-            pointer = data_ptr(t)
-            pointers.append(pointer)
-            layout.append((t.shape, stride(t), dtype, device, pointer & 255 and pointer & -pointer))
-        return pointers, tuple(layout)
-    return layouts
-
-
-def _cupy_layouts(cupy):
-    ndarray = cupy.ndarray
-
-    def layouts(arrays):
-        pointers, layout = [], []
-        for x in arrays:
-            if x is None:
-                pointers.append(None)
-                layout.append(None)
-                continue
-            if type(x) is not ndarray:
-                return None
-            memory = x.data
-            pointer = memory.ptr
-            pointers.append(pointer)
-            layout.append((x.shape, x.strides, x.dtype, memory.device_id, pointer & 255 and pointer & -pointer))
-        return pointers, tuple(layout)
-    return layouts
-
-
-_layout_readers: dict[type, object] = {}
-
-
-def layout_reader(cls: type):
-    """For the function form's cache: ``read(arrays) -> (pointers, layout key) or None`` for
-    arrays of type ``cls`` (CuPy arrays, PyTorch CUDA tensors), read straight off the arrays with
-    no DLPack export; None for every other type. The key holds each array's shape, strides,
-    dtype, device and pointer alignment (0: 256 bytes or more); an array of another type, a CPU
-    tensor or a lazy conjugate/negative view makes ``read`` give None (the checked path)."""
-    reader = _layout_readers.get(cls)
-    if reader is None and cls not in _layout_readers:
-        package = sys.modules.get(cls.__module__.partition(".")[0])
-        kind = KINDS.get(cls.__module__.partition(".")[0])
-        if kind == "torch" and package is not None and issubclass(cls, package.Tensor):
-            reader = _torch_layouts(package)
-        elif kind == "cupy" and package is not None and cls is package.ndarray:
-            reader = _cupy_layouts(package)
-        _layout_readers[cls] = reader
-    return reader
-
-
 _recent: dict[int, tuple] = {}  # id(obj) -> (weakref, fingerprint, Operand)
 _RECENT_SIZE = 256
 
@@ -307,11 +215,11 @@ def read_cached(obj, name: str, stream: int) -> Operand:
 
     Only for work on the array's own framework stream, where no stream handshake is due."""
     entry = _recent.get(id(obj))
-    kind = kind_of(obj)
-    if entry is not None and entry[0]() is obj and entry[1] == fingerprint(obj, kind):
+    fingerprint = framework_of(obj).fingerprint
+    if entry is not None and entry[0]() is obj and entry[1] == fingerprint(obj):
         return Operand(obj, *entry[2])
     op = read(obj, name, stream)
-    identity = fingerprint(obj, kind)
+    identity = fingerprint(obj)
     if identity is not None and identity[4] != -1:  # -1: a lazy view, whose memory only read() interprets
         try:
             reference = weakref.ref(obj)
@@ -322,21 +230,6 @@ def read_cached(obj, name: str, stream: int) -> Operand:
         # the fields without the array itself: the cache must not keep arrays alive
         fields = (op.ptr, op.shape, op.strides, op.dtype, op.device, op.readonly, op.kind, op.host, op.conjugated)
         _recent[id(obj)] = (reference, identity, fields)
-    return op
-
-
-def _torch_lazy_bits(tensor, name: str) -> Operand | None:
-    """PyTorch's lazy conjugate and negative views keep unmodified memory plus a flag that DLPack
-    refuses and ``__cuda_array_interface__`` ignores: read the memory, carry the conjugation."""
-    is_neg = getattr(tensor, "is_neg", None)
-    if is_neg is not None and is_neg():
-        raise NvblasltValueError(f"{name}: a PyTorch negative-bit view (lazy negation) cannot be read as memory; "
-                                 f"call .resolve_neg() first")
-    is_conj = getattr(tensor, "is_conj", None)
-    if is_conj is None or not is_conj():
-        return None
-    op = read(tensor.conj(), name, 0)  # the same memory without the flag
-    op.obj, op.conjugated = tensor, True
     return op
 
 
@@ -356,16 +249,9 @@ def read(obj, name: str, stream: int) -> Operand:
     CPU torch tensors) through DLPack or ``__array_interface__``, marked ``host`` for staging."""
     if obj is None:
         raise NvblasltTypeError(f"{name}: expected an array, got None")
-    if kind_of(obj) == "torch":
-        lazy = _torch_lazy_bits(obj, name)
-        if lazy is not None:
-            return lazy
-        if getattr(obj, "requires_grad", False):
-            # DLPack and the CAI refuse a tensor that requires grad; nvmath-python reads its memory (no
-            # autograd through the call), and so does nvblaslt, through a detached view of it
-            op = read(obj.detach(), name, stream)
-            op.obj = obj
-            return op
+    view = framework_of(obj).read_view(obj, name, stream, read)
+    if view is not None:
+        return view
     cls = type(obj)
     if hasattr(cls, "__dlpack__") and hasattr(cls, "__dlpack_device__"):
         try:

@@ -6,20 +6,24 @@ from __future__ import annotations
 
 import weakref
 
-from . import _memory, _operands
+from . import _operands
 from ._errors import NvblasltTypeError, NvblasltValueError
-from ._operands import fingerprint
-from ._problem import overlaps
+from ._frameworks import Framework, as_framework, framework_of
+from ._strides import extent_bytes, overlaps
 
 
 class OutputChecker:
     """``out=`` for one plan. ``operands`` and ``epilog_inputs`` are the plan's own dicts, which
     ``reset_operands`` and the function form update in place: the overlap checks see the current ones."""
 
-    __slots__ = ("_kind", "_host", "_problem", "_device", "_operands", "_epilog_inputs", "_last")
+    __slots__ = ("_framework", "_fingerprint", "_host", "_problem", "_device", "_operands", "_epilog_inputs",
+                 "_last")
 
-    def __init__(self, kind: str, host: bool, problem, device: int, operands: dict, epilog_inputs: dict):
-        self._kind, self._host, self._problem, self._device = kind, host, problem, device
+    def __init__(self, framework: Framework | str, host: bool, problem, device: int, operands: dict,
+                 epilog_inputs: dict):
+        self._framework = as_framework(framework)  # transitional: callers pass adapters, not names
+        self._fingerprint = self._framework.fingerprint
+        self._host, self._problem, self._device = host, problem, device
         self._operands, self._epilog_inputs = operands, epilog_inputs
         self._last: tuple | None = None  # (weakref to out, its fingerprint, its pointer)
 
@@ -30,16 +34,17 @@ class OutputChecker:
     def pointer(self, out, stream_h: int) -> int:
         """Check ``out=`` once per array: the same object with the same fingerprint is not re-read."""
         last = self._last
-        if last is not None and last[0]() is out and last[1] == fingerprint(out, self._kind):
+        if last is not None and last[0]() is out and last[1] == self._fingerprint(out):
             return last[2]  # the same array as last time (so of the operands' package), unchanged
         if self._host or self._problem.inplace:
             raise NvblasltValueError("out: not available for host operands or in-place plans")
-        if _operands.kind_of(out) != self._kind:
-            raise NvblasltTypeError(f"out: a {_operands.kind_of(out)} array, but the operands are {self._kind} arrays; "
-                                    f"results stay in the operands' package")
+        framework = framework_of(out)
+        if framework is not self._framework:
+            raise NvblasltTypeError(f"out: a {framework.name} array, but the operands are {self._framework.name} "
+                                    f"arrays; results stay in the operands' package")
         d_op = _operands.read(out, "out", stream_h)
         self.check(d_op)
-        identity = fingerprint(out, _operands.kind_of(out))
+        identity = self._fingerprint(out)
         if identity is not None:
             self._last = (weakref.ref(out), identity, d_op.ptr)
         return d_op.ptr
@@ -65,7 +70,7 @@ class OutputChecker:
             if overlaps(op, self._operands[name]):
                 raise NvblasltValueError(f"out: overlaps {name}; write to separate memory")
         for key, inp in self._epilog_inputs.items():
-            if op.ptr <= inp.ptr < op.ptr + op.dtype.itemsize * _memory.span_elements(op.shape, op.strides):
+            if op.ptr <= inp.ptr < op.ptr + extent_bytes(op):
                 raise NvblasltValueError(f"out: overlaps epilog_inputs['{key}']; write to separate memory")
         if op.alignment < 256:
             raise NvblasltValueError(f"out: pointer 0x{op.ptr:x} is aligned to {op.alignment} bytes; the plan's "

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from ._errors import NvblasltTypeError, NvblasltValueError
+from ._frameworks import as_framework
 
 
 def stream_handle(stream) -> int:
@@ -45,64 +44,22 @@ def _raw_handle(stream):
     )
 
 
-def current_stream_getter(kind: str, device: int | None):
-    """A no-argument function giving the stream the caller's framework works on now (0: none)."""
-    if kind == "cupy":
-        cuda = sys.modules["cupy"].cuda
-        return lambda: cuda.get_current_stream().ptr
-    if kind == "torch":
-        torch = sys.modules["torch"]
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # skips building a Stream object
-        if device is None:
-            device = torch.cuda.current_device()
-        if raw is not None:
-            return lambda: raw(device)
-        return lambda: torch.cuda.current_stream(device).cuda_stream
-    return lambda: 0
+# transitional: the framework's current stream is its adapter's (``_frameworks``); these four names
+# stay until their callers ask the adapter
+def current_stream_getter(kind, device: int | None):  # transitional: framework.stream_getter(device)
+    return as_framework(kind).stream_getter(device)
 
 
-def framework_stream_of(kind: str, array) -> int:
-    """The current stream of ``array``'s framework on ``array``'s device: the function form's default."""
-    getter = _stream_of.get(kind)
-    if getter is None:
-        getter = _stream_of[kind] = _stream_of_array(kind)
-    return getter(array)
+def framework_stream_of(kind, array) -> int:  # transitional: framework.stream_of(array)
+    return as_framework(kind).stream_of(array)
 
 
-_stream_of: dict = {}  # kind -> array -> stream, built once per kind (the hot path looks up nothing else)
+def stream_on_device(kind):  # transitional: framework.stream_on
+    return as_framework(kind).stream_on
 
 
-def _stream_of_array(kind: str):
-    if kind == "torch":
-        torch = sys.modules["torch"]
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw is not None:
-            return lambda array: raw(array.get_device())
-        return lambda array: torch.cuda.current_stream(array.device).cuda_stream
-    if kind == "cupy":
-        get_current_stream = sys.modules["cupy"].cuda.get_current_stream
-        return lambda array: get_current_stream().ptr
-    return lambda array: 0
-
-
-def stream_on_device(kind: str):
-    """``current(device) -> int``: the framework's current stream on a device (the function form's
-    fast path, which has read the device already)."""
-    if kind == "torch":
-        torch = sys.modules["torch"]
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw is not None:
-            return raw
-        return lambda device: torch.cuda.current_stream(device).cuda_stream
-    if kind == "cupy":
-        get_current_stream = sys.modules["cupy"].cuda.get_current_stream
-        return lambda device: get_current_stream().ptr  # CuPy's current stream is that of the current device
-    return lambda device: 0
-
-
-def current_stream(kind: str, device: int | None) -> int:
-    """The stream the caller's framework is working on now (legacy default stream: 0)."""
-    return current_stream_getter(kind, device)()
+def current_stream(kind, device: int | None) -> int:  # transitional: framework.stream_getter(device)()
+    return as_framework(kind).stream_getter(device)()
 
 
 def dlpack_stream(handle: int) -> int:
