@@ -54,7 +54,7 @@ def info() -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # the benchmark parses its own options
-        from ._bench import main as bench_main
+        from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="nvblaslt", description="also runs as `python -m nvblaslt`")

@@ -4,25 +4,26 @@ GPU run of its cheapest sections."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from nvblaslt import _bench
+from nvblaslt.bench import cli, layer, mlp, report, search
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def made_up_results() -> dict:
-    layer = []
-    for tokens in _bench.LAYER_TOKENS:
-        for d_in, d_out in _bench.LAYER_WIDTHS:
-            for epilog in _bench.LAYER_EPILOGS:
+    layers = []
+    for tokens in layer.LAYER_TOKENS:
+        for d_in, d_out in layer.LAYER_WIDTHS:
+            for epilog in layer.LAYER_EPILOGS:
                 for case, ratio in (("torch _addmm_activation", 1.0), ("nvblaslt matmul()", 1.08),
                                     ("nvblaslt Matmul.execute()", 0.95)):
-                    layer.append({"tokens": tokens, "in": d_in, "out": d_out, "epilog": epilog, "case": case,
+                    layers.append({"tokens": tokens, "in": d_in, "out": d_out, "epilog": epilog, "case": case,
                                   "us": 20.0 * ratio, "ratio": ratio})
     second = {"same_kernel": True, "cache_hit": True, "plan_ms": 3.0, "error": None}
     return {
@@ -33,7 +34,7 @@ def made_up_results() -> dict:
                     "rows": [{"case": "bare ctypes cublasLtMatmul", "us_per_call": 9.0, "ratio": 1.0},
                              {"case": "matmul() (cached plan)", "us_per_call": 13.5, "ratio": 1.5}],
                     "profile": [{"function": "_function_form.py:58 matmul", "us": 3.2}]},
-        "layer": {"rows": layer, "baseline": "torch _addmm_activation"},
+        "layer": {"rows": layers, "baseline": "torch _addmm_activation"},
         "seed": {"shape": [65536, 16384, 8192], "rows": [{"case": "plain matmul", "ms": 26.0, "note": ""},
                                                           {"case": "fused RELU_BIAS", "ms": 26.3, "note": "x"}]},
         "search": {"rows": [{"epilog": "RELU_BIAS", "first_ms": 26.4, "autotuned_ms": 26.2, "searched_ms": 26.2,
@@ -56,7 +57,7 @@ def made_up_results() -> dict:
 
 
 def test_the_compact_tables_fit_the_last_hundred_lines():
-    lines = _bench.summary_lines(made_up_results())
+    lines = report.summary_lines(made_up_results())
     text = "\n".join(lines)
     assert len(lines) < 100
     for expected in ("NVIDIA H200", "1.50×", "execute()", "DRELU_BGRAD", "split form", "same, hit",
@@ -68,46 +69,81 @@ def test_the_compact_tables_fit_the_last_hundred_lines():
 
 def test_the_chart_shows_ratios_from_one(tmp_path):
     pytest.importorskip("matplotlib")
-    assert _bench.chart(made_up_results(), tmp_path / "bench.png")
+    assert report.chart(made_up_results(), tmp_path / "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 10_000
 
 
 def test_options_quick_sections_and_their_defaults():
-    args = _bench._arguments(["--quick", "--sections", "layer,search"])
+    args = cli.arguments(["--quick", "--sections", "layer,search"])
     assert args.sections == ["layer", "search"] and args.repeats == 5 and args.calls == 500
-    assert args.search_epilogs == _bench.QUICK_SEARCH_EPILOGS
-    full = _bench._arguments([])
-    assert full.sections == list(_bench.SECTIONS) and full.repeats == 16 and full.search_rounds == 24
+    assert args.search_epilogs == search.QUICK_SEARCH_EPILOGS
+    full = cli.arguments([])
+    assert full.sections == list(cli.SECTIONS) and full.repeats == 16 and full.search_rounds == 24
     with pytest.raises(SystemExit):
-        _bench._arguments(["--sections", "layers"])
+        cli.arguments(["--sections", "layers"])
 
 
-def test_the_mlp_hook_passes_options_and_keeps_a_short_table(monkeypatch, tmp_path):
-    import types
-
+def test_the_mlp_section_passes_options_and_keeps_a_short_table(monkeypatch, tmp_path):
     given = []
 
     def main(argv):
         given.append(argv)
         return {"rows": {"PyTorch eager": {"relu": {"ms": 10.0, "x_eager": 1.0, "x_floor": 1.1}},
                          "FusedLinear eager": {"relu": {"ms": 9.0, "x_eager": 0.9, "x_floor": 0.99}}}}
-    monkeypatch.setitem(sys.modules, "nvblaslt._bench_mlp", types.SimpleNamespace(main=main))
-    import importlib.util
-
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(mlp, "main", main)
     results: dict = {}
-    _bench.mlp_section(_bench._arguments(["--quick", "--out", str(tmp_path)]), None, results)
+    mlp.section(cli.arguments(["--quick", "--out", str(tmp_path)]), None, results)
     assert "--quick" in given[0] and str(tmp_path / "mlp.json") in given[0]
     assert any("FusedLinear eager" in line and "0.900×" in line for line in results["mlp"]["summary_lines"])
 
 
-def test_the_mlp_hook_skips_without_its_module(monkeypatch):
-    import importlib.util
+def test_the_mlp_bench_times_through_the_shuffled_rounds(monkeypatch):
+    """Every case once per round, each round in the order ``nvblaslt._timing`` draws (not rotated)."""
+    from nvblaslt import _timing
 
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    results: dict = {}
-    _bench.mlp_section(_bench._arguments(["--quick"]), None, results)
-    assert "skipped" in results["mlp"]
+    order: list[str] = []
+    drawn = []
+
+    def shuffler():
+        generator = random.Random(3)
+        drawn.append(generator)
+        return generator
+    monkeypatch.setattr(_timing, "new_shuffler", shuffler)
+    cases = [(name, lambda name=name: order.append(name)) for name in "abcd"]
+    medians, host = mlp._interleaved(None, cases, rounds=5, warmup=0, cuda=False)
+    assert len(medians) == len(host) == 4 and len(drawn) == 1
+    expected = random.Random(3)
+    assert order == ["abcd"[i] for _ in range(5) for i in _timing.shuffled(expected, 4)]
+
+
+def test_the_mlp_bench_runs_as_a_smoke_test_on_cpu(capsys):
+    pytest.importorskip("torch")
+    results = mlp.main(["--device", "cpu", "--dtype", "float32", "--tokens", "16", "--widths", "8,16,8",
+                        "--quick", "--no-compile", "--backward", "all"])
+    assert set(results["rows"]) == {"nn.Linear + activation, eager", "GEMM-only floor (no bias, no activation)",
+                                    "FusedLinear eager", "FusedLinear eager [unfused]", "FusedLinear eager [bgradb]",
+                                    "FusedLinear eager [epilog]"}
+    assert all(value < 1e-5 for value in results["checks"].values())
+    assert results["legend"]["FusedLinear eager"] == {"backward": "auto", "plans": "heuristic plans",
+                                                      "relu": "unfused", "gelu": "bgradb"}
+    assert "FusedLinear eager: backward='auto', heuristic plans; ReLU: unfused (RELU_BIAS; " in capsys.readouterr().out
+
+
+def test_nothing_in_the_core_imports_the_bench():
+    """The bench consumes the package; only the command line (``nvblaslt/__main__.py``) reaches it."""
+    import ast
+
+    package = ROOT / "nvblaslt"
+    for path in package.rglob("*.py"):
+        relative = path.relative_to(package)
+        if relative.parts[0] in ("bench", "_generated") or relative.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [f"{'.' * node.level}{node.module or ''}"] + [alias.name for alias in node.names]
+                     if isinstance(node, ast.ImportFrom) else [])
+            assert not any(name.split(".")[-1] == "bench" or ".bench." in name or name.startswith("nvblaslt.bench")
+                           for name in names), f"{path.relative_to(ROOT)}:{node.lineno} imports the bench"
 
 
 def test_bench_without_a_gpu_says_so():
@@ -119,7 +155,7 @@ def test_bench_without_a_gpu_says_so():
 @pytest.mark.gpu
 def test_the_cheap_sections_run_on_the_gpu(tmp_path):
     pytest.importorskip("torch")
-    code = _bench.main(["--sections", "percall,import", "--calls", "20", "--rounds", "2", "--out", str(tmp_path)])
+    code = cli.main(["--sections", "percall,import", "--calls", "20", "--rounds", "2", "--out", str(tmp_path)])
     results = json.loads((tmp_path / "bench.json").read_text())
     assert code == 0, results["errors"]
     assert results["percall"]["bare_matches_matmul"] < 1e-5

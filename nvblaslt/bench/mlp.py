@@ -1,4 +1,4 @@
-"""``python -m nvblaslt._bench_mlp``: one training step of an MLP, FusedLinear against nn.Linear.
+"""``python -m nvblaslt.bench.mlp``: one training step of an MLP, FusedLinear against nn.Linear.
 
 One step is forward + backward (no optimizer) of a 4-layer MLP, by default bf16, 8192 tokens,
 widths 4096→16384→4096→16384→4096, the activation after every layer but the last. Rows, per
@@ -15,10 +15,11 @@ Under the table, a legend says which nvblaslt configuration each FusedLinear row
 mode per activation, the epilogs it uses, and whether the plans were searched (``--search``:
 one step of every fused model under ``nvblaslt.torch.autotune()`` first, winners remembered on disk).
 
-Every row is timed in the same interleaved rounds (each case once per round, in an order rotated
+Every row is timed in the same interleaved rounds (each case once per round, in a fresh order
 each round; CUDA events around the step, queued behind ~2 ms of GPU work so that the host is ahead
 as in a training loop; median), after warm-up (which includes compilation), so clock drift falls
-on all rows alike. The JSON also keeps each row's host time to issue the step.
+on all rows alike. The JSON also keeps each row's host time to issue the step. ``nvblaslt bench
+--sections mlp`` runs it as the bench's ``mlp`` section (``section``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ import statistics
 import sys
 import time
 from typing import Any
+
+from nvblaslt._timing import shuffled_rounds
+
+from .common import progress
 
 MODES = ("auto", "unfused", "bgradb", "epilog")
 SPIN_CYCLES = 4_000_000  # ~2 ms of GPU clock queued before each timed step: the host's head start
@@ -69,38 +74,37 @@ def _step(model, params, x, grad):
 
 
 def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> tuple[list[float], list[float]]:
-    """(median ms, median host ms) of each case, every case once per round, in an order rotated each round
-    (no case always follows the same one). On CUDA the step is timed with events queued behind a short
-    spin kernel, so that the host is ahead of the GPU as in a training loop: the time is the GPU's (host
-    stalls inside the step still show), not the host's latency to its first launch. Host ms is the
-    host's time to issue the step (wall clock on the CPU, where both are the same)."""
+    """(median ms, median host ms) of each case, every case once per round, each round in a fresh order
+    (``nvblaslt._timing.shuffled_rounds``: no case always follows the same one). On CUDA the step is
+    timed with events queued behind a short spin kernel, so that the host is ahead of the GPU as in a
+    training loop: the time is the GPU's (host stalls inside the step still show), not the host's
+    latency to its first launch. Host ms is the host's time to issue the step (wall clock on the CPU,
+    where both are the same)."""
     for name, run in cases:
         _progress(f"warm-up: {name}")
         for _ in range(warmup):
             run()
     if cuda:
         torch.cuda.synchronize()
-    samples: list[list[float]] = [[] for _ in cases]
     host: list[list[float]] = [[] for _ in cases]
-    for round_ in range(rounds):
-        for offset in range(len(cases)):
-            index = (round_ + offset) % len(cases)
-            run = cases[index][1]
-            if not cuda:
-                begin = time.perf_counter()
-                run()
-                samples[index].append((time.perf_counter() - begin) * 1e3)
-                host[index].append(samples[index][-1])
-                continue
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(SPIN_CYCLES)
-            start.record()
+
+    def measure(index: int) -> float:
+        run = cases[index][1]
+        if not cuda:
             begin = time.perf_counter()
             run()
             host[index].append((time.perf_counter() - begin) * 1e3)
-            stop.record()
-            stop.synchronize()
-            samples[index].append(start.elapsed_time(stop))
+            return host[index][-1]
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SPIN_CYCLES)
+        start.record()
+        begin = time.perf_counter()
+        run()
+        host[index].append((time.perf_counter() - begin) * 1e3)
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop)
+    samples = shuffled_rounds(range(len(cases)), rounds, measure)
     return [statistics.median(s) for s in samples], [statistics.median(h) for h in host]
 
 
@@ -117,7 +121,7 @@ def _resolved(mode: str, activation: str) -> str:
 
 
 def main(args=None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m nvblaslt._bench_mlp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m nvblaslt.bench.mlp", description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--widths", default="4096,16384,4096,16384,4096")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -254,6 +258,29 @@ def main(args=None) -> dict:
         with open(options.json, "w") as handle:
             json.dump(results, handle, indent=1)
     return results
+
+
+# ---- the bench's mlp section ----------------------------------------------------------------------------
+def section(args, torch, results: dict) -> None:
+    """``nvblaslt bench --sections mlp``: this benchmark with the bench's ``--quick`` and ``--out``."""
+    argv = ["--json", str(args.out / "mlp.json")] + (["--quick", "--no-compile"] if args.quick else [])
+    progress(f"mlp: nvblaslt.bench.mlp.main({argv})")
+    outcome = main(argv)
+    results["mlp"] = outcome if isinstance(outcome, dict) else {"returned": repr(outcome)}
+    results["mlp"]["summary_lines"] = short_table(results["mlp"])
+
+
+def short_table(outcome: dict) -> list[str]:
+    """Its table in short, for the bench's summary: each step's ms and × eager PyTorch, per activation."""
+    rows = outcome.get("rows")
+    if not isinstance(rows, dict):
+        return []
+    lines = []
+    for label, per_activation in rows.items():
+        cells = "  ".join(f"{activation} {figures['ms']:8.2f} ms {figures['x_eager']:6.3f}×"
+                          for activation, figures in per_activation.items() if isinstance(figures, dict))
+        lines.append(f"{label[:44]:44s} {cells}")
+    return lines
 
 
 if __name__ == "__main__":

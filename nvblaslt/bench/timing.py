@@ -1,0 +1,81 @@
+"""The bench's clocks: CUDA events around bursts, host time over bursts, GPU time queued behind a
+sleep. Every set of rounds goes through ``nvblaslt._timing.shuffled_rounds``, the package's one
+way of timing contestants against each other (a fresh order each round); warm-up and what is
+measured stay here."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from nvblaslt._timing import shuffled_rounds
+
+
+def event_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, calls: int = 1,
+                 seed: int = 0) -> list[list[float]]:
+    """Per-call ms of each ``(name, fn)`` case: CUDA events around a burst of ``calls`` calls, every
+    case once per round in a fresh order (seeded), after two warm-up calls each."""
+    for _, fn in cases:
+        fn()
+        fn()
+    torch.cuda.synchronize()
+
+    def measure(case: tuple[str, Callable]) -> float:
+        fn = case[1]
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / calls
+    return shuffled_rounds(cases, rounds, measure, shuffler=random.Random(seed))
+
+
+def synchronize() -> None:
+    from cuda.bindings import runtime as cudart
+
+    cudart.cudaDeviceSynchronize()
+
+
+def host_burst(fn: Callable, calls: int) -> float:
+    """Microseconds per call over a burst (the device drained before and after)."""
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def host_rounds(cases: dict[str, Callable], rounds: int, calls: int, warmup: int, seed: int) -> dict[str, list[float]]:
+    """µs per call of each named case over bursts of ``calls``, every case once per round in a fresh
+    order (seeded), after ``warmup`` calls each."""
+    for fn in cases.values():
+        for _ in range(warmup):
+            fn()
+    names = list(cases)
+    samples = shuffled_rounds(names, rounds, lambda name: host_burst(cases[name], calls), shuffler=random.Random(seed))
+    return dict(zip(names, samples))
+
+
+def queued_gpu_us(torch, launch: Callable, calls: int) -> float | None:
+    """GPU µs per launch with no host time in it: the launches are queued behind a sleep kernel long
+    enough that the GPU reaches them only once all are queued. None without torch's sleep kernel."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return None
+    values = []
+    for _ in range(5):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        sleep(int(4e7))  # tens of ms at any clock: longer than queueing the launches takes
+        start.record()
+        for _ in range(calls):
+            launch()
+        stop.record()
+        stop.synchronize()
+        values.append(start.elapsed_time(stop) / calls * 1000)
+    return statistics.median(values)
