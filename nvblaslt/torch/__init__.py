@@ -1,0 +1,67 @@
+"""PyTorch as a first-class user: a fused ``Linear`` (+ bias, + ReLU or tanh-GELU) that trains.
+
+``linear(x, weight, bias=None, activation=None)`` is ``nn.functional.linear`` followed by the
+activation, as one cuBLASLt call; ``FusedLinear`` is the ``nn.Module`` with ``nn.Linear``'s
+parameters, init and ``state_dict`` keys; ``fuse(model)`` turns ``nn.Sequential(Linear, ReLU, …)``
+stacks into a ``FusedSequential`` of them. Both are torch custom ops (``torch.ops.nvblaslt.linear``
+and ``linear_backward``) with fake implementations and a registered autograd formula, so they work
+under ``torch.compile(fullgraph=True)``, in CUDA graphs and with ``gradcheck``. On CUDA the GEMMs
+are nvblaslt's; on any other device the same math runs as torch ops. ``autotune()`` searches the
+GEMMs' plans; ``BACKWARDS`` / ``AUTO_BACKWARD`` are where a ``FusedSequential`` runs each activation's
+backward (see its ``backward``).
+
+GELU here is cuBLASLt's tanh form; exact (erf) GELU is refused, never approximated.
+
+Modules, each calling only those below it: ``_layers`` (the ``nn.Module`` s and ``fuse``) →
+``_functional`` (``linear``, argument checks) → ``_ops`` (the custom ops, fake implementations,
+autograd formula, and how the layers link) → ``_gemms`` (each step as an nvblaslt GEMM with its epilog,
+mapping documented there) → ``_composite`` (the same math as torch ops; the layouts all share);
+``_tuning`` (``autotune``, the backward forms) beside them.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from . import _composite, _functional, _gemms, _ops
+from ._functional import linear
+from ._layers import FusedLinear, FusedSequential, fuse
+from ._tuning import AUTO_BACKWARD, BACKWARDS, autotune
+
+__all__ = ["AUTO_BACKWARD", "BACKWARDS", "FusedLinear", "FusedSequential", "autotune", "fuse", "linear"]
+
+for _public in (FusedLinear, FusedSequential, autotune, fuse, linear):
+    _public.__module__ = __name__  # as before the split: reprs, and pickles of whole models, name nvblaslt.torch
+del _public
+
+# ---- test seams -----------------------------------------------------------------------------------
+# tests/cpu/test_torch.py reads these names here and replaces some of them (monkeypatch.setattr on this
+# package) to run the CUDA path on the CPU and to watch the layers' decisions. Each lives in the module
+# that reads it; an assignment to this package is passed on to that module, where it takes effect.
+# They can go once the tests patch the owning modules instead.
+_AUTO_BACKWARD = AUTO_BACKWARD
+_activate = _composite.activate
+_pack_relu_mask = _composite.pack_relu_mask
+matmul = _gemms.matmul
+_refused_fp64 = _gemms.refused_fp64
+_uses_cublaslt = _ops.uses_cublaslt
+_layer = _ops.layer
+
+_SEAMS: dict[str, tuple[types.ModuleType, str]] = {
+    "matmul": (_gemms, "matmul"),
+    "_refused_fp64": (_gemms, "refused_fp64"),
+    "_uses_cublaslt": (_ops, "uses_cublaslt"),
+    "_layer": (_functional, "layer"),  # where linear() and FusedSequential's layers look it up
+}
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value) -> None:
+        if name in _SEAMS:
+            module, attribute = _SEAMS[name]
+            setattr(module, attribute, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -1,0 +1,94 @@
+"""``linear()``: one fused layer as a function; and what every entry does before ``layer()``: name the
+activation, cast as autocast would, check the arguments."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import NvblasltTypeError, NvblasltValueError
+from ._ops import layer
+from ._tuning import chain_for
+
+# ---- activations ------------------------------------------------------------------------------------
+
+_ALIASES = {None: "none", "none": "none", "identity": "none", "relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu"}
+_EXACT_GELU = ("gelu_erf", "gelu_exact", "gelu_none", "exact_gelu")
+EXACT_GELU_HINT = ("cuBLASLt fuses only the tanh approximation of GELU; use activation='gelu' "
+                   "(nn.GELU(approximate='tanh')) or keep the exact GELU outside the fused layer")
+
+
+def activation_name(value, argument: str = "activation") -> str:
+    """The canonical name of an activation: 'none', 'relu' or 'gelu' (tanh form)."""
+    key = value.lower() if isinstance(value, str) else value
+    if key in _EXACT_GELU:
+        raise NvblasltValueError(f"{argument}: {value!r} asks for exact (erf) GELU; {EXACT_GELU_HINT}")
+    try:
+        return _ALIASES[key]
+    except (KeyError, TypeError):
+        raise NvblasltValueError(f"{argument}: expected None, 'relu' or 'gelu' (the tanh form), got {value!r}") from None
+
+
+# ---- the arguments ------------------------------------------------------------------------------------
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    if not isinstance(x, Tensor):
+        raise NvblasltTypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise NvblasltValueError(f"weight: expected a 2-D (out_features, in_features) tensor, got "
+                                 f"{getattr(weight, 'shape', type(weight).__name__)}")
+    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise NvblasltValueError(f"x: expected shape (…, {weight.shape[1]}) to match weight's in_features, "
+                                 f"got {tuple(x.shape)}")
+    if x.dtype not in _FLOATS:
+        raise NvblasltTypeError(f"x: expected float16, bfloat16, float32 or float64, got {x.dtype}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise NvblasltTypeError(f"{name}: expected dtype {x.dtype} (x's), got {t.dtype}")
+        if t.device != x.device:
+            raise NvblasltValueError(f"{name}: on {t.device}, but x is on {x.device}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise NvblasltValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
+def _autocast(x, weight, bias):
+    """Cast as autocast casts nn.Linear's inputs, when it is on for x's device."""
+    device = getattr(x, "device", None)
+    if device is None or not torch.is_autocast_enabled(device.type):
+        return x, weight, bias
+    device = device.type
+    dtype = torch.get_autocast_dtype(device)
+    return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+# ---- the entries --------------------------------------------------------------------------------------
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """``activation(x @ weight.T + bias)`` as one fused cuBLASLt call on CUDA, autograd-aware.
+
+    ``x`` is (…, in_features), ``weight`` (out_features, in_features), ``bias`` (out_features,),
+    all of one dtype (float16, bfloat16, float32, float64). ``activation``: None, ``"relu"`` or
+    ``"gelu"`` — the tanh approximation, which cuBLASLt fuses; exact GELU (``"gelu_erf"``) is
+    refused with NvblasltValueError. The backward pass runs the activation's derivative as a torch op
+    and BGRADB for the bias gradient; a ``FusedSequential`` can also move the activation's backward
+    into the next layer's GEMM."""
+    activation = activation_name(activation)
+    x, weight, bias = _autocast(x, weight, bias)
+    _check(x, weight, bias)
+    lead = x.shape[:-1]
+    out, _ = layer(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation, None)
+    return out.reshape(*lead, weight.shape[0])
+
+
+def linked_layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, state, backward: str):
+    """One ``FusedLinear`` of a ``FusedSequential`` on 2-D x: (out, the link state for the next layer),
+    taking the previous layer's; ``backward`` is the sequence's (one of ``BACKWARDS``)."""
+    x2, weight, bias = _autocast(x2, weight, bias)
+    _check(x2, weight, bias)
+    return layer(x2, weight, bias, activation, state, chain_for(backward, activation))

@@ -1,0 +1,69 @@
+"""What runs fastest: ``autotune()`` searches the fused layers' GEMMs; ``BACKWARDS`` and
+``AUTO_BACKWARD`` say where a ``FusedSequential`` runs each activation's backward."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Hashable
+
+from .. import NvblasltValueError
+
+BACKWARDS = ("auto", "unfused", "bgradb", "epilog")
+# What "auto" picks, from the training-step bench (H200, cuBLASLt 13.1, bf16, 8192 tokens, widths 4096/16384):
+# cuBLASLt runs DRELU, DRELU_BGRAD and DGELU_BGRAD there as the GEMM plus a separate epilogue kernel
+# (0.2-0.75 ms a call, slower than torch's threshold_backward or a row sum), while DGELU is fused into the
+# GEMM (+2-5 %) and BGRADB costs nothing or one short reduction kernel.
+AUTO_BACKWARD = {"none": None, "relu": None, "gelu": "bgradb"}
+"""{activation: the backward form ``"auto"`` picks for it}; None stands for ``"unfused"``."""
+
+
+def check_backward(value: str) -> str:
+    """``value`` if it is one of ``BACKWARDS``, else NvblasltValueError."""
+    if value not in BACKWARDS:
+        raise NvblasltValueError(f"backward: expected one of {BACKWARDS}, got {value!r}")
+    return value
+
+
+def chain_for(backward: str, activation: str) -> str | None:
+    """Where a linked layer's activation backward runs (``layer()``'s ``chain``): None for its own
+    backward ("unfused"), else ``"bgradb"`` or ``"epilog"``, with "auto" resolved by ``AUTO_BACKWARD``."""
+    if backward == "auto":
+        return AUTO_BACKWARD[activation]
+    return None if backward == "unfused" else backward
+
+
+_active: dict | None = None  # the innermost autotune() context's settings
+
+
+@contextlib.contextmanager
+def autotune(*, iterations: int = 5):
+    """Search every GEMM the fused layers run inside this context (``Matmul.autotune(search=True)``:
+    the heuristics' list and configurations beyond it, and for DRELU_BGRAD / DGELU_BGRAD the two-call
+    form) and remember the winners on disk, so that later plans of the same problems start from them.
+    Each distinct problem is searched once per context (layers of one shape share the winner).
+
+    Run one training step inside it before the first ordinary step: the GEMMs run as usual, only
+    slower. Plans that ``nvblaslt.matmul`` has already cached (per thread, the autograd engine's
+    included) are not revisited; a new process picks the winners up. It matters: on the bench's MLP
+    (H200, bf16, 8192 tokens) the heuristics' first picks leave the fused step 1.05× (ReLU) / 1.09×
+    (GELU) the GEMM-only floor, searched plans 1.01× / 1.03× (``python -m nvblaslt.bench.mlp --search``)."""
+    global _active
+    previous, _active = _active, {"iterations": iterations, "searched": set()}
+    try:
+        yield
+    finally:
+        _active = previous
+
+
+def first_search(problem: Callable[[], Hashable]) -> int | None:
+    """The iterations to search a problem with, when an ``autotune()`` context is active and has not
+    searched it yet (it is then marked searched); None otherwise. ``problem()`` gives the problem's key,
+    called only inside a context: the GEMMs outside pay nothing for it."""
+    tuning = _active
+    if tuning is None:
+        return None
+    key = problem()
+    if key in tuning["searched"]:
+        return None
+    tuning["searched"].add(key)
+    return tuning["iterations"]
