@@ -115,7 +115,7 @@ def _relative(a, b) -> float:
 def _resolved(mode: str, activation: str) -> str:
     if mode != "auto":
         return mode
-    from nvblaslt.torch import _AUTO_BACKWARD
+    from nvblaslt.torch import AUTO_BACKWARD as _AUTO_BACKWARD
 
     return _AUTO_BACKWARD[activation] or "unfused"
 
