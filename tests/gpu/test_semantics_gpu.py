@@ -11,7 +11,7 @@ import pytest
 
 import nvblaslt
 from nvblaslt import Matmul, MatmulEpilog, NvblasltError, matmul
-from tests.reference import gelu, gelu_grad, host, rel_error, unpack_relu_mask
+from tests.reference import gelu, gelu_grad, host, host_bits, rel_error, unpack_relu_bits, unpack_relu_mask
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -104,20 +104,24 @@ def test_bias_dtypes():
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_two_d_aux_is_broadcast_over_a_batch_or_refused(activation):
+    """A 2-D aux with a batched DRELU/DGELU is planned with an aux batch stride of 0, so every batch reads the
+    one aux: D is checked against float64 with that aux broadcast. The one refusal allowed is cuBLASLt having
+    no kernel for it (NOT_SUPPORTED); a refusal by nvblaslt's own checks, or any other error, fails."""
     m, n, k = 40, 24, 16
     fwd = E.RELU_AUX if activation == "relu" else E.GELU_AUX
     bwd = E.DRELU if activation == "relu" else E.DGELU
     x, w = rand((m, k)), rand((k, n))
     _, aux = matmul(x, w, epilog=fwd)
     aux2d = aux[f"{activation}_aux"]
-    z = host(x) @ host(w)
     a, b = rand((3, m, 8)), rand((3, 8, n))
     try:
         d = matmul(a, b, epilog=bwd, epilog_inputs={f"{activation}_aux": aux2d})
-    except NvblasltError:
-        return  # refused clearly: allowed
-    g = (z > 0) if activation == "relu" else gelu_grad(z)
-    check(d, np.matmul(host(a), host(b)) * g, "float32")
+    except nvblaslt.CublasLtError as error:
+        assert error.status_name == "CUBLAS_STATUS_NOT_SUPPORTED", error
+        return  # cuBLASLt has no kernel for a broadcast aux here: refused clearly, allowed
+    # the derivative the epilog reads: the stored bitmask's bits, or GELU's stored pre-activation
+    factor = unpack_relu_bits(host_bits(aux2d), m) if activation == "relu" else gelu_grad(host(aux2d)[:m, :])
+    check(d, np.matmul(host(a), host(b)) * factor, "float32")  # (3, m, n): the one aux for every batch
 
 
 def test_host_operands_with_gaps_are_staged_densely():
@@ -284,11 +288,21 @@ def test_mixing_packages_is_refused():
 
 @pytest.mark.parametrize("epilog", [E.RELU_AUX, E.GELU_AUX, E.RELU_AUX_BIAS])
 def test_aux_epilogs_with_one_row(epilog):
+    """M=1: D, and the aux output against float64 (the ReLU bitmask's bit per element, GELU's pre-activation)."""
     a, b = rand((1, 64)), rand((64, 40))
     inputs = {"bias": rand((1,))} if "BIAS" in epilog.name else None
     d, aux = matmul(a, b, epilog=epilog, epilog_inputs=inputs)
     z = host(a) @ host(b) + (host(inputs["bias"])[:, None] if inputs else 0)
     check(d, np.maximum(z, 0) if "RELU" in epilog.name else gelu(z), "float32")
+    key = "relu_aux" if "RELU" in epilog.name else "gelu_aux"
+    assert list(aux) == [key]
+    if key == "relu_aux":
+        mask = unpack_relu_bits(host_bits(aux[key]), 1)  # bit r % 8 of byte r // 8 is row r
+        assert mask.shape == z.shape, (mask.shape, z.shape)
+        decided = np.abs(z) > 1e-4 * np.abs(z).max()  # a pre-activation within float32 rounding of 0 may go either way
+        assert decided.any() and (mask == (z > 0))[decided].all(), (host_bits(aux[key]), z)
+    else:
+        check(host(aux[key])[:1, :], z, "float32")  # the pre-activation (rows past M are the aux's padding)
 
 
 def test_bgradb_with_a_one_column_b_that_is_both_orders():
