@@ -1,8 +1,9 @@
-"""The GPU stress script's pytest entry: a few of its cases (``--only``), each in its own process as the
+r"""The GPU stress script's pytest entry: a few of its cases (``--only``), each in its own process as the
 script runs them, none failing. Marked ``gpu`` and ``stress``: skipped without a GPU.
 
     python -m pytest -m stress tests
-    python -m tests.stress.gpu_stress --only bias-broadcast-batched,dlpack-huge-ndim,degenerate-shapes,nan-inf-propagate,graph-execute-out
+    python -m tests.stress.gpu_stress \
+        --only bias-broadcast-batched,dlpack-huge-ndim,degenerate-shapes,nan-inf-propagate,graph-execute-out
 """
 
 from __future__ import annotations
