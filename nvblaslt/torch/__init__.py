@@ -21,10 +21,6 @@ mapping documented there) → ``_composite`` (the same math as torch ops; the la
 
 from __future__ import annotations
 
-import sys
-import types
-
-from . import _composite, _functional, _gemms, _ops
 from ._functional import linear
 from ._layers import FusedLinear, FusedSequential, fuse
 from ._tuning import AUTO_BACKWARD, BACKWARDS, autotune
@@ -34,34 +30,3 @@ __all__ = ["AUTO_BACKWARD", "BACKWARDS", "FusedLinear", "FusedSequential", "auto
 for _public in (FusedLinear, FusedSequential, autotune, fuse, linear):
     _public.__module__ = __name__  # as before the split: reprs, and pickles of whole models, name nvblaslt.torch
 del _public
-
-# ---- test seams -----------------------------------------------------------------------------------
-# tests/cpu/test_torch.py reads these names here and replaces some of them (monkeypatch.setattr on this
-# package) to run the CUDA path on the CPU and to watch the layers' decisions. Each lives in the module
-# that reads it; an assignment to this package is passed on to that module, where it takes effect.
-# They can go once the tests patch the owning modules instead.
-_AUTO_BACKWARD = AUTO_BACKWARD
-_activate = _composite.activate
-_pack_relu_mask = _composite.pack_relu_mask
-matmul = _gemms.matmul
-_refused_fp64 = _gemms.refused_fp64
-_uses_cublaslt = _ops.uses_cublaslt
-_layer = _ops.layer
-
-_SEAMS: dict[str, tuple[types.ModuleType, str]] = {
-    "matmul": (_gemms, "matmul"),
-    "_refused_fp64": (_gemms, "refused_fp64"),
-    "_uses_cublaslt": (_ops, "uses_cublaslt"),
-    "_layer": (_functional, "layer"),  # where linear() and FusedSequential's layers look it up
-}
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        if name in _SEAMS:
-            module, attribute = _SEAMS[name]
-            setattr(module, attribute, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

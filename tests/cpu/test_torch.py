@@ -19,6 +19,7 @@ nn = torch.nn
 
 from nvblaslt import NvblasltTypeError, NvblasltValueError  # noqa: E402
 from nvblaslt import torch as nvtorch  # noqa: E402
+from nvblaslt.torch import _composite, _functional, _gemms, _ops  # noqa: E402
 from nvblaslt.torch import FusedLinear, FusedSequential, fuse, linear  # noqa: E402
 
 ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": lambda: nn.GELU(approximate="tanh")}
@@ -208,13 +209,13 @@ def test_gradient_is_exact_when_an_activation_output_has_other_consumers(activat
                                                                                     requires_grad=True)
 
     def ours(w1, b1, w2, b2):
-        h, state = nvtorch._layer(x, w1, b1, activation, None, chain)
+        h, state = _ops.layer(x, w1, b1, activation, None, chain)
         assert state is not None  # the second layer is linked to the first
-        y, _ = nvtorch._layer(h, w2, b2, "none", state)
+        y, _ = _ops.layer(h, w2, b2, "none", state)
         return y.sum() + (h ** 2).sum()
 
     def theirs(w1, b1, w2, b2):
-        h = nvtorch._activate(nn.functional.linear(x, w1, b1), activation)
+        h = _composite.activate(nn.functional.linear(x, w1, b1), activation)
         return nn.functional.linear(h, w2, b2).sum() + (h ** 2).sum()
 
     params = (w1, b1, w2, b2)
@@ -257,7 +258,7 @@ def test_inference_keeps_no_aux_and_no_link():
     layer = FusedLinear(5, 4, activation="gelu")
     x = torch.randn(3, 5)
     with torch.no_grad():
-        out, state = nvtorch._layer(x, layer.weight, layer.bias, "gelu", None)
+        out, state = _ops.layer(x, layer.weight, layer.bias, "gelu", None)
     assert state is None
     aux = torch.ops.nvblaslt.linear(x, layer.weight.detach(), layer.bias.detach(), "gelu", False, None, "none",
                                     None, None)[1]
@@ -344,7 +345,7 @@ class EmulatedMatmul:
         if name in ("RELU", "RELU_BIAS", "RELU_AUX", "RELU_AUX_BIAS"):
             if "AUX" in name:
                 aux = torch.empty_strided((-(-m // 128) * 16, n), (1, -(-m // 128) * 16), dtype=torch.int8)
-                nvtorch._pack_relu_mask((z > 0).T, aux)
+                _composite.pack_relu_mask((z > 0).T, aux)
                 outputs["relu_aux"] = aux.view(self.relu_aux_dtype)
             z = torch.relu(z)
         elif name in ("GELU", "GELU_BIAS", "GELU_AUX", "GELU_AUX_BIAS"):
@@ -384,8 +385,8 @@ class EmulatedMatmul:
 def emulated_cuda_path(request, monkeypatch):
     """Run the ops' CUDA implementation on the CPU, with nvblaslt.matmul emulated."""
     emulated = EmulatedMatmul(*request.param)
-    monkeypatch.setattr(nvtorch, "matmul", emulated)
-    monkeypatch.setattr(nvtorch, "_uses_cublaslt", lambda x: True)
+    monkeypatch.setattr(_gemms, "matmul", emulated)
+    monkeypatch.setattr(_ops, "uses_cublaslt", lambda x: True)
     return emulated
 
 
@@ -396,7 +397,7 @@ VARIANTS = {"auto": ("auto", True), "epilog": ("epilog", True), "bgradb": ("bgra
 
 def _expected_epilogs(activation: str, backward: str | None, bias: bool) -> tuple[set, set]:
     """(epilogs a step must use, epilogs it must not) for a ``mlp(…, activation)`` step."""
-    mode = {"auto": nvtorch._AUTO_BACKWARD[activation] or "unfused", None: "unfused"}.get(backward, backward)
+    mode = {"auto": nvtorch.AUTO_BACKWARD[activation] or "unfused", None: "unfused"}.get(backward, backward)
     prefix, masking = activation.upper(), {"relu": "DRELU", "gelu": "DGELU"}[activation]
     keeps_aux = mode != "unfused" or activation == "gelu"
     forward = f"{prefix}{'_AUX' if keeps_aux else ''}{'_BIAS' if bias else ''}"
@@ -450,7 +451,7 @@ def test_cuda_path_gradcheck_and_inference(emulated_cuda_path):
 
 @pytest.mark.parametrize("refused", [("DRELU_BGRAD", "BGRADB"), ("RELU_AUX_BIAS", "DRELU_BGRAD"), ("BIAS",)])
 def test_cuda_path_runs_refused_float64_epilogs_as_torch_ops(emulated_cuda_path, monkeypatch, refused):
-    monkeypatch.setattr(nvtorch, "_refused_fp64", set())
+    monkeypatch.setattr(_gemms, "refused_fp64", set())
     emulated_cuda_path.refuse = set(refused)
     torch.manual_seed(19)
     reference = mlp((5, 12, 8, 3), "relu").double()
@@ -461,7 +462,7 @@ def test_cuda_path_runs_refused_float64_epilogs_as_torch_ops(emulated_cuda_path,
         torch.testing.assert_close(y1, y0)
         for a, e in zip(g1, g0):
             torch.testing.assert_close(a, e)
-    assert {e.name for e in nvtorch._refused_fp64} == set(refused)
+    assert {e.name for e in _gemms.refused_fp64} == set(refused)
     assert emulated_cuda_path.epilogs.count(refused[0]) == 1
 
 
@@ -526,21 +527,6 @@ def test_torch_compile_fullgraph_without_graph_breaks_on_cpu(backend):
         torch.testing.assert_close(a, e)
 
 
-def test_the_bench_runs_as_a_smoke_test_on_cpu(capsys):
-    from nvblaslt import _bench_mlp
-
-    results = _bench_mlp.main(["--device", "cpu", "--dtype", "float32", "--tokens", "16", "--widths", "8,16,8",
-                               "--quick", "--no-compile", "--backward", "all"])
-    assert set(results["rows"]) == {"nn.Linear + activation, eager", "GEMM-only floor (no bias, no activation)",
-                                    "FusedLinear eager", "FusedLinear eager [unfused]", "FusedLinear eager [bgradb]",
-                                    "FusedLinear eager [epilog]"}
-    assert all(value < 1e-5 for value in results["checks"].values())
-    assert results["legend"]["FusedLinear eager"] == {"backward": "auto", "plans": "heuristic plans",
-                                                      "relu": "unfused", "gelu": "bgradb"}
-    out = capsys.readouterr().out
-    assert "FusedLinear eager: backward='auto', heuristic plans; ReLU: unfused (RELU_BIAS; " in out
-
-
 # ---- on the GPU -----------------------------------------------------------------------------------------
 
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -571,7 +557,7 @@ def _record_relu_decisions(monkeypatch) -> list:
     """Per ReLU layer the fused model runs, the decisions its backward takes: the bitmask where the next
     layer's GEMM takes the ReLU's backward (DRELU / DRELU_BGRAD mask with it), else the output > 0."""
     decisions = []
-    layer = nvtorch._layer
+    layer = _functional.layer
 
     def recording(x2, weight, bias, activation, state, chain=None):
         out, passed = layer(x2, weight, bias, activation, state, chain)
@@ -579,7 +565,7 @@ def _record_relu_decisions(monkeypatch) -> list:
             decisions.append(unpack_relu_mask(passed[1], out.shape[1]).T if passed is not None else out > 0)
         return out, passed
 
-    monkeypatch.setattr(nvtorch, "_layer", recording)
+    monkeypatch.setattr(_functional, "layer", recording)
     return decisions
 
 
@@ -676,7 +662,7 @@ def test_gpu_gradcheck_float64(activation, capsys):
 
     assert torch.autograd.gradcheck(f, (x, *params), nondet_tol=1e-12)
     with capsys.disabled():
-        refused = sorted(e.name for e in nvtorch._refused_fp64)
+        refused = sorted(e.name for e in _gemms.refused_fp64)
         print(f"\n  float64 epilogs cuBLASLt refused (run as torch ops): {refused or 'none'}")
 
 
@@ -777,9 +763,9 @@ def test_gpu_other_consumers_in_place_and_inference():
     w1, b1 = torch.randn(40, 20, device="cuda", requires_grad=True), torch.randn(40, device="cuda", requires_grad=True)
     w2, b2 = torch.randn(8, 40, device="cuda", requires_grad=True), torch.randn(8, device="cuda", requires_grad=True)
     params = (w1, b1, w2, b2)
-    h, state = nvtorch._layer(x, w1, b1, "gelu", None, "epilog")
+    h, state = _ops.layer(x, w1, b1, "gelu", None, "epilog")
     assert state is not None
-    y, _ = nvtorch._layer(h, w2, b2, "none", state)
+    y, _ = _ops.layer(h, w2, b2, "none", state)
     ours = torch.autograd.grad(y.sum() + (h ** 2).sum(), params)
     h_ref = nn.functional.gelu(nn.functional.linear(x, w1, b1), approximate="tanh")
     theirs = torch.autograd.grad(nn.functional.linear(h_ref, w2, b2).sum() + (h_ref ** 2).sum(), params)
