@@ -14,6 +14,7 @@ from . import _dtypes
 from ._dtypes import DType
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._generated.cublaslt_13 import cublasLtEpilogue_t
+from ._strides import batch_stride, c_strides
 
 
 # The epilogs as cuBLASLt numbers them (the same in 12.x and 13.x), under nvmath-python's name: the
@@ -145,15 +146,13 @@ class EpilogOutput:
 
 def _batch_stride_of(op, matrix_ndim: int, problem, name: str) -> int:
     """The batch stride of an epilog input: 0 for one matrix/vector broadcast over the batch."""
-    from ._problem import _batch
-
     batch_shape = op.shape[:-matrix_ndim] if matrix_ndim else op.shape
     if not batch_shape:
         return 0
     if tuple(batch_shape) != tuple(problem.batch_shape):
         raise NvblasltValueError(f"{name}: batch dimensions {tuple(batch_shape)} must match the multiplication's "
                            f"{tuple(problem.batch_shape) or '(none)'}, or be absent to use one for every batch")
-    return _batch(tuple(batch_shape), op.strides[:len(batch_shape)], name) if problem.batch_count > 1 else 0
+    return batch_stride(tuple(batch_shape), op.strides[:len(batch_shape)], name) if problem.batch_count > 1 else 0
 
 
 def bias_types(d_dtype) -> tuple:
@@ -218,8 +217,6 @@ def check_aux(op, key: str, problem) -> EpilogInput:
 
 def outputs(spec: EpilogSpec, problem, relu_aux_dtype, aux_dtype=None) -> list[EpilogOutput]:
     """The outputs of ``spec`` on ``problem``, shaped as nvmath-python returns them."""
-    from ._memory import c_strides
-
     batch = tuple(problem.batch_shape)
     batch_count = problem.batch_count
     found = []

@@ -361,18 +361,3 @@ def framework_of(array) -> Framework:
 def _detect(cls: type) -> Framework:
     framework = _by_type[cls] = BY_MODULE.get(cls.__module__.partition(".")[0], PROTOCOL)
     return framework
-
-
-def as_framework(framework: Framework | str) -> Framework:  # transitional: callers pass adapters
-    """The adapter itself, or the one of a package's name (the older callers pass names)."""
-    return framework if isinstance(framework, Framework) else BY_NAME[framework]
-
-
-_layout_readers: dict[type, ReadLayouts | None] = {}
-
-
-def layout_reader(cls: type) -> ReadLayouts | None:  # transitional: framework_of(array).layout_reader(cls)
-    """``Framework.layout_reader`` of the package of ``cls``'s arrays, built once per type."""
-    if cls not in _layout_readers:
-        _layout_readers[cls] = (_by_type.get(cls) or _detect(cls)).layout_reader(cls)
-    return _layout_readers[cls]

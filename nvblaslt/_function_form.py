@@ -11,11 +11,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from . import _cuda, _operands, _streams
+from . import _cuda, _operands
 from ._epilogs import as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options
 from ._plan import Matmul
+from ._frameworks import framework_of
+from ._reading import one_package
 from ._streams import stream_handle
 
 _CACHE_SIZE = 64
@@ -38,16 +40,17 @@ def _signature(op) -> tuple | None:
     return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment, op.conjugated)
 
 
-_fast_paths: dict[type, tuple | None] = {}  # array type -> (kind, read layouts, current stream on a device)
+_fast_paths: dict[type, tuple | None] = {}  # array type -> (framework, read layouts, current stream on a device)
 
 
-def _fast_path(cls: type) -> tuple | None:
-    """The fast path's readers for arrays of type ``cls`` (found once per type), or None."""
+def _fast_path(a) -> tuple | None:
+    """The fast path's readers for arrays of ``a``'s type (found once per type), or None."""
+    cls = type(a)
     if cls in _fast_paths:
         return _fast_paths[cls]
-    read = _operands.layout_reader(cls)
-    kind = _operands.KINDS.get(cls.__module__.partition(".")[0], "protocol")
-    path = _fast_paths[cls] = None if read is None else (kind, read, _streams.stream_on_device(kind))
+    framework = framework_of(a)
+    read = framework.layout_reader(cls)
+    path = _fast_paths[cls] = None if read is None else (framework, read, framework.stream_on)
     return path
 
 
@@ -72,9 +75,9 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
     # out=, scales, options or preferences. The key is the arrays' layouts, read with no DLPack export.
     if stream is None and out is None and options is None and qualifiers is None and algorithm is None \
             and quantization_scales is None and preferences is None:
-        path = _fast_paths.get(type(a)) or _fast_path(type(a))
+        path = _fast_paths.get(type(a)) or _fast_path(a)
         if path is not None:
-            kind, read, stream_on = path
+            framework, read, stream_on = path
             names = tuple(epilog_inputs) if epilog_inputs else ()
             try:
                 found = read((a, b, c, *epilog_inputs.values()) if epilog_inputs else (a, b, c))
@@ -82,7 +85,7 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
                 found = None
             if found is not None:
                 pointers, layout = found
-                fast_key = (kind, epilog, compute_type, result_type, beta is None, names, layout)
+                fast_key = (framework, epilog, compute_type, result_type, beta is None, names, layout)
                 try:
                     if fast_key == cache.last_key:
                         plan = cache.last_plan
@@ -103,12 +106,12 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
                         with _cuda.on_device(plan.device):
                             return plan.run(framework_stream, framework_stream, None)
                     return plan.run(framework_stream, framework_stream, None)
-    return _checked_call(_operands.kind_of(a), cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs,
+    return _checked_call(framework_of(a), cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs,
                          qualifiers, quantization_scales, options, preferences, algorithm, stream, out, compute_type,
                          result_type)
 
 
-def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers, quantization_scales,
+def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers, quantization_scales,
                   options, preferences, algorithm, stream, out, compute_type, result_type):
     options = as_options(MatmulOptions, options, "options") if options is not None else MatmulOptions()
     if compute_type is not None:
@@ -118,15 +121,12 @@ def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_in
     prefs = as_options(MatmulPlanPreferences, preferences, "preferences") if preferences is not None else \
         _DEFAULT_PREFERENCES
     epilog = as_epilog(epilog)
-    framework_stream = 0 if _operands.is_host_array(a) else _streams.framework_stream_of(kind, a)
+    framework_stream = 0 if _operands.is_host_array(a) else framework.stream_of(a)
     stream_h = stream_handle(stream) if stream is not None else framework_stream
     # On the framework's own stream no handshake is needed, so arrays seen before are not re-exported.
     read = _operands.read_cached if stream_h == framework_stream else _operands.read
     given = [(x, name) for x, name in ((a, "a"), (b, "b"), (c, "c")) if x is not None]
-    kinds = {name: _operands.kind_of(x) for x, name in given}
-    if len(set(kinds.values())) > 1:
-        raise NvblasltTypeError(f"a, b, c: operands must come from one array package, got "
-                                f"{', '.join(f'{n}: {k}' for n, k in kinds.items())}")
+    one_package(given)
     a_op, b_op = read(a, "a", stream_h), read(b, "b", stream_h)
     c_op = read(c, "c", stream_h) if c is not None else None
     host = a_op.host or b_op.host or (c_op is not None and c_op.host)
@@ -138,7 +138,7 @@ def _checked_call(kind, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_in
         and "aux_quantization_scale" not in inputs
     key = None
     if cacheable:
-        key = (kind, epilog, _signature(a_op), _signature(b_op), _signature(c_op),
+        key = (framework, epilog, _signature(a_op), _signature(b_op), _signature(c_op),
                tuple((k, _signature(v)) for k, v in sorted(inputs.items())),
                _option_key(options), beta is None, _option_key(prefs))
         plan = cache.get(key)

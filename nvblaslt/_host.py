@@ -10,7 +10,7 @@ from cuda.bindings import runtime as cudart
 
 from . import _cuda, _memory, _operands
 from ._errors import NvblasltValueError
-from ._frameworks import Framework, as_framework, framework_of
+from ._frameworks import Framework, framework_of
 from ._operands import Operand
 from ._strides import c_strides, span_elements
 
@@ -136,12 +136,11 @@ def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: in
         pinned.free()
 
 
-def to_host(result, framework: Framework | str, d_layout: tuple, aux_layouts: dict, stream: int, in_place=None):
+def to_host(result, framework: Framework, d_layout: tuple, aux_layouts: dict, stream: int, in_place=None):
     """Device results, D or ``(D, aux)``, copied back into new host arrays of the operands' package
     (``framework``'s host arrays: CPU torch, else NumPy), each laid out as ``(shape, strides, dtype)``
     says; with ``in_place`` = (the host c, its staged device pointer and strides), D goes back into c."""
     d, aux = (result if isinstance(result, tuple) else (result, None))
-    framework = as_framework(framework)  # transitional: callers pass adapters, not names
 
     def back(array, shape, strides, dtype):
         host = framework.empty_host(shape, strides, dtype)

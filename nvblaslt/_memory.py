@@ -16,7 +16,7 @@ from cuda.bindings import runtime as cudart
 
 from . import _cuda, _dlpack, _strides
 from ._dtypes import DType
-from ._frameworks import Allocate, Framework, as_framework
+from ._frameworks import Allocate, Framework
 
 
 def _free_async(pointer: int, last_stream: list) -> None:
@@ -107,8 +107,6 @@ def wait_for(producer: int, consumer: int) -> None:
     _cuda.check(cudart.cudaEventDestroy(event), "cudaEventDestroy")
 
 
-_wait = wait_for  # transitional: wait_for
-
 
 def own_allocator(shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType, device: int) -> Allocate:
     """An ``Allocate`` for DeviceArrays of any ``shape`` and element ``strides``, in memory from
@@ -121,20 +119,10 @@ def own_allocator(shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType
     return allocate_own
 
 
-def strided_allocator(framework: Framework | str, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType,
+def strided_allocator(framework: Framework, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType,
                       device: int) -> Allocate:
     """``allocate(stream, framework_stream) -> (array, pointer)`` for results of any ``shape`` and
     element ``strides``, for work on ``stream``: in ``framework``'s pool where it has one for the
     dtype (see ``Framework.pool_allocator``), else nvblaslt's own DeviceArrays."""
-    framework = as_framework(framework)  # transitional: callers pass adapters, not names
     allocate = framework.pool_allocator(shape, strides, dtype, device)
     return allocate if allocate is not None else own_allocator(shape, strides, dtype, device)
-
-
-def to_framework(kind: Framework | str, array):  # transitional: framework.hand_back(array)
-    """Hand a DeviceArray to the caller's framework, zero-copy."""
-    return as_framework(kind).hand_back(array) if isinstance(array, DeviceArray) else array
-
-
-span_elements = _strides.span_elements  # transitional: _strides.span_elements
-c_strides = _strides.c_strides  # transitional: _strides.c_strides (for _problem/_epilogs until their imports land)

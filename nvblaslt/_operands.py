@@ -51,13 +51,6 @@ class Operand:
         return f"{type(self.obj).__name__} of shape {self.shape}, dtype {self.dtype.name}, strides {self.strides}"
 
 
-def kind_of(obj) -> str:  # transitional: framework_of(obj)
-    return framework_of(obj).name
-
-
-# transitional: framework_of(array); top-level module of an array's type -> its package's name
-KINDS = {module: framework.name for module, framework in _frameworks.BY_MODULE.items()}
-layout_reader = _frameworks.layout_reader  # transitional: framework_of(array).layout_reader(type(array))
 
 
 def _checked_layout(shape, strides, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -8,7 +8,7 @@ import weakref
 
 from . import _operands
 from ._errors import NvblasltTypeError, NvblasltValueError
-from ._frameworks import Framework, as_framework, framework_of
+from ._frameworks import Framework, framework_of
 from ._strides import extent_bytes, overlaps
 
 
@@ -19,9 +19,9 @@ class OutputChecker:
     __slots__ = ("_framework", "_fingerprint", "_host", "_problem", "_device", "_operands", "_epilog_inputs",
                  "_last")
 
-    def __init__(self, framework: Framework | str, host: bool, problem, device: int, operands: dict,
+    def __init__(self, framework: Framework, host: bool, problem, device: int, operands: dict,
                  epilog_inputs: dict):
-        self._framework = as_framework(framework)  # transitional: callers pass adapters, not names
+        self._framework = framework
         self._fingerprint = self._framework.fingerprint
         self._host, self._problem, self._device = host, problem, device
         self._operands, self._epilog_inputs = operands, epilog_inputs

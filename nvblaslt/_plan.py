@@ -16,9 +16,10 @@ import threading
 
 from cuda.bindings import runtime as cudart
 
-from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading, _streams
+from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading
 from ._descriptors import HeuristicResult
 from ._epilogs import MASKING, SPECS, as_epilog
+from ._frameworks import PROTOCOL, Framework
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._launch import Launch, algorithm_structs
 from ._loader import library
@@ -53,8 +54,8 @@ class Matmul:
             options.compute_type = compute_type
         if result_type is not None:
             options.result_type = result_type
-        ops, kind, stream_h = _reading.read_operands(a, b, c, stream)
-        self._setup(ops, c is not None, kind, stream_h, options, alpha=alpha, beta=beta, qualifiers=qualifiers,
+        ops, framework, stream_h = _reading.read_operands(a, b, c, stream)
+        self._setup(ops, c is not None, framework, stream_h, options, alpha=alpha, beta=beta, qualifiers=qualifiers,
                     quantization_scales=quantization_scales)
 
     @classmethod
@@ -63,13 +64,13 @@ class Matmul:
         """A Matmul over operands already read (``_operands.Operand``): the function form's and the
         split form's way in."""
         self = cls.__new__(cls)
-        self._setup([x for x in (a, b, c) if x is not None], c is not None, a.kind, stream, options, alpha=alpha,
+        self._setup([x for x in (a, b, c) if x is not None], c is not None, a.framework, stream, options, alpha=alpha,
                     beta=beta, qualifiers=qualifiers, quantization_scales=quantization_scales)
         return self
 
-    def _setup(self, ops, has_c: bool, kind: str, stream, options, *, alpha, beta, qualifiers,
+    def _setup(self, ops, has_c: bool, framework: Framework, stream, options, *, alpha, beta, qualifiers,
                quantization_scales) -> None:
-        self.options, self._logger, self._lib, self._kind = options, options.logger or logger, library(), kind
+        self.options, self._logger, self._lib, self._framework = options, options.logger or logger, library(), framework
         self._lock = threading.Lock()
         self._released: set[str] | None = None
         self._planned = self._freed = False
@@ -84,7 +85,7 @@ class Matmul:
             raise NvblasltTypeError("a, b, c: operands must all be in GPU memory or all in host memory")
         self._host = hosts.pop()
         self._blocking = self._host or options.blocking is True
-        self._hand_back = kind not in ("cupy", "torch") and not self._host
+        self._hand_back = not framework.has_pool and not self._host  # results in nvblaslt's own memory
         self.device = options.device_id if self._host else ops[0].device
         if not self._host:
             for name, op in zip("abc", ops):
@@ -92,7 +93,7 @@ class Matmul:
                     raise NvblasltValueError(f"{name}: on GPU {op.device}, but a is on GPU {self.device}")
         self.several_devices = _cuda.several_devices()
         if stream is None:
-            stream = _streams.current_stream(kind, self.device) if not self._host else 0
+            stream = framework.stream_getter(self.device)() if not self._host else 0
         self.stream = self._last_stream = stream
         if self._host:
             with _cuda.on_device(self.device):
@@ -180,7 +181,7 @@ class Matmul:
             lib, problem, prepared, options=self.options, preferences=prefs, scales=self._scales,
             operands=self._operands, aux_scale=aux_scale is not None, device=self.device, alpha=self.alpha,
             beta=self.beta, algorithms=algorithms, stream=self._last_stream)
-        results = Results(launch, problem, prepared, framework=self._kind, host=self._host, device=self.device,
+        results = Results(launch, problem, prepared, framework=self._framework, host=self._host, device=self.device,
                           result_amax=bool(self.options.result_amax))
         # 4. commit: the previous plan goes, this one takes its place
         self._planned = False  # until the new plan is whole: execute() must not launch with what is released here
@@ -188,9 +189,8 @@ class Matmul:
         self.problem, self.epilog, self.launch, self._prepared = problem, epilog, launch, prepared
         self._results = results
         self._input_operands, self.allocate_result = inputs, results.allocate_d
-        self._framework_stream = _streams.current_stream_getter(self._kind if not self._host else "protocol",
-                                                                self.device)
-        self._out_checker = OutputChecker(self._kind, self._host, problem, self.device, self._operands,
+        self._framework_stream = (PROTOCOL if self._host else self._framework).stream_getter(self.device)
+        self._out_checker = OutputChecker(self._framework, self._host, problem, self.device, self._operands,
                                           prepared.inputs)
         self._input_setters = {key: launch.pointer_setter("BIAS_POINTER" if key == "bias" else "EPILOGUE_AUX_POINTER")
                                for key in inputs}
@@ -207,7 +207,7 @@ class Matmul:
         ``iterations`` > 0 autotunes the masking plan; 0 keeps what it planned (or recalled)."""
         self.fast_bound = None  # the function form's next call must bind the masking plan too
         return SplitBiasGradient.build(Matmul.from_operands, self._operands, self._input_operands, self._prepared,
-                                       self.launch, self.options, self.alpha.value, self.beta.value, self._kind,
+                                       self.launch, self.options, self.alpha.value, self.beta.value, self._framework,
                                        self.device, self.stream, iterations)
 
     def autotune(self, *, iterations: int = 5, search: bool = False, remember: bool = True,
@@ -255,7 +255,7 @@ class Matmul:
             if self._host:
                 c = self._operands["c"]
                 in_place = (self._host_operands["c"], c.ptr, c.strides) if self.problem.inplace else None
-                result = self._results.to_host(result, self._kind, stream_h, in_place)
+                result = self._results.to_host(result, self._framework, stream_h, in_place)
             else:
                 _cuda.check(cudart.cudaStreamSynchronize(stream_h), "cudaStreamSynchronize")
         if release_workspace and launch.workspace is not None:
@@ -281,12 +281,12 @@ class Matmul:
             if stream_h == 2 and framework_stream != 2 and not self._hand_back:
                 # results from the framework's pool, used on the per-thread default stream, which the
                 # framework cannot be told about: order its stream after ours instead
-                _memory._wait(stream_h, framework_stream)
+                _memory.wait_for(stream_h, framework_stream)
         if self._hand_back:  # nvblaslt's own DeviceArrays, handed to JAX / Numba zero-copy
             if out is None and self.allocate_result is not None:
-                d = _memory.to_framework(self._kind, d)
+                d = self._framework.hand_back(d)
             if aux is not None:
-                aux = {k: _memory.to_framework(self._kind, v) for k, v in aux.items()}
+                aux = {k: self._framework.hand_back(v) for k, v in aux.items()}
         return d if aux is None else (d, aux)
 
     def trial_run(self, stream_h: int) -> int:
@@ -305,7 +305,7 @@ class Matmul:
         stream after the work queued on the previous one, then remember it for the release."""
         if _cuda.is_capturing(stream_h):
             return  # a graph capture orders nothing outside itself (torch synchronizes before capturing)
-        _memory._wait(self._last_stream, stream_h)
+        _memory.wait_for(self._last_stream, stream_h)
         self._last_stream = stream_h
         self._results.used_on(stream_h)
         for owned in (self.launch.workspace, self._scales.buffer, *self._staged.values()):
@@ -325,7 +325,7 @@ class Matmul:
     def _take_reset(self, new: dict, alpha, beta, epilog_inputs, quantization_scales, stream_h: int) -> None:
         # Everything is read and checked first; the plan changes only once nothing can refuse, so a refused
         # reset leaves it pointing at the operands it had.
-        operands = _reading.read_reset(new, self._operands, self._host_operands, self._released, self._kind,
+        operands = _reading.read_reset(new, self._operands, self._host_operands, self._released, self._framework,
                                         self._host, stream_h)
         inputs = _reading.read_reset_inputs(epilog_inputs, self._planned, self.epilog, self._prepared.inputs,
                                     self._input_operands, self.problem, stream_h) if epilog_inputs else {}
@@ -340,7 +340,7 @@ class Matmul:
                                                   stream=stream_h)
         # Commit. Copies into device memory a queued kernel may still read wait for the last stream's work.
         if self._last_stream != stream_h and not _cuda.is_capturing(stream_h):
-            _memory._wait(self._last_stream, stream_h)
+            _memory.wait_for(self._last_stream, stream_h)
         self._released = None
         for name, op in operands.items():
             if op.host:  # into the device copy's layout
@@ -360,7 +360,7 @@ class Matmul:
             self._input_setters[key](checked.ptr)
         if scales is not None:  # new values replace the old for the keys given (numbers or arrays alike)
             if self._last_stream != self.stream:
-                _memory._wait(self._last_stream, self.stream)
+                _memory.wait_for(self._last_stream, self.stream)
             self._scales.write(scales, self.stream)
             if self._planned:
                 for attribute, pointer in self._scales.descriptor_pointers(self.problem).items():

@@ -22,7 +22,7 @@ from ._dtypes import DType
 from ._epilogs import SPECS, MatmulEpilog, transposed_epilog
 from ._errors import NvblasltValueError
 from ._generated.cublaslt_13 import cublasLtOrder_t, cublasOperation_t
-from ._memory import c_strides
+from ._strides import batch_stride, c_strides
 from ._operands import Operand
 
 OP_N, OP_T, OP_C = cublasOperation_t.N, cublasOperation_t.T, cublasOperation_t.C
@@ -81,22 +81,6 @@ class Side:
     source: str  # "a" or "b": the caller's operand holding this memory
 
 
-def _batch(shape: tuple[int, ...], strides: tuple[int, ...], name: str) -> int:
-    """The one stride that walks the (C-order) batch dimensions, or 0 when all are broadcast."""
-    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
-    if not dims:
-        return 0
-    if all(s == 0 for _, s in dims):
-        return 0
-    for (n_outer, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]):
-        if s_outer != s_inner * n_inner:
-            raise NvblasltValueError(f"{name}: batch dimensions {shape} with element strides {strides} cannot be "
-                                     f"walked with one stride (cuBLASLt batches are strided)")
-    if dims[-1][1] <= 0:
-        raise NvblasltValueError(f"{name}: batch stride {dims[-1][1]} must be positive (or 0 to broadcast)")
-    return dims[-1][1]
-
-
 def _matrix(op: Operand, name: str, promote: str | None = None) -> Matrix:
     shape, strides = op.shape, op.strides
     if promote == "row":  # a 1-D A is a 1×K matrix (NumPy matmul)
@@ -107,7 +91,7 @@ def _matrix(op: Operand, name: str, promote: str | None = None) -> Matrix:
         raise NvblasltValueError(f"{name}: negative strides are not supported, got shape {op.shape} with element "
                                  f"strides {op.strides}")
     matrix = Matrix(op, shape[-2], shape[-1], strides[-2], strides[-1], tuple(shape[:-2]),
-                    _batch(shape[:-2], strides[:-2], name))
+                    batch_stride(shape[:-2], strides[:-2], name))
     return matrix
 
 
@@ -336,16 +320,6 @@ def _variant(operands: Operands, epilog: MatmulEpilog, transposed: bool) -> Prob
         result_shape, result_strides = tuple(shape), tuple(strides)
     return Problem(t, rows, cols, k, operands.batch_count, operands.batch_shape, transposed, cuda_epilog, a, b, c,
                    d, operands.inplace, result_shape, result_strides)
-
-
-def extent_bytes(op: Operand) -> int:
-    if not op.shape or 0 in op.shape:
-        return op.dtype.itemsize if not op.shape else 0
-    return (sum((n - 1) * abs(s) for n, s in zip(op.shape, op.strides)) + 1) * op.dtype.itemsize
-
-
-def overlaps(x: Operand, y: Operand) -> bool:
-    return x.ptr < y.ptr + extent_bytes(y) and y.ptr < x.ptr + extent_bytes(x)
 
 
 def unsupported_hint(problem, epilog, refused_known_bad: bool = False) -> str:

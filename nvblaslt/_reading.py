@@ -4,30 +4,37 @@ the plan changes (a refused reset changes nothing)."""
 
 from __future__ import annotations
 
-from . import _host, _operands, _streams
+from . import _host, _operands
 from ._epilogs import check_input
 from ._errors import NvblasltTypeError, NvblasltValueError
+from ._frameworks import Framework, framework_of
 from ._streams import stream_handle
 
 
-def read_operands(a, b, c, stream) -> tuple[list, str, int | None]:
+def read_operands(a, b, c, stream) -> tuple[list, Framework, int | None]:
     """(a, b, c as read, their package, the stream given or None): the constructor's reading."""
     for name, x in (("a", a), ("b", b)):
         if x is None:
             raise NvblasltTypeError(f"{name}: expected an array, got None")
     given = [(x, name) for x, name in ((a, "a"), (b, "b"), (c, "c")) if x is not None]
-    kinds = {name: _operands.kind_of(x) for x, name in given}
-    if len(set(kinds.values())) > 1:
-        raise NvblasltTypeError(f"a, b, c: operands must come from one array package, got "
-                                f"{', '.join(f'{n}: {k}' for n, k in kinds.items())}")
+    framework = one_package(given)
     stream_h = stream_handle(stream) if stream is not None else None
     if stream_h is not None:
         read_stream = stream_h
     elif _operands.is_host_array(a):
         read_stream = 0  # host operands: no framework stream to ask (nor, on CPU-only builds, one to have)
     else:
-        read_stream = _streams.current_stream(kinds["a"], None)
-    return [_operands.read(x, name, read_stream) for x, name in given], kinds["a"], stream_h
+        read_stream = framework.stream_getter(None)()
+    return [_operands.read(x, name, read_stream) for x, name in given], framework, stream_h
+
+
+def one_package(given: list) -> Framework:
+    """The package of the ``(array, name)`` pairs given, which must be one."""
+    frameworks = {name: framework_of(x) for x, name in given}
+    if len(set(frameworks.values())) > 1:
+        raise NvblasltTypeError(f"a, b, c: operands must come from one array package, got "
+                                f"{', '.join(f'{n}: {k}' for n, k in frameworks.items())}")
+    return frameworks[given[0][1]]
 
 
 def read_input(key: str, value, host: bool, device: int, stream: int):
@@ -54,7 +61,7 @@ def require_same(name: str, old, new, what_matters=("shape", "strides", "dtype",
                                  f"plan's algorithms assume {old.alignment}; make a new Matmul")
 
 
-def read_reset(new: dict, current: dict, host_originals: dict, released, framework: str, host: bool,
+def read_reset(new: dict, current: dict, host_originals: dict, released, framework: Framework, host: bool,
                   stream: int) -> dict:
     """{name: Operand} for the new a, b, c given (None: keep), each like the one it replaces."""
     if released:
@@ -70,7 +77,7 @@ def read_reset(new: dict, current: dict, host_originals: dict, released, framewo
         if old is None:
             raise NvblasltValueError(f"{name}: the plan was made without {name}; make a new Matmul")
         op = _operands.read(array, name, stream)
-        if _operands.kind_of(array) != framework or op.host != host:
+        if framework_of(array) is not framework or op.host != host:
             raise NvblasltTypeError(f"{name}: expected an array like the original ({framework}, "
                                     f"{'host' if host else 'GPU'} memory)")
         if op.host:  # copied (conjugated, for a conjugate view) into the device copy's layout: any strides do

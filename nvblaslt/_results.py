@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from . import _dtypes, _host, _memory
 from ._epilogs import Prepared, output_pointer_attributes
+from ._frameworks import PROTOCOL
+from ._strides import extent_bytes, span_elements
 
 _ALIGN = 256
 
@@ -16,7 +18,7 @@ class Results:
 
     def __init__(self, launch, problem, prepared: Prepared, *, framework: str, host: bool, device: int,
                  result_amax: bool):
-        kind = "protocol" if host else framework  # host results are staged in nvblaslt's own memory
+        kind = PROTOCOL if host else framework  # host results are staged in nvblaslt's own memory
         self.allocate_d = None if problem.inplace else _memory.strided_allocator(
             kind, problem.result_shape, problem.result_strides, problem.types.d, device)
         layouts = [(o.key, o.shape, o.strides, o.dtype) for o in prepared.outputs]
@@ -33,9 +35,9 @@ class Results:
         # where host results are copied back to: (D's layout, each output's by key)
         self.host_layouts: tuple[tuple, dict] = ((problem.result_shape, problem.result_strides, problem.types.d),
                              {key: (shape, strides, dtype) for key, shape, strides, dtype in layouts})
-        self._spans = [_memory.span_elements(shape, strides) * dtype.itemsize for _, shape, strides, dtype in layouts]
+        self._spans = [span_elements(shape, strides) * dtype.itemsize for _, shape, strides, dtype in layouts]
         self._inplace = problem.inplace
-        self._d_bytes = _memory.span_elements(problem.result_shape, problem.result_strides) * problem.types.d.itemsize
+        self._d_bytes = span_elements(problem.result_shape, problem.result_strides) * problem.types.d.itemsize
         self._scratch: _memory.DeviceBuffer | None = None
 
     def allocate_outputs(self, stream: int, framework_stream: int) -> dict:
@@ -53,7 +55,7 @@ class Results:
         the operand ``c``, included)."""
         offsets, total = [], 0
         for span in (self._d_bytes if c is None or not self._inplace else
-                     _memory.span_elements(c.shape, c.strides) * c.dtype.itemsize, *self._spans):
+                     extent_bytes(c), *self._spans):
             offsets.append(total)
             total += -(-max(span, 1) // _ALIGN) * _ALIGN
         if self._scratch is None or self._scratch.size < total:

@@ -31,7 +31,7 @@ class SplitBiasGradient:
         self.masked, self.row_sums, self.key, self.ones = masked, row_sums, key, ones
 
     @classmethod
-    def build(cls, new_plan, operands: dict, inputs: dict, prepared, launch, options, alpha, beta, framework: str,
+    def build(cls, new_plan, operands: dict, inputs: dict, prepared, launch, options, alpha, beta, framework,
               device: int, stream: int, iterations: int) -> SplitBiasGradient:
         """The two plans for a fused plan with these operands and epilog ``prepared`` on ``launch``'s
         problem; ``new_plan`` is ``Matmul.from_operands``. ``iterations`` > 0 autotunes the masking plan."""
@@ -52,8 +52,8 @@ class SplitBiasGradient:
         # D as cuBLASLt wrote it: column-major m×n matrices, one after another (its pointer is set per call)
         shape: tuple[int, ...] = (problem.batch_count, m, n) if problem.batch_count > 1 else (m, n)
         strides: tuple[int, ...] = (m * n, 1, m) if problem.batch_count > 1 else (1, m)
-        d = Operand(None, ones.pointer, shape, strides, dtype, device, False, framework)
-        ones_vector = Operand(None, ones.pointer, (n,), (1,), dtype, device, True, framework)
+        d = Operand(None, ones.pointer, shape, strides, dtype, device, False, framework.name)
+        ones_vector = Operand(None, ones.pointer, (n,), (1,), dtype, device, True, framework.name)
         row_sums = new_plan(d, ones_vector, None, stream=stream, options=MatmulOptions())
         row_sums.plan()
         # the row sums land where the fused plan's bias gradient would: same shape and strides

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ._errors import NvblasltTypeError, NvblasltValueError
-from ._frameworks import as_framework
 
 
 def stream_handle(stream) -> int:
@@ -42,24 +41,6 @@ def _raw_handle(stream):
         f"stream: expected an int handle, an object with __cuda_stream__, or a CuPy/PyTorch/cuda.bindings "
         f"stream, got {type(stream).__name__}"
     )
-
-
-# transitional: the framework's current stream is its adapter's (``_frameworks``); these four names
-# stay until their callers ask the adapter
-def current_stream_getter(kind, device: int | None):  # transitional: framework.stream_getter(device)
-    return as_framework(kind).stream_getter(device)
-
-
-def framework_stream_of(kind, array) -> int:  # transitional: framework.stream_of(array)
-    return as_framework(kind).stream_of(array)
-
-
-def stream_on_device(kind):  # transitional: framework.stream_on
-    return as_framework(kind).stream_on
-
-
-def current_stream(kind, device: int | None) -> int:  # transitional: framework.stream_getter(device)()
-    return as_framework(kind).stream_getter(device)()
 
 
 def dlpack_stream(handle: int) -> int:
