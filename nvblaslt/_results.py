@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from . import _dtypes, _host, _memory
 from ._epilogs import Prepared, output_pointer_attributes
-from ._frameworks import PROTOCOL
+from ._frameworks import PROTOCOL, Framework
 from ._strides import extent_bytes, span_elements
 
 _ALIGN = 256
@@ -16,7 +16,7 @@ _ALIGN = 256
 class Results:
     """Allocators for one plan's results, built once at plan time."""
 
-    def __init__(self, launch, problem, prepared: Prepared, *, framework: str, host: bool, device: int,
+    def __init__(self, launch, problem, prepared: Prepared, *, framework: Framework, host: bool, device: int,
                  result_amax: bool):
         kind = PROTOCOL if host else framework  # host results are staged in nvblaslt's own memory
         self.allocate_d = None if problem.inplace else _memory.strided_allocator(
@@ -67,7 +67,7 @@ class Results:
             set_pointer(base + offset)
         return base
 
-    def to_host(self, result, framework: str, stream: int, in_place):
+    def to_host(self, result, framework: Framework, stream: int, in_place):
         """Host operands' results: D or ``(D, aux)`` copied back into new host arrays (see ``_host.to_host``)."""
         d_layout, aux_layouts = self.host_layouts
         return _host.to_host(result, framework, d_layout, aux_layouts, stream, in_place)

@@ -37,6 +37,7 @@ except ImportError:  # not POSIX: writes stay atomic, without the lock
     fcntl = None  # type: ignore[assignment]
 
 from . import _cuda
+from ._descriptors import HeuristicResult
 
 logger = logging.getLogger("nvblaslt")
 
@@ -407,7 +408,7 @@ def describe_algorithm(result) -> str:
 
 
 # ---- what Matmul and autotune call ----------------------------------------------------------------
-def recall(launch) -> tuple[object | None, dict]:
+def recall(launch) -> tuple[HeuristicResult | None, dict]:
     """(the remembered HeuristicResult, if the library still accepts it for this launch and it fits the
     launch's workspace limit; the stored entry) — or (None, {}). Never raises for the cache's sake."""
     try:
