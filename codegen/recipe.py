@@ -58,7 +58,7 @@ STATUS_TYPE = "cublasStatus_t"
 ATTRIBUTE_ENUM = re.compile(r"^cublasLt\w*Attributes?_t$")
 
 # Where a member's doc comment states its type in a way the reader does not understand, or
-# states one the library disagrees with (tests/test_library_cpu.py compares every size with
+# states one the library disagrees with (tests/cpu/test_library_cpu.py compares every size with
 # the library's), the type is given here: {member C name: C type}. Members missing from both
 # fail generation.
 ATTRIBUTE_TYPE_OVERRIDES: dict[str, str] = {

@@ -41,7 +41,7 @@ SEARCH_BUDGET_S = 9.5  # a whole search, its autotune and the split form include
 #                       the pick's setup may run past it, and 10 s is what README promises
 ALPHA = 0.01  # chance of switching to a challenger that is not faster, over all challengers, at each look;
 #              over a duel's looks (one per BLOCK rounds), with MIN_GAIN, 0.6 % in simulation
-#              (tests/test_autotune.py; 2.2 % with a 0.5 % MIN_GAIN)
+#              (tests/cpu/test_autotune.py; 2.2 % with a 0.5 % MIN_GAIN)
 MIN_GAIN = 0.015  # a switch must gain at least this much (median). Below it, what ran before a kernel decides
 #                  its rank: at the seed's shape on an H200 the same few kernels read up to 3 % apart, either
 #                  way, after themselves, after each other and after an L2 flush (.scratch-style A/B, 2026-11-22)

@@ -11,7 +11,7 @@ from __future__ import annotations
 KNOWN_BAD = [
     ("BGRADB", "float16", 13, lambda p: p.m == 1,
      "cuBLASLt 13.1 / H200: bgradb wrong (often run-to-run different) for M=1 and every N (4, 64) and K (64 to 1024) "
-     "probed; right for M ≥ 2, for bf16/fp32 and for BGRADA with N=1 (tests/probe_known_bad.py, 2026-11-22)"),
+     "probed; right for M ≥ 2, for bf16/fp32 and for BGRADA with N=1 (tools/probe_known_bad.py, 2026-11-22)"),
 ]
 
 
