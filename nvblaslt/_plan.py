@@ -168,11 +168,9 @@ class Matmul:
             aux_scale = self._scales.check_values({"aux": aux_scale}, self.stream,
                                                   "epilog_inputs['aux_quantization_scale']")["aux"]
         keys = _epilogs.input_keys(epilog, given, problem)
-        inputs = {}
+        inputs, staged = {}, {}  # staged: host inputs' device copies, the plan's once it commits
         for key in keys:
-            inputs[key], staged = _reading.read_input(key, given[key], self._host, self.device, self.stream)
-            if staged is not None:
-                self._staged[key] = staged
+            inputs[key], staged[key] = _reading.read_input(key, given[key], self._host, self.device, self.stream)
         prepared = _epilogs.prepare(epilog, problem, inputs, aux_dtype, prefs.epilog.aux_amax)
         if aux_scale is not None:
             self._scales.write({"aux": aux_scale}, self.stream)
@@ -189,6 +187,7 @@ class Matmul:
         self.problem, self.epilog, self.launch, self._prepared = problem, epilog, launch, prepared
         self._results = results
         self._input_operands, self.allocate_result = inputs, results.allocate_d
+        self._staged.update((key, buffer) for key, buffer in staged.items() if buffer is not None)
         self._framework_stream = (PROTOCOL if self._host else self._framework).stream_getter(self.device)
         self._out_checker = OutputChecker(self._framework, self._host, problem, self.device, self._operands,
                                           prepared.inputs)

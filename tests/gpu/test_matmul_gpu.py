@@ -441,13 +441,11 @@ def test_the_split_bias_gradient_form_takes_each_calls_operands():
     """A plan that recalled the two-call DRELU_BGRAD form (a search found it faster) must run it on
     the operands of each call, in the function form and after reset_operands alike."""
     from nvblaslt import _function_form
-    from nvblaslt._split_bgrad import SplitBiasGradient
-
     _function_form.clear_plan_cache()
     g1, g2, aux, _, _ = _drelu_bgrad_problem()
     matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
     (plan,) = {p for p in _function_form._local.plans.values() if p.epilog.name == "DRELU_BGRAD"}
-    plan._split = SplitBiasGradient(plan, iterations=0)  # what a remembered search makes of the plan
+    plan.split_form = plan.make_split_form(iterations=0)  # what a remembered search makes of the plan
     for _ in range(2):  # the checked path's cache hit, then the fast path
         g1, g2, aux, expected, decided = _drelu_bgrad_problem()
         d, out = matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
@@ -457,13 +455,13 @@ def test_the_split_bias_gradient_form_takes_each_calls_operands():
     g1, g2, aux, expected, decided = _drelu_bgrad_problem()
     with Matmul(g1, g2) as mm:
         mm.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
-        mm._split = SplitBiasGradient(mm, iterations=0)
+        mm.split_form = mm.make_split_form(iterations=0)
         g1b, g2b, auxb, expected, decided = _drelu_bgrad_problem()
         mm.reset_operands(g1b, g2b, epilog_inputs={"relu_aux": auxb["relu_aux"]})
         d, _ = mm.execute()
         assert rel_error(np.where(decided, host(d), expected), expected) < 1e-5
         mm.plan(epilog="DEFAULT")  # planning again leaves the two-call form behind
-        assert mm._split is None
+        assert mm.split_form is None
         assert rel_error(host(mm.execute()), host(g1b) @ host(g2b)) < 1e-5
 
 
@@ -471,8 +469,6 @@ def test_a_split_form_attached_after_fast_calls_runs_on_the_next_calls_arrays():
     """The masking plan of a split form starts from the plan's operands, which the fast path does not
     update: attached after fast calls, the next call with the same arrays must still reach it."""
     from nvblaslt import _function_form
-    from nvblaslt._split_bgrad import SplitBiasGradient
-
     _function_form.clear_plan_cache()
     g1, g2, aux, _, _ = _drelu_bgrad_problem()
     matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})  # planned on these
@@ -480,7 +476,7 @@ def test_a_split_form_attached_after_fast_calls_runs_on_the_next_calls_arrays():
     for _ in range(2):  # the fast path binds h's arrays, then finds them bound
         matmul(h1, h2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": haux["relu_aux"]})
     (plan,) = {p for p in _function_form._local.plans.values() if p.epilog.name == "DRELU_BGRAD"}
-    plan._split = SplitBiasGradient(plan, iterations=0)
+    plan.split_form = plan.make_split_form(iterations=0)
     d, out = matmul(h1, h2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": haux["relu_aux"]})
     got = host(d)
     assert rel_error(np.where(decided, got, expected), expected) < 1e-5
@@ -489,44 +485,48 @@ def test_a_split_form_attached_after_fast_calls_runs_on_the_next_calls_arrays():
 
 
 def test_a_failed_workspace_allocation_leaves_the_plan_whole(monkeypatch):
-    from nvblaslt import _memory
+    from nvblaslt import _launch
 
     a, b = rand((M, K), "float32"), rand((K, N), "float32")
     with Matmul(a, b) as mm:
         mm.plan()
-        old = mm._workspace
+        launch = mm.launch
+        old = launch.workspace
         grown = (old.size if old is not None else 0) + (1 << 20)
 
         def out_of_memory(*args, **kwargs):
             raise MemoryError("cudaMallocAsync: out of memory (simulated)")
-        monkeypatch.setattr(_memory, "DeviceBuffer", out_of_memory)
+        monkeypatch.setattr(_launch, "DeviceBuffer", out_of_memory)
         with pytest.raises(MemoryError):
-            mm._ensure_workspace(grown)  # what autotune's search does for a challenger needing more
+            launch.ensure_workspace(grown, mm.stream)  # what autotune's search does for a challenger needing more
         monkeypatch.undo()
-        assert mm._workspace is old and (old is None or old._finalizer.alive)
+        assert launch.workspace is old and (old is None or old._finalizer.alive)
         assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
-        mm._ensure_workspace(grown)  # grown for real: the launch arguments take the new buffer
-        assert mm._workspace.size == grown and (old is None or not old._finalizer.alive)
-        assert mm._workspace_pointer in (None, mm._workspace.pointer)
+        launch.ensure_workspace(grown, mm.stream)  # grown for real: the launch arguments take the new buffer
+        assert launch.workspace.size == grown and (old is None or not old._finalizer.alive)
+        assert launch.workspace_size in (0, grown)
         assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
 
 
-def test_a_failed_re_plan_leaves_nothing_to_launch(monkeypatch):
+def test_a_failed_re_plan_leaves_the_previous_plan_whole(monkeypatch):
+    from nvblaslt import _plan
+
     a, b = rand((M, K), "float32"), rand((K, N), "float32")
-    with Matmul(a, b) as mm:
-        mm.plan()
-        mm.execute()
+    bias = rand((M,), "float32").cpu().numpy()  # a host input is staged again by the new plan
+    with Matmul(a.cpu().numpy(), b.cpu().numpy()) as mm:
+        mm.plan(epilog="BIAS", epilog_inputs={"bias": bias})
+        expected = host(a) @ host(b) + bias[:, None]
+        assert rel_error(mm.execute(), expected) < 1e-5
 
-        def fail(*args):
+        def fail(*args, **kwargs):
             raise RuntimeError("simulated failure while planning again")
-        monkeypatch.setattr(mm, "_prepare_outputs", fail)
+        monkeypatch.setattr(_plan, "Results", fail)
         with pytest.raises(RuntimeError, match="simulated"):
-            mm.plan(epilog="RELU")  # the old descriptors are released by then
-        with pytest.raises(nvblaslt.NvblasltValueError, match="plan"):
-            mm.execute()
+            mm.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})  # fails before anything is committed
         monkeypatch.undo()
-        mm.plan(epilog="RELU")
-        assert rel_error(host(mm.execute()), np.maximum(host(a) @ host(b), 0)) < 1e-5
+        assert rel_error(mm.execute(), expected) < 1e-5  # the BIAS plan, its staged bias intact
+        mm.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+        assert rel_error(mm.execute(), np.maximum(expected, 0)) < 1e-5
 
 
 def test_the_plan_cache_keeps_the_plans_in_use():
@@ -580,23 +580,16 @@ def test_an_ignored_epilog_input_is_ignored_on_every_call():
         assert rel_error(host(d), expected) < 1e-5
 
 
-def test_autotune_leaves_out_an_algorithm_refused_at_launch(monkeypatch):
-    from nvblaslt import _plan
-
+def test_autotune_leaves_out_an_algorithm_refused_at_launch():
     a, b = rand((M, K), "float32"), rand((K, N), "float32")
     with Matmul(a, b) as mm:
         found = mm.plan(preferences={"limit": 4})
         if len(found) < 2:
             pytest.skip("the heuristics offered one algorithm")
         victim = found[1]
-        real = _plan._raw_function
+        real = mm.launch.matmul
         refused = int(nvblaslt.library().api.CUBLAS_STATUS_NOT_SUPPORTED)
-
-        def refusing(function):
-            call = real(function)
-            return lambda *arguments: refused if mm.algorithm is victim else call(*arguments)
-        monkeypatch.setattr(_plan, "_raw_function", refusing)
-        mm._select(mm.algorithm)
+        mm.launch.matmul = lambda *arguments: refused if mm.algorithm is victim else real(*arguments)
         timings = mm.autotune(iterations=2)
         assert all(r is not victim for r, _ in timings) and all(r is not victim for r in mm.algorithms)
         assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
@@ -614,7 +607,14 @@ def test_a_launch_refused_at_run_time_retries_with_this_calls_operands():
     if len(plan.algorithms) < 2:
         pytest.skip("the heuristics offered one algorithm")
     first = plan.algorithm
-    plan._matmul = lambda *arguments: int(nvblaslt.library().api.CUBLAS_STATUS_NOT_SUPPORTED)  # refuse once
+    real, refusals = plan.launch.matmul, []
+
+    def refuse_once(*arguments):
+        if refusals:
+            return real(*arguments)
+        refusals.append(arguments)
+        return int(nvblaslt.library().api.CUBLAS_STATUS_NOT_SUPPORTED)
+    plan.launch.matmul = refuse_once
     a2, b2 = rand((M, K), "float32"), rand((K, N), "float32")
     d = matmul(a2, b2)
     assert plan.algorithm is not first  # the next algorithm ran
@@ -726,8 +726,6 @@ def test_drelu_plus_row_sum_gemv_gives_drelu_bgrad_outputs():
 
 @pytest.mark.parametrize("epilog", ["DRELU_BGRAD", "DGELU_BGRAD"])
 def test_autotune_search_picks_fused_or_split_bias_gradient_and_both_are_right(epilog):
-    from nvblaslt._split_bgrad import SplitBiasGradient
-
     activation = epilog[1:].split("_")[0]
     key = "relu_aux" if activation == "RELU" else "gelu_aux"
     x, w, bias = rand((2, 512, 256), "float16"), rand((256, 384), "float16"), rand((2, 512), "float16")
@@ -739,8 +737,8 @@ def test_autotune_search_picks_fused_or_split_bias_gradient_and_both_are_right(e
         mm.autotune(iterations=2, search=True, remember=False)
         assert mm.bias_gradient_form[0] in ("fused", "split")
         d, outputs = mm.execute()
-        split = SplitBiasGradient(mm, 1)  # the two-call form, whatever autotune chose
-        d2, outputs2 = split.run(mm._stream, mm._stream, None)
+        split = mm.make_split_form(1)  # the two-call form, whatever autotune chose
+        d2, outputs2 = split.run(mm.stream, mm.stream, None)
         torch.cuda.synchronize()
         for got_d, got in ((d, outputs), (d2, outputs2)):
             assert rel_error(host(got_d), host(reference)) < 5e-3
@@ -777,7 +775,7 @@ def test_the_bias_gradient_form_is_remembered_with_the_algorithm(tmp_path, monke
         form = tuned.bias_gradient_form[0]
     with Matmul(g1, g2) as again:  # no autotune: the remembered choice comes back at plan time
         again.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
-        assert (again._split is not None) == (form == "split")
+        assert (again.split_form is not None) == (form == "split")
         d, outputs = again.execute()
         assert rel_error(host(d), host(reference)) < 5e-3
         assert rel_error(host(outputs["drelu_bgrad"]), host(ref_outputs["drelu_bgrad"])) < 2e-2

@@ -238,7 +238,7 @@ def test_fp8_fast_accumulation_is_set_on_the_descriptor():
         with Matmul(a, b, quantization_scales={"a": 1.0, "b": 1.0},
                     options={"result_type": "float32", "fast_accumulation": fast}) as mm:
             mm.plan()
-            assert mm._desc.get("FAST_ACCUM") == int(fast)
+            assert mm.launch.desc.get("FAST_ACCUM") == int(fast)
             assert rel_error(host(mm.execute()), z) < 1e-3
     with Matmul(rand((8, 8)), rand((8, 8)), options={"fast_accumulation": True}) as mm:
         mm.plan()
