@@ -242,7 +242,7 @@ def test_fp8_fast_accumulation_is_set_on_the_descriptor():
             assert rel_error(host(mm.execute()), z) < 1e-3
     with Matmul(rand((8, 8)), rand((8, 8)), options={"fast_accumulation": True}) as mm:
         mm.plan()
-        assert mm._desc.get("FAST_ACCUM") == 0  # nvmath-python's option applies to fp8 operands only
+        assert mm.launch.desc.get("FAST_ACCUM") == 0  # nvmath-python's option applies to fp8 operands only
 
 
 def test_memory_limit_caps_the_workspace():
