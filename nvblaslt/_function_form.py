@@ -15,7 +15,9 @@ from . import _cuda, _operands
 from ._epilogs import as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options
+from ._outputs import OutputChecker
 from ._plan import Matmul
+from ._problem import canonical
 from ._frameworks import framework_of
 from ._reading import one_package
 from ._streams import stream_handle
@@ -153,6 +155,9 @@ def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epil
         plan = Matmul.from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
                                      quantization_scales=quantization_scales, qualifiers=qualifiers)
         try:
+            if out is not None:  # checked against the result's layout before the heuristics run
+                OutputChecker(framework, a_op.host, canonical(plan.operands, epilog),
+                              plan.device, {"a": a_op, "b": b_op, "c": c_op}, {}).pointer(out, stream_h)
             plan.plan(epilog=epilog, epilog_inputs=inputs, preferences=prefs,
                       algorithms=[algorithm] if algorithm is not None else None)
         except BaseException:

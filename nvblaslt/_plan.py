@@ -18,7 +18,7 @@ from cuda.bindings import runtime as cudart
 
 from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading
 from ._descriptors import HeuristicResult
-from ._epilogs import MASKING, SPECS, as_epilog
+from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._launch import Launch, algorithm_structs
@@ -91,18 +91,13 @@ class Matmul:
             for name, op in zip("abc", ops):
                 if op.device != self.device:
                     raise NvblasltValueError(f"{name}: on GPU {op.device}, but a is on GPU {self.device}")
-        self.several_devices = _cuda.several_devices()
-        if stream is None:
+        if stream is None:  # host operands: no framework stream to ask
             stream = framework.stream_getter(self.device)() if not self._host else 0
         self.stream = self._last_stream = stream
-        if self._host:
-            with _cuda.on_device(self.device):
-                staged = []
-                for name, op in zip("abc", ops):
-                    device_op, self._staged[name] = _host.stage(op, self.device, stream)
-                    self._host_operands[name] = op
-                    staged.append(device_op)
-            ops = staged
+        host_ops = ops
+        if self._host:  # checked as their device copies will be laid out, before anything is copied
+            ops = [dataclasses.replace(op, ptr=0, strides=_host.device_strides(op), device=self.device, host=False,
+                                       conjugated=False) for op in ops]  # staging resolves a conjugate view
         a, b, c = ops[0], ops[1], (ops[2] if has_c else None)
         if c is not None and c.conjugated:
             raise NvblasltValueError("c: a conjugate view cannot be read (cuBLASLt has no conjugate C); call "
@@ -126,8 +121,15 @@ class Matmul:
                                      f"{types.d.name}")
         self._scales = Scales(types, self.device, self._host)
         scales = self._scales.check(quantization_scales, stream)
-        if scales:
-            with _cuda.on_device(self.device):
+        canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now
+        # Every check that needs no GPU has run: now the GPU work, host copies and scales included.
+        self.several_devices = _cuda.several_devices()
+        with _cuda.on_device(self.device):
+            if self._host:
+                for name, op in zip("abc", host_ops):
+                    self._operands[name], self._staged[name] = _host.stage(op, self.device, stream)
+                    self._host_operands[name] = op
+            if scales:
                 self._scales.write(scales, stream)
 
     # ---- planning ----------------------------------------------------------------------------------

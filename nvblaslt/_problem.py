@@ -252,6 +252,17 @@ def result_order(operands: Operands, epilog: MatmulEpilog) -> int:
 
 
 def canonical(operands: Operands, epilog: MatmulEpilog) -> Problem:
+    problem = _chosen(operands, epilog)
+    rows = [side for side in (problem.a, problem.b) if side.layout.order != COL]
+    if problem.fp8 and rows:  # refused here, before any GPU work, rather than by the heuristics
+        names = " and ".join(side.source for side in rows)
+        raise NvblasltValueError(f"{names}: fp8 matmuls need a row-major (C-order) a and a column-major (Fortran-order) "
+                                 f"b (cuBLASLt's 'TN' layout); got a with strides {operands.a.op.strides}, b with "
+                                 f"strides {operands.b.op.strides}")
+    return problem
+
+
+def _chosen(operands: Operands, epilog: MatmulEpilog) -> Problem:
     spec = SPECS[epilog]
     order = result_order(operands, epilog)
     if order == ROW and spec.needs_column_major:

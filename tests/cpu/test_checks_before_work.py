@@ -1,0 +1,68 @@
+"""Every check that needs no GPU runs before any GPU work (issue 22): a refused call stages no host
+operand, uploads no scale and asks CUDA nothing. Runs on a machine without a GPU: the refusal
+comes before the first CUDA call, so it is the refusal the user sees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nvblaslt
+from nvblaslt import Matmul, NvblasltError, _cuda, _host, _scales, matmul
+
+RNG = np.random.default_rng()
+
+
+@pytest.fixture
+def no_gpu_work(monkeypatch, default_lib):
+    """Fail the test at the first host copy, scale upload or CUDA device question."""
+    touched = []
+
+    def forbidden(what):
+        def record(*args, **kwargs):
+            touched.append(what)
+            raise AssertionError(f"{what} before the call was refused")
+        return record
+    monkeypatch.setattr(_host, "stage", forbidden("host staging"))
+    monkeypatch.setattr(_scales.Scales, "write", forbidden("scale upload"))
+    monkeypatch.setattr(_cuda, "several_devices", forbidden("a CUDA device query"))
+    return touched
+
+
+def host(shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+BAD_HOST_CALLS = {
+    "K mismatch": (lambda: (host((4, 3)), host((5, 6))), {}, "b: expected 3 rows"),
+    "dtype mix": (lambda: (host((4, 3)), host((3, 6), np.float64)), {}, "a, b"),
+    "batch mismatch": (lambda: (host((2, 4, 3)), host((3, 3, 6))), {}, "batch"),
+    "0-d operand": (lambda: (np.float32(2.0), host((3, 6))), {}, "a"),
+    "c of another shape": (lambda: (host((4, 3)), host((3, 6)), host((5, 6))), {"beta": 1.0}, "c"),
+    "beta without c": (lambda: (host((4, 3)), host((3, 6))), {"beta": 1.0}, "beta"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_HOST_CALLS)
+@pytest.mark.parametrize("form", ["Matmul", "matmul"])
+def test_bad_host_operands_are_refused_before_any_copy(case, form, no_gpu_work):
+    make, keywords, named = BAD_HOST_CALLS[case]
+    arrays = make()
+    with pytest.raises(NvblasltError, match=named) as refused:
+        if form == "Matmul":
+            Matmul(*arrays, **keywords)
+        else:
+            matmul(*arrays, **keywords)
+    assert isinstance(refused.value, (ValueError, TypeError))
+    assert no_gpu_work == []
+
+
+def test_an_fp8_operand_in_the_wrong_order_is_refused_before_its_scales_are_uploaded(no_gpu_work):
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no fp8")
+    a = torch.randn(32, 16).to(torch.float8_e4m3fn).T.contiguous().T  # column-major A: fp8 needs it row-major
+    b = torch.randn(16, 32).to(torch.float8_e4m3fn).T.contiguous().T
+    with pytest.raises(nvblaslt.NvblasltValueError, match="fp8"):
+        Matmul(a, b, quantization_scales={"a": 1.0, "b": 1.0}, options={"result_type": "bfloat16"})
+    assert no_gpu_work == []
