@@ -343,6 +343,23 @@ class _NumPy(Framework):
     name = "numpy"
     modules = ("numpy",)
 
+    def read_view(self, array, name: str, stream: int, read: Callable):
+        refuse_masked(array, name)  # DLPack and the array interface export the data without the mask
+        return None
+
+
+def refuse_masked(value, name: str) -> None:
+    """Refuse a NumPy masked array with masked elements: nvblaslt would multiply the values under the
+    mask. One with nothing masked is read as its data (nvmath-python reads every masked array so)."""
+    ma = sys.modules.get("numpy.ma")  # not imported: no masked array can exist
+    if ma is None or not isinstance(value, ma.MaskedArray):
+        return
+    masked = int(ma.count_masked(value))
+    if masked:
+        raise NvblasltValueError(f"{name}: expected an array without masked elements, got a NumPy masked array "
+                                 f"with {masked} of {value.size} elements masked (the values under the mask would be "
+                                 f"used); pass its .filled(value) or its .data")
+
 
 TORCH, CUPY, JAX, NUMBA, NUMPY, PROTOCOL = _Torch(), _CuPy(), _Jax(), _Numba(), _NumPy(), Framework()
 BY_NAME: dict[str, Framework] = {f.name: f for f in (TORCH, CUPY, JAX, NUMBA, NUMPY, PROTOCOL)}

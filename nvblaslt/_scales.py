@@ -6,12 +6,14 @@ plan's own, written stream-ordered; float32 GPU arrays given as scales are read 
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 
 from cuda.bindings import runtime as cudart
 
 from . import _cuda, _dtypes, _memory, _operands
 from ._errors import NvblasltTypeError, NvblasltValueError
+from ._frameworks import refuse_masked
 from ._options import MatmulQuantizationScales
 
 _SCALAR_FORMATS = {"CUDA_R_16F": "<e", "CUDA_R_32F": "<f", "CUDA_R_64F": "<d", "CUDA_C_32F": "<ff",
@@ -33,10 +35,7 @@ class Scalar:
 
     def set(self, value) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
-            if hasattr(value, "item") and getattr(value, "size", 1) == 1:  # NumPy / framework scalars
-                value = value.item()
-            if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
-                raise NvblasltTypeError(f"{self._argument}: expected a number, got {type(value).__name__} {value!r}")
+            value = host_number(value, self._argument)
         if not self._complex and isinstance(value, complex):
             raise NvblasltTypeError(f"{self._argument}: a complex value {value!r} needs complex operands")
         try:
@@ -44,7 +43,7 @@ class Scalar:
                 value = complex(value)
                 struct.pack_into(self._format, self.buffer, 0, value.real, value.imag)
             else:
-                value = float(value)  # type: ignore[arg-type]  # (complex refused above) also runs a float subclass's own conversion, which may refuse
+                value = float(value)  # (complex refused above) also runs a float subclass's own conversion, which may refuse
                 struct.pack_into(self._format, self.buffer, 0, value)
         except (ArithmeticError, struct.error):
             raise NvblasltValueError(f"{self._argument}: {value!r} does not fit the plan's scale type "
@@ -53,6 +52,27 @@ class Scalar:
             raise NvblasltTypeError(f"{self._argument}: {type(value).__name__} could not be converted to a number: "
                                     f"{exc}") from exc
         self.value = value
+
+
+def host_number(value, argument: str) -> int | float | complex:
+    """A Python number from a NumPy scalar or a one-element host array (NumPy, CPU torch: 0-d or of
+    one element), as nvmath-python reads alpha and beta into a host array. A GPU array is refused: the
+    value would have to be copied back for every plan (pass a number, or the array's ``.item()``)."""
+    refuse_masked(value, argument)
+    shape = getattr(value, "shape", None)
+    if hasattr(value, "item") and isinstance(shape, tuple):  # NumPy scalars and arrays, torch tensors
+        if not _operands.is_host_array(value):
+            device = getattr(value, "device", None)
+            raise NvblasltTypeError(f"{argument}: expected a number or a one-element host array, got a "
+                                    f"{type(value).__name__} in GPU memory{f' ({device})' if device else ''}; "
+                                    f"pass a Python number (or the array's .item())")
+        if math.prod(shape) != 1:
+            raise NvblasltValueError(f"{argument}: expected a number or a one-element array, got a "
+                                     f"{type(value).__name__} of shape {tuple(shape)}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+        raise NvblasltTypeError(f"{argument}: expected a number, got {type(value).__name__} {value!r}")
+    return value
 
 
 def _scale_value(value, name: str):
@@ -69,6 +89,7 @@ def _scale_value(value, name: str):
         if not abs(number) <= 3.4028234663852886e38:  # a float32 (NaN is refused too)
             raise NvblasltValueError(f"{name}: {value!r} is not a finite float32 value")
         return number
+    refuse_masked(value, name)
     if hasattr(value, "__array_interface__") and not hasattr(value, "__cuda_array_interface__") \
             and getattr(value, "size", 0) == 1:
         return float(value.reshape(()) if hasattr(value, "reshape") else value)  # NumPy scalars and 1-element arrays
