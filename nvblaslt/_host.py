@@ -12,7 +12,7 @@ from . import _cuda, _memory, _operands
 from ._errors import NvblasltValueError
 from ._frameworks import Framework, framework_of
 from ._operands import Operand
-from ._strides import c_strides, span_elements
+from ._strides import c_strides, element_range, span_elements
 
 _H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
 _D2H = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
@@ -45,49 +45,55 @@ def _matrix_orders(shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def device_strides(op: Operand) -> tuple[int, ...]:
     """Element strides of a host operand's device copy: its own where it is already dense with
-    row- or column-major matrices; otherwise (padded rows, steps, broadcast axes, batch axes inside)
-    packed so, keeping its matrices' order, as nvmath-python's dense copies are (cuBLASLt reads a
-    broadcast column only with unit stride)."""
+    row- or column-major matrices; otherwise (padded rows, steps, negative steps, broadcast axes,
+    batch axes inside) packed so, keeping its matrices' order, as nvmath-python's dense copies are
+    (cuBLASLt reads a broadcast column only with unit stride)."""
     shape, strides = op.shape, op.strides
     row_major, column_major = _matrix_orders(shape)
     for dense in (row_major, column_major):
         if all(s == d for n, s, d in zip(shape, strides, dense) if n > 1):
             return strides
-    if len(shape) >= 2 and shape[-1] > 1 and (shape[-2] == 1 or 0 < strides[-1] < strides[-2]):
+    if len(shape) >= 2 and shape[-1] > 1 and (shape[-2] == 1 or 0 < abs(strides[-1]) < abs(strides[-2])):
         return row_major
     return column_major
+
+
+def _numpy():
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - NumPy comes with every host-array package nvblaslt reads
+        raise NvblasltValueError("a host operand with gaps, negative steps or broadcast axes needs NumPy to be "
+                                 "packed for the GPU; install numpy or pass a dense array") from None
+    return np
+
+
+def _host_view(pointer: int, shape, strides, dtype):
+    """A NumPy view of host memory: element 0 at ``pointer``, element ``strides`` (any sign)."""
+    np = _numpy()
+    low, high = element_range(shape, strides)
+    nbytes = (high - low + 1) * dtype.itemsize
+    raw = (ctypes.c_char * nbytes).from_address(pointer + low * dtype.itemsize)
+    return np.ndarray(shape, dtype, buffer=raw, offset=-low * dtype.itemsize,
+                      strides=tuple(s * dtype.itemsize for s in strides))
 
 
 def _copy_strided(source: int, source_strides, target: int, target_strides, shape, itemsize: int) -> None:
     """Host memory to host memory, element by element layout (NumPy views of raw bytes)."""
     if not math.prod(shape):
         return
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - NumPy comes with every host-array package nvblaslt reads
-        raise NvblasltValueError("a host operand with gaps or broadcast axes needs NumPy to be packed for the "
-                                 "GPU; install numpy or pass a dense array") from None
+    np = _numpy()
     element = np.dtype((np.void, itemsize))
-
-    def view(pointer, strides):
-        nbytes = span_elements(shape, strides) * itemsize
-        raw = np.frombuffer((ctypes.c_char * nbytes).from_address(pointer), dtype=element)
-        return np.lib.stride_tricks.as_strided(raw, shape, tuple(s * itemsize for s in strides))
-    view(target, target_strides)[...] = view(source, source_strides)
+    _host_view(target, shape, target_strides, element)[...] = _host_view(source, shape, source_strides, element)
 
 
 def _conjugate_strided(host: Operand, target: int, target_strides) -> None:
     """The complex conjugate of a host operand's values, written to host memory at ``target``."""
-    import numpy as np  # every package with lazy conjugate views (PyTorch) comes with NumPy
-
+    if not math.prod(host.shape):
+        return
+    np = _numpy()
     dtype = np.dtype(host.dtype.name)
-
-    def view(pointer, strides):
-        nbytes = span_elements(host.shape, strides) * dtype.itemsize
-        raw = np.frombuffer((ctypes.c_char * nbytes).from_address(pointer), dtype=dtype)
-        return np.lib.stride_tricks.as_strided(raw, host.shape, tuple(s * dtype.itemsize for s in strides))
-    if math.prod(host.shape):
-        np.conjugate(view(host.ptr, host.strides), out=view(target, target_strides))
+    np.conjugate(_host_view(host.ptr, host.shape, host.strides, dtype),
+                 out=_host_view(target, host.shape, target_strides, dtype))
 
 
 def stage(op: Operand, device: int, stream: int) -> tuple[Operand, _memory.DeviceBuffer]:

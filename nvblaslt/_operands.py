@@ -17,7 +17,7 @@ from . import _cuda, _dlpack, _dtypes, _frameworks
 from ._errors import CudaError, NvblasltTypeError, NvblasltValueError
 from ._frameworks import Framework, framework_of
 from ._memory import wait_for
-from ._strides import c_strides, span_elements
+from ._strides import c_strides, element_range
 from ._streams import dlpack_stream
 
 _MAX_NDIM = 64  # far beyond any matmul operand; a capsule claiming more is malformed
@@ -66,20 +66,22 @@ def _checked_layout(shape, strides, name: str) -> tuple[tuple[int, ...], tuple[i
     return tuple(int(n) for n in shape), tuple(int(s) for s in strides)
 
 
-def _check_memory(pointer: int, shape, strides, dtype, name: str) -> None:
-    """The memory an array claims must be addressable: a non-NULL, element-aligned pointer whose
-    last element lies below 2**64, and no negative strides (nvblaslt reads none)."""
+def _check_memory(pointer: int, shape, strides, dtype, name: str, host: bool = False) -> None:
+    """The memory an array claims must be addressable: a non-NULL, element-aligned pointer, every
+    element from 0 to 2**64, and no negative strides in GPU memory (cuBLASLt reads none; a host
+    array's are packed away when it is staged)."""
     if not math.prod(shape):
         return
     if not pointer:
         raise NvblasltValueError(f"{name}: NULL data pointer for a non-empty array of shape {shape}")
     if pointer % dtype.itemsize:
         raise NvblasltValueError(f"{name}: pointer 0x{pointer:x} is not aligned to its {dtype.itemsize}-byte elements")
-    if any(s < 0 for n, s in zip(shape, strides) if n > 1):
-        raise NvblasltValueError(f"{name}: negative strides are not supported, got shape {shape} with element "
-                                 f"strides {strides}")
-    last = pointer + span_elements(shape, strides) * dtype.itemsize
-    if last > 1 << 64:
+    low, high = element_range(shape, strides)
+    if low < 0 and not host:
+        raise NvblasltValueError(f"{name}: expected non-negative strides in a GPU array (cuBLASLt reads none), got "
+                                 f"shape {shape} with element strides {strides}; pass a copy (host arrays are "
+                                 f"packed densely)")
+    if pointer + low * dtype.itemsize < 0 or pointer + (high + 1) * dtype.itemsize > 1 << 64:
         raise NvblasltValueError(f"{name}: shape {shape} with strides {strides} from 0x{pointer:x} runs past the end "
                                  f"of the address space")
 
@@ -116,7 +118,7 @@ def _read_dlpack(obj, name: str, stream: int) -> Operand:
     shape, strides = _dlpack.tensor_shape(tensor)
     shape, strides = _checked_layout(shape, strides or c_strides(shape), name)
     pointer = (tensor.data or 0) + tensor.byte_offset
-    _check_memory(pointer, shape, strides, dtype, name)
+    _check_memory(pointer, shape, strides, dtype, name, host)
     return Operand(obj, pointer, shape, strides, dtype, device_id if not host else -1, readonly,
                    framework_of(obj).name, host)
 
@@ -131,8 +133,8 @@ def _pointer_device(pointer: int, name: str) -> int:
     return attributes.device
 
 
-def _read_interface(obj, interface: dict, name: str, protocol: str) -> tuple:
-    """(pointer, shape, strides, dtype, readonly) from a CAI or NumPy array-interface dict."""
+def _read_interface(obj, interface: dict, name: str, protocol: str, host: bool = False) -> tuple:
+    """(pointer, shape, strides, dtype, readonly) from a CAI or (``host``) NumPy array-interface dict."""
     if not isinstance(interface, dict):
         raise NvblasltTypeError(f"{name}: {protocol} is a {type(interface).__name__}, expected a dict")
     if interface.get("mask") is not None:
@@ -163,7 +165,7 @@ def _read_interface(obj, interface: dict, name: str, protocol: str) -> tuple:
             raise NvblasltValueError(f"{name}: strides {byte_strides} (bytes) are not multiples of the item size")
         strides = tuple(s // dtype.itemsize for s in byte_strides)
     pointer = data[0]
-    _check_memory(pointer, shape, strides, dtype, name)
+    _check_memory(pointer, shape, strides, dtype, name, host)
     return pointer, shape, strides, dtype, bool(data[1])
 
 
@@ -183,7 +185,7 @@ def _read_cai(obj, name: str, stream: int) -> Operand:
 
 def _read_host_interface(obj, name: str) -> Operand:
     pointer, shape, strides, dtype, readonly = _read_interface(obj, obj.__array_interface__, name,
-                                                               "__array_interface__")
+                                                               "__array_interface__", host=True)
     return Operand(obj, pointer, shape, strides, dtype, -1, readonly, framework_of(obj).name, True)
 
 

@@ -1,8 +1,9 @@
 """Strided-array arithmetic, in elements: C-order strides, the span an array touches, the one
 stride that walks its batch dimensions, and whether two arrays' memory overlaps.
 
-Strides are non-negative here: ``_operands`` refuses negative strides over any extent above one,
-and every array nvblaslt makes has positive strides.
+Strides are non-negative here: ``_operands`` refuses negative strides over any extent above one
+in GPU arrays, every array nvblaslt makes has positive strides, and host arrays with negative
+strides are only read through ``element_range`` (``_host`` packs them densely for the GPU).
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def span_elements(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
     if 0 in shape:
         return 0
     return sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+
+
+def element_range(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
+    """(lowest, highest) element offset from element 0 that a strided array touches; the lowest is
+    below 0 only where a stride is negative. (0, 0) for an empty array."""
+    if 0 in shape:
+        return 0, 0
+    low = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+    return low, high
 
 
 def extent_bytes(array: Strided) -> int:
