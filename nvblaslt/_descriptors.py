@@ -177,9 +177,15 @@ class Handle(_Owned):
     _per_thread = threading.local()
 
     def __init__(self, device: int, *, lib: Library | None = None):
+        device = _integer("device", device, 0, _INT32[1])
+        count = _cuda.device_count()
+        if count and device >= count:  # (no GPU at all: cublasLtCreate says so)
+            raise argument_error(NvblasltValueError, "device", device, f"a GPU ordinal below {count} (the GPUs "
+                                 f"this process sees)")
         lib = lib or library()
         self.device = device
-        super().__init__(lib, _create(lib.cublasLtCreate))
+        with _cuda.on_device(device):  # a handle belongs to the device current when it is made
+            super().__init__(lib, _create(lib.cublasLtCreate))
 
     @classmethod
     def for_device(cls, device: int | None = None) -> Handle:
@@ -189,8 +195,7 @@ class Handle(_Owned):
         handles = cls._per_thread.__dict__.setdefault("handles", {})
         handle = handles.get(device)
         if handle is None:
-            with _cuda.on_device(device):
-                handle = handles[device] = cls(device)
+            handle = handles[device] = cls(device)
         return handle
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from typing import Any
 
+from ._errors import NvblasltTypeError, NvblasltValueError, argument_error
 from ._loader import library
 
 logger = logging.getLogger("nvblaslt")
@@ -21,6 +23,15 @@ def _forward(level: int, function: bytes, message: bytes) -> None:
 def set_log_level(level: int) -> None:
     """Send cuBLASLt's log (0 off, 1 errors … 5 API trace) to the ``nvblaslt`` logger, and only there."""
     global _callback
+    if isinstance(level, bool):
+        raise argument_error(NvblasltTypeError, "level", repr(level), "an int from 0 (off) to 5 (API trace)")
+    try:
+        level = operator.index(level)
+    except TypeError:
+        raise argument_error(NvblasltTypeError, "level", f"{type(level).__name__} {level!r}",
+                             "an int from 0 (off) to 5 (API trace)") from None
+    if not 0 <= level <= 5:
+        raise argument_error(NvblasltValueError, "level", level, "an int from 0 (off) to 5 (API trace)")
     lib = library()
     with _lock:
         if _callback is None:

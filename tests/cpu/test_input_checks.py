@@ -1,0 +1,244 @@
+"""Issue 22's bad inputs on a machine without a GPU: what used to be multiplied silently, escape
+``NvblasltError`` or be accepted and ignored is refused where it is given, with an error that is
+both an ``NvblasltError`` and the standard class and names the argument; what was refused though it
+has a meaning (a reversed NumPy array, a CPU tensor as alpha, a NumPy integer as epilog) now gets
+as far as staging its operands for the GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import nvblaslt
+from nvblaslt import NvblasltError, NvblasltTypeError, NvblasltValueError, _host, _operands
+
+np = pytest.importorskip("numpy")
+
+
+class Staged(Exception):
+    """Raised in place of the first host-to-GPU copy: every check before it passed."""
+
+
+@pytest.fixture
+def staging(monkeypatch):
+    """The host operands each call got as far as staging (their Operands), with no GPU needed."""
+    seen: list = []
+
+    def stage(op, device, stream):
+        seen.append(op)
+        raise Staged(op)
+    monkeypatch.setattr(_host, "stage", stage)
+    return seen
+
+
+class _FakeBuffer:
+    pointer = 0x7F0000100000
+
+    def release(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_staging(monkeypatch):
+    """Host operands 'staged' to a fake device address (never used): a plan can be made up to the
+    first step that needs a GPU. Returns the Operands staged."""
+    seen: list = []
+
+    def stage(op, device, stream):
+        seen.append(op)
+        copy = dataclasses.replace(op, ptr=_FakeBuffer.pointer, strides=_host.device_strides(op), device=device,
+                                   host=False, conjugated=False)
+        return copy, _FakeBuffer()
+    monkeypatch.setattr(_host, "stage", stage)
+    return seen
+
+
+def refused(cls, pattern, call, *args, **kwargs):
+    """``call`` raises ``cls`` (an NvblasltError subclass that is also a standard class) matching ``pattern``."""
+    with pytest.raises(cls, match=pattern) as info:
+        call(*args, **kwargs)
+    assert isinstance(info.value, NvblasltError)
+    assert isinstance(info.value, ValueError if issubclass(cls, ValueError) else TypeError)
+    return info.value
+
+
+def host_ab():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((4, 6)).astype(np.float32)
+
+
+# ---- masked NumPy arrays --------------------------------------------------------------------------
+def masked(array, every=3):
+    mask = np.zeros(array.shape, bool)
+    mask.flat[::every] = True
+    return np.ma.masked_array(array, mask=mask)
+
+
+@pytest.mark.parametrize("entry", ["fn", "obj"])
+@pytest.mark.parametrize("position", ["a", "b", "c"])
+def test_masked_operands_are_refused(entry, position, staging):
+    a, b = host_ab()
+    ops = {"a": a, "b": b, "c": np.ones((8, 6), np.float32)}
+    ops[position] = masked(ops[position])
+    call = nvblaslt.matmul if entry == "fn" else nvblaslt.Matmul
+    error = refused(NvblasltValueError, rf"^{position}: expected an array without masked elements, got a NumPy "
+                    r"masked array with \d+ of \d+ elements masked", call, ops["a"], ops["b"], ops["c"], beta=1.0)
+    assert ".filled(" in str(error)
+    assert staging == []  # refused before anything was copied
+
+
+def test_masked_epilog_inputs_are_refused(fake_staging):
+    a, b = host_ab()
+    mm = nvblaslt.Matmul(a, b)
+    refused(NvblasltValueError, r"^epilog_inputs\['bias'\]: expected an array without masked elements",
+            mm.plan, epilog="BIAS", epilog_inputs={"bias": masked(np.ones(8, np.float32))})
+    assert len(fake_staging) == 2  # a and b; the bias was refused when read, before its copy
+    refused(NvblasltValueError, r"^a: expected an array without masked elements", mm.reset_operands, a=masked(a))
+    mm.free()
+
+
+def test_a_masked_array_with_nothing_masked_is_read_as_its_data(staging):
+    a, b = host_ab()
+    with pytest.raises(Staged):
+        nvblaslt.matmul(np.ma.masked_array(a), np.ma.masked_array(b, mask=np.zeros(b.shape, bool)))
+    assert [op.shape for op in staging] == [(8, 4)]
+
+
+@pytest.mark.parametrize("value", [np.ma.masked, np.ma.masked_array([2.0], mask=[True])])
+def test_masked_scalars_and_scales_are_refused(value, staging):
+    a, b = host_ab()
+    refused(NvblasltValueError, "^alpha: expected an array without masked elements", nvblaslt.matmul, a, b,
+            alpha=value)
+    from nvblaslt._scales import Scales
+
+    scales = Scales(types=None, device=0, host=True)
+    refused(NvblasltValueError, r"^quantization_scales\['a'\]: expected an array without masked elements",
+            scales.check_values, {"a": value}, 0)
+
+
+# ---- alpha and beta from host arrays ---------------------------------------------------------------
+def test_one_element_host_arrays_and_cpu_tensors_are_alpha_and_beta(staging):
+    torch = pytest.importorskip("torch")
+    a, b = host_ab()
+    c = np.ones((8, 6), np.float32)
+    for alpha, beta in ((np.array(2.0), np.array([0.5])), (torch.tensor(2.0), torch.tensor([0.5])),
+                        (torch.tensor(2.0, requires_grad=True), np.float32(0.5))):
+        mm = nvblaslt.Matmul.__new__(nvblaslt.Matmul)
+        with pytest.raises(Staged):
+            mm.__init__(a, b, c, alpha=alpha, beta=beta)
+        assert (mm.alpha.value, mm.beta.value) == (2.0, 0.5)
+
+
+class _GpuScalar:
+    """A one-element array in GPU memory (DLPack device type 2), as a CUDA tensor reports itself."""
+
+    shape = ()
+    device = "cuda:0"
+
+    def item(self):
+        raise AssertionError("a GPU scalar must not be copied back")
+
+    def __dlpack_device__(self):
+        return 2, 0
+
+
+def test_gpu_scalars_and_several_elements_are_refused_as_alpha(staging):
+    a, b = host_ab()
+    error = refused(NvblasltTypeError, r"^alpha: expected a number or a one-element host array, got a _GpuScalar "
+                    r"in GPU memory \(cuda:0\)", nvblaslt.matmul, a, b, alpha=_GpuScalar())
+    assert ".item()" in str(error)
+    refused(NvblasltValueError, r"^alpha: expected a number or a one-element array, got a ndarray of shape \(2,\)",
+            nvblaslt.matmul, a, b, alpha=np.array([1.0, 2.0]))
+    refused(NvblasltTypeError, "^alpha: expected a number, got str", nvblaslt.matmul, a, b, alpha="2")
+    assert staging == []
+
+
+# ---- negative strides ------------------------------------------------------------------------------
+REVERSED = {
+    "rows": lambda x: x[::-1],
+    "columns": lambda x: x[:, ::-1],
+    "both, stepped": lambda x: x[::-2, ::-1],
+    "transposed": lambda x: x[::-1].T,
+    "batch": lambda x: x.reshape(2, 4, 4)[::-1, :, ::-1],
+    "broadcast": lambda x: np.broadcast_to(x[0, ::-1], (3, 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(REVERSED))
+def test_host_arrays_with_negative_strides_are_packed_densely(name):
+    source = REVERSED[name](np.arange(32, dtype=np.float64).reshape(8, 4))
+    op = _operands.read(source, "a", 0)
+    assert op.host and op.ptr == source.__array_interface__["data"][0] and min(op.strides) < 0
+    strides = _host.device_strides(op)
+    assert min(strides) >= 0
+    packed = np.full(_host.span_elements(op.shape, strides), np.nan)
+    _host._copy_strided(op.ptr, op.strides, packed.ctypes.data, strides, op.shape, 8)
+    view = np.lib.stride_tricks.as_strided(packed, op.shape, tuple(8 * s for s in strides))
+    assert np.array_equal(view, source)
+    if 0 in op.strides:
+        return  # a broadcast array is never written back
+    # and back into the reversed memory (an in-place c's copy back)
+    target = np.zeros(source.shape)[tuple(slice(None, None, -1) for _ in source.shape)]
+    target_strides = tuple(s // 8 for s in target.strides)
+    _host._copy_strided(packed.ctypes.data, strides, target.ctypes.data, target_strides, op.shape, 8)
+    assert np.array_equal(target, source)
+
+
+def test_conjugated_copy_reads_negative_strides():
+    source = (np.arange(6) + 1j * np.arange(6)).reshape(2, 3)[::-1, ::-1]
+    op = _operands.read(source, "a", 0)
+    out = np.zeros((2, 3), np.complex128)
+    _host._conjugate_strided(op, out.ctypes.data, (3, 1))
+    assert np.array_equal(out, source.conj())
+
+
+def test_reversed_host_operands_reach_staging(staging):
+    a, b = host_ab()
+    with pytest.raises(Staged):
+        nvblaslt.matmul(a[::-1], b[:, ::-1])
+    assert staging[0].strides == (-4, 1)
+    assert _host.device_strides(staging[0]) == (4, 1)
+
+
+def test_gpu_arrays_with_negative_strides_stay_refused():
+    from tests.fakes import FakeDLPack
+
+    refused(NvblasltValueError, r"^a: expected non-negative strides in a GPU array", _operands.read,
+            FakeDLPack((8, 4), strides=(-4, 1), ptr=0x7F0000010000), "a", 0)
+
+
+def test_host_array_reaching_below_address_zero_is_refused():
+    class Interface:
+        __array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (8, False), "strides": (-4,), "version": 3}
+    refused(NvblasltValueError, "^a: shape .* runs past the end of the address space", _operands.read,
+            Interface(), "a", 0)
+
+
+# ---- nvblaslt.set_log_level and Handle -------------------------------------------------------------
+@pytest.mark.parametrize("level, cls", [("x", NvblasltTypeError), (99, NvblasltValueError),
+                                        (-1, NvblasltValueError), (True, NvblasltTypeError),
+                                        (2.0, NvblasltTypeError), (None, NvblasltTypeError)])
+def test_set_log_level_refuses_what_cublaslt_cannot_take(level, cls, default_lib):
+    refused(cls, r"^level: expected an int from 0 \(off\) to 5 \(API trace\), got", nvblaslt.set_log_level, level)
+
+
+def test_set_log_level_takes_numpy_integers(default_lib):
+    nvblaslt.set_log_level(np.int64(0))
+
+
+@pytest.mark.parametrize("device, cls, pattern", [
+    (-1, NvblasltValueError, r"^device: expected an integer in \[0, "),
+    ("cuda:0", NvblasltTypeError, r"^device: expected an integer, got 'cuda:0' \(str\)"),
+    (0.0, NvblasltTypeError, r"^device: expected an integer, got 0\.0"),
+    (True, NvblasltTypeError, r"^device: expected an integer, got True"),
+])
+def test_handle_refuses_a_device_that_is_no_gpu_ordinal(device, cls, pattern, default_lib):
+    refused(cls, pattern, nvblaslt.Handle, device)
+
+
+def test_handle_refuses_a_gpu_this_process_does_not_see(default_lib, monkeypatch):
+    from nvblaslt import _cuda
+
+    monkeypatch.setattr(_cuda, "device_count", lambda: 2)
+    refused(NvblasltValueError, r"^device: expected a GPU ordinal below 2 .*, got 2", nvblaslt.Handle, 2)
