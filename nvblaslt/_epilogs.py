@@ -7,6 +7,7 @@ cuBLASLt defines the semantics (see its epilogue docs); GELU is the tanh approxi
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -100,7 +101,7 @@ def gelu_aux_ld(m: int) -> int:
 
 
 def as_epilog(epilog) -> MatmulEpilog:
-    """Accept a MatmulEpilog, its name, its cuBLASLt value, or None (DEFAULT)."""
+    """Accept a MatmulEpilog, its name, its cuBLASLt value (any integer, NumPy's too), or None (DEFAULT)."""
     if epilog is None:
         return MatmulEpilog.DEFAULT
     if isinstance(epilog, str):
@@ -109,13 +110,18 @@ def as_epilog(epilog) -> MatmulEpilog:
         except KeyError:
             raise NvblasltValueError(f"epilog: expected one of {', '.join(MatmulEpilog.__members__)}, "
                                      f"got {epilog!r}") from None
-    if isinstance(epilog, bool) or not isinstance(epilog, int):
-        raise NvblasltTypeError(f"epilog: expected a MatmulEpilog, got {type(epilog).__name__} {epilog!r}")
+    try:  # an int, another package's enum member, a NumPy integer: whatever has __index__ (not a bool)
+        value = None if isinstance(epilog, bool) else operator.index(epilog)
+    except TypeError:
+        value = None
+    if value is None:
+        raise NvblasltTypeError(f"epilog: expected a MatmulEpilog, its name or its value, got "
+                                f"{type(epilog).__name__} {epilog!r}")
     try:
-        return MatmulEpilog(int(epilog))
+        return MatmulEpilog(value)
     except ValueError:
         raise NvblasltValueError(f"epilog: expected one of {', '.join(MatmulEpilog.__members__)}, "
-                                 f"got value {int(epilog)}") from None
+                                 f"got value {value}") from None
 
 
 # ---- the rules for epilog inputs and outputs on a canonical problem ------------------------------
