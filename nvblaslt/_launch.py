@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import warnings
 
 from . import _cuda, _tuning_cache
 from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
@@ -53,8 +54,12 @@ def build(lib, problem, prepared: Prepared, *, options, preferences, scale_point
     desc.set("EPILOGUE", int(problem.epilog))
     if options.sm_count_target:
         desc.set("SM_COUNT_TARGET", options.sm_count_target)
-    if options.fast_accumulation and problem.fp8:  # as in nvmath-python: fp8 operands only
+    if options.fast_accumulation and problem.fp8:
         desc.set("FAST_ACCUM", 1)
+    elif options.fast_accumulation:
+        # nvmath-python sets FAST_ACCUM for any operands and cuBLASLt ignores it but for fp8: accepted, said
+        warnings.warn(f"options.fast_accumulation: has an effect on fp8 operands only; ignored for "
+                      f"{types.a.name} × {types.b.name}", UserWarning, stacklevel=5)  # the caller of Matmul.plan
     for attribute, pointer in scale_pointers.items():
         desc.set(attribute, pointer)
     if aux_scale_pointer is not None:

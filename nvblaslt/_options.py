@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import NvblasltTypeError, NvblasltValueError
+from ._types import check_compute_type
 
 DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
 _SIZE = re.compile(r"^\s*(?P<number>(\d+\.?\d*|\.\d+)(e[+-]?\d+)?)\s*(?P<unit>(?P<power>[kmgt]?)(?P<binary>i?)b|%)\s*$",
@@ -75,6 +77,8 @@ class MatmulOptions:
     allocator: Any = None
 
     def __post_init__(self):
+        if self.compute_type is not None:  # as nvmath-python's ComputeType(value) does, here and not at first use
+            check_compute_type(self.compute_type, "options.compute_type")
         if self.blocking not in (True, "auto"):
             raise NvblasltValueError(f"options.blocking: expected True or 'auto', got {self.blocking!r}")
         if self.device_id is None:
@@ -203,6 +207,24 @@ def as_options(cls, value, argument: str):
     raise NvblasltTypeError(f"{argument}: expected a dict or {cls.__name__}, got {type(value).__name__}")
 
 
+def with_shortcuts(options, compute_type=None, result_type=None) -> MatmulOptions:
+    """``options`` (None, a dict or a ``MatmulOptions``) as a new ``MatmulOptions`` with the
+    ``compute_type=`` / ``result_type=`` keywords of ``matmul`` and ``Matmul`` applied. A keyword
+    also set in ``options`` is refused: which of the two should win would be a guess."""
+    found = as_options(MatmulOptions, options, "options")
+    changes = {}
+    for name, value in (("compute_type", compute_type), ("result_type", result_type)):
+        if value is None:
+            continue
+        if getattr(found, name) is not None:
+            raise NvblasltValueError(f"{name}: given both as a keyword ({value!r}) and in options.{name} "
+                                     f"({getattr(found, name)!r}); give it once")
+        if name == "compute_type":
+            check_compute_type(value, name)
+        changes[name] = value
+    return dataclasses.replace(found, **changes) if changes else found
+
+
 def conjugate_flags(qualifiers) -> tuple[bool, bool]:
     """(conjugate A, conjugate B) from nvmath-python's qualifiers: a length-3 array of
     ``matrix_qualifiers_dtype`` (or a sequence of dicts with ``is_conjugate``)."""
@@ -221,14 +243,22 @@ def conjugate_flags(qualifiers) -> tuple[bool, bool]:
     flags = []
     for name, entry in zip("abc", entries):
         try:
-            flags.append(bool(entry["is_conjugate"]))
+            flag = entry["is_conjugate"]
         except (KeyError, IndexError, TypeError, ValueError):
             raise NvblasltTypeError(f"qualifiers[{name!r}]: expected a record with 'is_conjugate', got "
                                     f"{entry!r}") from None
+        try:
+            value = operator.index(flag)  # bools, ints, NumPy integers (the dtype's field is an int32)
+        except TypeError:
+            value = None
+        if value not in (0, 1):
+            raise NvblasltValueError(f"qualifiers[{name!r}]['is_conjugate']: expected the integer 0 or 1 (or a bool), got "
+                                     f"{flag!r}")
+        flags.append(bool(value))
     if flags[2]:
         raise NvblasltValueError("qualifiers: conjugating C is not supported (cuBLASLt has no conjugate C)")
     return flags[0], flags[1]
 
 
 __all__ = ["MatmulOptions", "MatmulPlanPreferences", "MatmulEpilogPreferences", "MatmulQuantizationScales",
-           "as_options", "conjugate_flags", "qualifiers_dtype", "field"]
+           "as_options", "conjugate_flags", "qualifiers_dtype", "with_shortcuts", "field"]

@@ -6,11 +6,13 @@ the heuristics may still refuse on a given GPU, and that refusal is reported as 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from . import _dtypes
 from ._dtypes import BFLOAT16, COMPLEX64, COMPLEX128, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT16, FLOAT32, FLOAT64, DType
 from ._errors import NvblasltTypeError, NvblasltValueError
+from ._generated.cublaslt_13 import cublasComputeType_t
 
 F8 = (FLOAT8_E4M3, FLOAT8_E5M2)
 # (A, B) -> default compute type (without the CUBLAS_ prefix)
@@ -92,19 +94,31 @@ class Types:
         return _dtypes.BY_CUDA[self.scale] if self.scale in _dtypes.BY_CUDA else FLOAT16
 
 
-def enum_name(value, enum, prefix: str, argument: str, aliases: dict[str, str] | None = None) -> str:
+def _integer(value) -> int | None:
+    """``value`` as an int where it is one (an enum member, a NumPy integer; not a bool), else None."""
+    if isinstance(value, bool) or isinstance(value, str):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def enum_name(value, enum, prefix: str, argument: str, aliases: dict[str, str] | None = None,
+              where: str = " in the loaded cuBLASLt") -> str:
     """A member name of the generated ``enum`` (without ``prefix``) from a name, an alias or a value."""
     members = {name.removeprefix(prefix): int(member) for name, member in enum.__members__.items()}
-    if isinstance(value, int) and not isinstance(value, bool):
-        for name, number in members.items():
-            if number == int(value):
+    number = _integer(value)
+    if number is not None:
+        for name, member in members.items():
+            if member == number:
                 return name
-        raise NvblasltValueError(f"{argument}: {int(value)} is not a value of {enum.__name__} in the loaded "
-                                 f"cuBLASLt; expected one of {sorted(members)}")
+        raise NvblasltValueError(f"{argument}: {number} is not a value of {enum.__name__}{where}; expected one "
+                                 f"of {sorted(members)}")
     if not isinstance(value, str):
         name = getattr(value, "name", None)  # an enum member of another package (nvmath's)
         if not isinstance(name, str):
-            raise NvblasltTypeError(f"{argument}: expected a name or an {enum.__name__} value, got "
+            raise NvblasltTypeError(f"{argument}: expected a name or a {enum.__name__} value, got "
                                     f"{type(value).__name__} {value!r}")
         value = name
     text = (aliases or {}).get(value, value)
@@ -114,8 +128,26 @@ def enum_name(value, enum, prefix: str, argument: str, aliases: dict[str, str] |
             return candidate
         if f"COMPUTE_{candidate}" in members and prefix == "":
             return f"COMPUTE_{candidate}"
-    raise NvblasltValueError(f"{argument}: {value!r} is not a member of {enum.__name__} in the loaded cuBLASLt; "
-                             f"expected one of {sorted(members)}")
+    raise NvblasltValueError(f"{argument}: {value!r} is not a member of {enum.__name__}{where}; expected one of "
+                             f"{sorted(members)}")
+
+
+def compute_type_name(value, compute_types, argument: str = "compute_type",
+                      where: str = " in the loaded cuBLASLt") -> str:
+    """The name (``COMPUTE_32F_FAST_TF32``) of a floating-point compute type given as a name, an
+    alias (``"tf32"``), a value or another package's enum member, from ``compute_types`` (a
+    ``cublasComputeType_t``)."""
+    compute = enum_name(value, compute_types, "CUBLAS_", argument, _COMPUTE_ALIASES, where)
+    if compute not in _SCALE_OF_COMPUTE:
+        raise NvblasltValueError(f"{argument}: {compute} is not a compute type for floating-point matmuls; "
+                                 f"expected one of {sorted(_SCALE_OF_COMPUTE)}")
+    return compute
+
+
+def check_compute_type(value, argument: str = "compute_type") -> None:
+    """Refuse a compute type no cuBLAS release nvblaslt knows has, without loading the library (the
+    newest bindings' enum holds every older one's members); ``resolve`` checks it against the loaded one."""
+    compute_type_name(value, cublasComputeType_t, argument, " in any cuBLAS release nvblaslt knows")
 
 
 def cuda_type_names(api) -> dict[int, str]:
@@ -146,10 +178,7 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
     cuda_values = cuda_type_names(api)
     compute = scale = None
     if compute_type is not None:
-        compute = enum_name(compute_type, api.cublasComputeType_t, "CUBLAS_", "compute_type", _COMPUTE_ALIASES)
-        if compute not in _SCALE_OF_COMPUTE:
-            raise NvblasltValueError(f"compute_type: {compute} is not a compute type for floating-point matmuls; "
-                                     f"expected one of {sorted(_SCALE_OF_COMPUTE)}")
+        compute = compute_type_name(compute_type, api.cublasComputeType_t)
     if scale_type is not None:
         if isinstance(scale_type, int) and not isinstance(scale_type, bool):
             scale = cuda_values.get(int(scale_type))
