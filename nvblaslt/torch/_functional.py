@@ -34,12 +34,18 @@ def activation_name(value, argument: str = "activation") -> str:
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _check_tensors(x, weight, bias) -> None:
+    """x, weight and bias (or None) must be tensors: checked before autocast reads their devices."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, Tensor) and not (name == "bias" and t is None):
+            expected = "a torch.Tensor or None" if name == "bias" else "a torch.Tensor"
+            raise NvblasltTypeError(f"{name}: expected {expected}, got {type(t).__module__}.{type(t).__qualname__}")
+
+
 def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
-    if not isinstance(x, Tensor):
-        raise NvblasltTypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(weight, Tensor) or weight.dim() != 2:
-        raise NvblasltValueError(f"weight: expected a 2-D (out_features, in_features) tensor, got "
-                                 f"{getattr(weight, 'shape', type(weight).__name__)}")
+    if weight.dim() != 2:
+        raise NvblasltValueError(f"weight: expected a 2-D (out_features, in_features) tensor, got shape "
+                                 f"{tuple(weight.shape)}")
     if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
         raise NvblasltValueError(f"x: expected shape (…, {weight.shape[1]}) to match weight's in_features, "
                                  f"got {tuple(x.shape)}")
@@ -79,6 +85,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     and BGRADB for the bias gradient; a ``FusedSequential`` can also move the activation's backward
     into the next layer's GEMM."""
     activation = activation_name(activation)
+    _check_tensors(x, weight, bias)
     x, weight, bias = _autocast(x, weight, bias)
     _check(x, weight, bias)
     lead = x.shape[:-1]
@@ -89,6 +96,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
 def linked_layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, state, backward: str):
     """One ``FusedLinear`` of a ``FusedSequential`` on 2-D x: (out, the link state for the next layer),
     taking the previous layer's; ``backward`` is the sequence's (one of ``BACKWARDS``)."""
+    _check_tensors(x2, weight, bias)
     x2, weight, bias = _autocast(x2, weight, bias)
     _check(x2, weight, bias)
     return layer(x2, weight, bias, activation, state, chain_for(backward, activation))

@@ -3,15 +3,29 @@
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from typing import cast
 
 import torch
 from torch import Tensor, nn
 
-from .. import NvblasltValueError
+from .. import NvblasltTypeError, NvblasltValueError
 from ._functional import EXACT_GELU_HINT, activation_name, linear, linked_layer
 from ._tuning import check_backward
+
+
+def _features(argument: str, value) -> int:
+    """A layer width as nn.Linear takes it (an int ≥ 0, NumPy's too), checked before torch sees it."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None:
+        raise NvblasltTypeError(f"{argument}: expected an int ≥ 0, got {type(value).__name__} {value!r}")
+    if number < 0:
+        raise NvblasltValueError(f"{argument}: expected an int ≥ 0, got {number}")
+    return number
 
 
 class FusedLinear(nn.Module):
@@ -28,6 +42,7 @@ class FusedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  device=None, dtype=None) -> None:
+        in_features, out_features = _features("in_features", in_features), _features("out_features", out_features)
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.in_features, self.out_features = in_features, out_features
@@ -127,6 +142,9 @@ def fuse(module: nn.Module, *, backward: str = "auto") -> nn.Module:
     of the original. Parameters are shared with ``module``, not copied. Other modules are converted
     in place, child by child, and returned. An exact GELU after a Linear is refused (NvblasltValueError).
     ``backward``: as ``FusedSequential``'s, for every one made."""
+    if not isinstance(module, nn.Module):
+        raise NvblasltTypeError(f"module: expected a torch.nn.Module, got {type(module).__module__}."
+                                f"{type(module).__qualname__}")
     return _fuse(module, check_backward(backward), "module")
 
 

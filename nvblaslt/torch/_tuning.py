@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Hashable
 
-from .. import NvblasltValueError
+from .. import NvblasltTypeError, NvblasltValueError
 
 BACKWARDS = ("auto", "unfused", "bgradb", "epilog")
 # What "auto" picks, from the training-step bench (H200, cuBLASLt 13.1, bf16, 8192 tokens, widths 4096/16384):
@@ -35,8 +36,7 @@ def chain_for(backward: str, activation: str) -> str | None:
 _active: dict | None = None  # the innermost autotune() context's settings
 
 
-@contextlib.contextmanager
-def autotune(*, iterations: int = 5):
+def autotune(*, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
     """Search every GEMM the fused layers run inside this context (``Matmul.autotune(search=True)``:
     the heuristics' list and configurations beyond it, and for DRELU_BGRAD / DGELU_BGRAD the two-call
     form) and remember the winners on disk, so that later plans of the same problems start from them.
@@ -46,7 +46,20 @@ def autotune(*, iterations: int = 5):
     slower. Plans that ``nvblaslt.matmul`` has already cached (per thread, the autograd engine's
     included) are not revisited; a new process picks the winners up. It matters: on the bench's MLP
     (H200, bf16, 8192 tokens) the heuristics' first picks leave the fused step 1.05× (ReLU) / 1.09×
-    (GELU) the GEMM-only floor, searched plans 1.01× / 1.03× (``python -m nvblaslt.bench.mlp --search``)."""
+    (GELU) the GEMM-only floor, searched plans 1.01× / 1.03× (``python -m nvblaslt.bench.mlp --search``).
+    ``iterations``: timed rounds per candidate, an int ≥ 1, checked here rather than at ``with``."""
+    try:
+        count = None if isinstance(iterations, bool) else operator.index(iterations)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        cls = NvblasltTypeError if count is None else NvblasltValueError
+        raise cls(f"iterations: expected an int ≥ 1 (timed rounds per candidate), got {iterations!r}")
+    return _autotune(count)
+
+
+@contextlib.contextmanager
+def _autotune(iterations: int):
     global _active
     previous, _active = _active, {"iterations": iterations, "searched": set()}
     try:

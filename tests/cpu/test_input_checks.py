@@ -242,3 +242,152 @@ def test_handle_refuses_a_gpu_this_process_does_not_see(default_lib, monkeypatch
 
     monkeypatch.setattr(_cuda, "device_count", lambda: 2)
     refused(NvblasltValueError, r"^device: expected a GPU ordinal below 2 .*, got 2", nvblaslt.Handle, 2)
+
+
+# ---- options: compute_type, fast_accumulation, qualifiers -----------------------------------------
+@pytest.mark.parametrize("value, cls, pattern", [
+    ("bogus", NvblasltValueError, r"'bogus' is not a member of cublasComputeType_t in any cuBLAS release"),
+    (-5, NvblasltValueError, "-5 is not a value of cublasComputeType_t"),
+    (72, NvblasltValueError, "COMPUTE_32I is not a compute type for floating-point matmuls"),
+    (68.5, NvblasltTypeError, "expected a name or a cublasComputeType_t value, got float 68.5"),
+    (object(), NvblasltTypeError, "expected a name or a cublasComputeType_t value"),
+])
+def test_matmul_options_refuse_a_compute_type_no_cublas_has_when_made(value, cls, pattern):
+    refused(cls, rf"^options\.compute_type: {pattern}", nvblaslt.MatmulOptions, compute_type=value)
+    refused(cls, rf"^options\.compute_type: {pattern}", nvblaslt.Matmul, *host_ab(),
+            options={"compute_type": value})
+
+
+def test_matmul_options_take_every_spelling_nvmath_python_and_nvblaslt_take():
+    import enum
+
+    class ComputeType(enum.IntEnum):  # nvmath-python's nvmath.linalg.ComputeType, as it numbers them
+        COMPUTE_32F_FAST_TF32 = 77
+
+    for value in (None, 77, np.int32(68), ComputeType.COMPUTE_32F_FAST_TF32, "tf32", "float32", "COMPUTE_32F",
+                  "CUBLAS_COMPUTE_32F_FAST_16BF", "compute_64f"):
+        assert nvblaslt.MatmulOptions(compute_type=value).compute_type is value  # kept as given
+
+
+def test_every_generated_binding_knows_no_compute_type_the_construction_check_misses():
+    import importlib
+    import pkgutil
+
+    from nvblaslt import _generated
+    from nvblaslt._generated import cublaslt_13
+
+    newest = set(cublaslt_13.cublasComputeType_t.__members__.items())
+    for module in pkgutil.iter_modules(_generated.__path__):
+        members = importlib.import_module(f"nvblaslt._generated.{module.name}").cublasComputeType_t.__members__
+        assert set(members.items()) <= newest, module.name
+
+
+def test_with_shortcuts_applies_the_keywords_and_refuses_one_given_twice():
+    from nvblaslt._options import MatmulOptions, with_shortcuts
+
+    given = MatmulOptions(inplace=True)
+    made = with_shortcuts(given, "tf32", "float16")
+    assert (made.compute_type, made.result_type, made.inplace) == ("tf32", "float16", True)
+    assert given.compute_type is None  # the caller's options are not changed
+    assert with_shortcuts(None).compute_type is None and with_shortcuts({"result_type": "float32"}).result_type
+    refused(NvblasltValueError, r"^compute_type: given both as a keyword \('tf32'\) and in options.compute_type "
+            r"\('float32'\); give it once", with_shortcuts, {"compute_type": "float32"}, "tf32")
+    refused(NvblasltValueError, r"^compute_type: given both", with_shortcuts, {"compute_type": "tf32"}, "tf32")
+    refused(NvblasltValueError, r"^result_type: given both as a keyword \('float16'\) and in options.result_type",
+            with_shortcuts, MatmulOptions(result_type="float32"), None, "float16")
+    refused(NvblasltValueError, "^compute_type: 'bogus' is not a member", with_shortcuts, None, "bogus")
+
+
+def test_fast_accumulation_for_non_fp8_operands_is_accepted_with_a_warning(default_lib):
+    """nvmath-python (0.9) sets FAST_ACCUM on any matmul descriptor and cuBLASLt ignores it but for
+    fp8: a call nvmath-python accepts keeps working, and the warning says the option does nothing."""
+    from tests.fakes import FakeDLPack
+
+    mm = nvblaslt.Matmul(FakeDLPack((8, 4)), FakeDLPack((4, 6), ptr=0x7F0000100000),
+                         options={"fast_accumulation": True})
+    with pytest.warns(UserWarning, match=r"^options\.fast_accumulation: has an effect on fp8 operands only; "
+                                         r"ignored for float32 × float32") as record:
+        try:
+            mm.plan()
+        except NvblasltError:
+            pass  # no GPU: the handle
+    assert record[0].filename == __file__  # pointed at the caller's plan()
+
+
+def qualifiers(*conjugate, n=3):
+    from nvblaslt import matrix_qualifiers_dtype
+
+    found = np.zeros(n, dtype=matrix_qualifiers_dtype)
+    for index, value in enumerate(conjugate):
+        found[index]["is_conjugate"] = value
+    return found
+
+
+def test_qualifiers_of_another_length_or_flag_are_refused():
+    from nvblaslt._options import conjugate_flags
+
+    assert conjugate_flags(qualifiers(1, 0)) == (True, False)
+    assert conjugate_flags([{"is_conjugate": False}, {"is_conjugate": True}, {"is_conjugate": 0}]) == (False, True)
+    for n in (0, 2, 4):
+        refused(NvblasltValueError, rf"^qualifiers: expected 3 entries \(A, B, C\), got {n}", conjugate_flags,
+                qualifiers(n=n))
+    refused(NvblasltValueError, r"^qualifiers\['a'\]\['is_conjugate'\]: expected the integer 0 or 1 \(or a bool\), "
+            r"got np.int32\(2\)", conjugate_flags, qualifiers(2))
+    refused(NvblasltValueError, r"^qualifiers\['b'\]\['is_conjugate'\]: expected the integer 0 or 1",
+            conjugate_flags, [{"is_conjugate": 0}, {"is_conjugate": 0.5}, {"is_conjugate": 0}])
+    refused(NvblasltValueError, r"^qualifiers: expected 3 entries", nvblaslt.Matmul, *host_ab(),
+            qualifiers=qualifiers(n=2))
+
+
+# ---- epilog given as a NumPy integer ----------------------------------------------------------------
+def test_epilog_takes_any_integer_and_refuses_floats_and_bools():
+    from nvblaslt._epilogs import as_epilog
+
+    for value in (np.int64(2), np.uint8(2), np.int32(2), 2, "relu"):
+        assert as_epilog(value) is nvblaslt.MatmulEpilog.RELU
+    refused(NvblasltValueError, "^epilog: expected one of DEFAULT, .* got value 12345", as_epilog, np.int64(12345))
+    for value in (2.0, np.float64(2.0), True, np.True_, [2]):
+        refused(NvblasltTypeError, r"^epilog: expected a MatmulEpilog, its name or its value, got", as_epilog, value)
+
+
+def test_numpy_integer_epilog_reaches_staging(staging):
+    with pytest.raises(Staged):
+        nvblaslt.matmul(*host_ab(), epilog=np.int64(2))
+
+
+# ---- nvblaslt.torch --------------------------------------------------------------------------------
+def test_torch_linear_refuses_what_is_not_a_tensor():
+    torch = pytest.importorskip("torch")
+    nt = pytest.importorskip("nvblaslt.torch")
+    x, weight = torch.ones(2, 4), torch.ones(3, 4)
+    refused(NvblasltTypeError, r"^x: expected a torch.Tensor, got numpy.ndarray", nt.linear, np.ones((2, 4)), weight)
+    refused(NvblasltTypeError, r"^weight: expected a torch.Tensor, got numpy.ndarray", nt.linear, x, np.ones((3, 4)))
+    refused(NvblasltTypeError, r"^bias: expected a torch.Tensor or None, got numpy.ndarray", nt.linear, x, weight,
+            np.ones(3))
+    refused(NvblasltTypeError, r"^x: expected a torch.Tensor, got builtins.list", nt.linear, [[1.0] * 4], weight)
+
+
+def test_torch_fuse_and_fused_linear_refuse_bad_arguments():
+    torch = pytest.importorskip("torch")
+    nt = pytest.importorskip("nvblaslt.torch")
+    refused(NvblasltTypeError, r"^module: expected a torch.nn.Module, got builtins.int", nt.fuse, 5)
+    refused(NvblasltTypeError, r"^module: expected a torch.nn.Module, got builtins.list", nt.fuse,
+            [torch.nn.Linear(2, 2)])
+    refused(NvblasltValueError, r"^in_features: expected an int ≥ 0, got -1", nt.FusedLinear, -1, 4)
+    refused(NvblasltValueError, r"^out_features: expected an int ≥ 0, got -2", nt.FusedLinear, 4, -2)
+    refused(NvblasltTypeError, r"^in_features: expected an int ≥ 0, got float 4.0", nt.FusedLinear, 4.0, 4)
+    refused(NvblasltTypeError, r"^out_features: expected an int ≥ 0, got bool True", nt.FusedLinear, 4, True)
+    layer = nt.FusedLinear(np.int64(4), 3)
+    assert (layer.in_features, layer.weight.shape) == (4, (3, 4)) and type(layer.in_features) is int
+
+
+def test_torch_autotune_refuses_iterations_where_given():
+    nt = pytest.importorskip("nvblaslt.torch")
+    refused(NvblasltValueError, r"^iterations: expected an int ≥ 1 \(timed rounds per candidate\), got 0",
+            nt.autotune, iterations=0)
+    refused(NvblasltTypeError, r"^iterations: expected an int ≥ 1", nt.autotune, iterations=2.5)
+    refused(NvblasltTypeError, r"^iterations: expected an int ≥ 1", nt.autotune, iterations=True)
+    with nt.autotune(iterations=np.int64(2)):
+        from nvblaslt.torch import _tuning
+
+        assert _tuning.first_search(lambda: "problem") == 2
