@@ -11,6 +11,9 @@ Every case is a zero-argument callable plus what is expected of it (``Case.kind`
     optional returns, or is refused naming the argument
     any      returns, or raises any NvblasltError (a value only the C library can judge)
 
+A refusal (other than for the missing GPU) must be an NvblasltError that is also ValueError or
+TypeError; a case with ``warns`` must also give a warning matching one of them.
+
 An exception a stand-in raises itself (from ``__dlpack__``, ``__float__``, …) carries the
 attribute ``from_stand_in``; nvblaslt should wrap it in an NvblasltError naming the argument.
 
@@ -32,6 +35,7 @@ import decimal
 import re
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -270,6 +274,8 @@ class Case:
     call: Callable[[], object] = field(repr=False)
     tokens: tuple[str, ...] = ()  # regexes: the refusal must match one (it names the argument)
     note: str = ""
+    warns: tuple[str, ...] = ()  # regexes: a warning the call gives must match one (accepted, but said)
+    pending: str = ""  # a known failure waiting on a change elsewhere: what change (reported, not failed)
 
 
 def arg(name: str) -> tuple[str, ...]:
@@ -548,6 +554,12 @@ def _valid_cases():
         "numpy-host": ({"a": host["a"], "b": host["b"]}, {}),
         "numpy-host-complex": ({"a": host["a"].astype(np.complex64), "b": host["b"].astype(np.complex64)}, {}),
         "numpy-host-bias": ({"a": host["a"], "b": host["b"], "bias": np.ones(M, np.float32)}, {}),
+        # negative strides in host memory are packed densely when staged (issue 22)
+        "numpy-host-reversed-a": ({"a": host["a"][::-1], "b": host["b"]}, {}),
+        "numpy-host-reversed-b-columns": ({"a": host["a"], "b": host["b"][:, ::-1]}, {}),
+        "numpy-host-reversed-both-axes": ({"a": host["a"][::-1, ::-1], "b": host["b"][::-1]}, {}),
+        "numpy-host-reversed-c": ({"a": host["a"], "b": host["b"], "c": np.ones((M, N), np.float32)[::-1]}, {}),
+        "numpy-host-masked-nothing-masked": ({"a": np.ma.masked_array(host["a"]), "b": host["b"]}, {}),
     }
     for name, (changes, kwargs) in cases.items():
         for entry in ("fn", "obj"):
@@ -584,7 +596,8 @@ def _scalar_epilog_cases():
             "int-2**70": (2**70, "either"), "complex-for-real": (complex(1, 1), "invalid"),
             "list": ([1.0], "invalid"), "tuple": ((1.0, 2.0), "invalid"), "dict": ({"x": 1}, "invalid"),
             "object": (object(), "invalid"), "numpy-2-elements": (np.array([1.0, 2.0]), "invalid"),
-            "numpy-0-d": (np.array(2.0), "either"), "decimal": (decimal.Decimal("1.5"), "either"),
+            "numpy-0-d": (np.array(2.0), "valid"), "numpy-1-element": (np.array([2.0]), "valid"),
+            "numpy-masked": (np.ma.masked, "invalid"), "decimal": (decimal.Decimal("1.5"), "either"),
             "fraction": (fractions.Fraction(1, 3), "either"), "numpy-int64": (np.int64(3), "either"),
             "numpy-complex-for-real": (np.complex64(1 + 2j), "invalid"),
             "float-subclass-raising": (_BadFloat(), "invalid"),
@@ -606,6 +619,8 @@ def _scalar_epilog_cases():
                "value--1": (-1, "invalid"), "value-2**70": (2**70, "invalid"), "float": (2.5, "invalid"),
                "bool": (True, "invalid"), "bytes": (b"RELU", "invalid"), "list": ([2], "invalid"),
                "object": (object(), "invalid"), "other-intenum-same-value": (_OtherEpilog.RELU, "valid"),
+               "numpy-int64-RELU": (np.int64(2), "valid"), "numpy-uint8-RELU": (np.uint8(2), "valid"),
+               "numpy-float64": (np.float64(2.0), "invalid"), "numpy-bool": (np.True_, "invalid"),
                "int-value-of-RELU": (2, "valid"), "name-with-spaces": (" RELU ", "either")}
     for variant, (value, kind) in epilogs.items():
         for entry in ("fn", "obj"):
@@ -937,10 +952,152 @@ def _environment_cases():
     yield Case("environment/pythonapi-prototypes-set-by-another-library/fn", "valid", call)
 
 
+def _has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def _masked(shape, dtype=np.float32):
+    """A host array with one element masked (a NumPy masked array nvblaslt must not multiply)."""
+    mask = np.zeros(shape, bool)
+    mask.flat[0] = True
+    return np.ma.masked_array(np.ones(shape, dtype), mask=mask)
+
+
+def _host_ops(**changes) -> dict:
+    ops = {"a": np.ones((M, K), np.float32), "b": np.ones((K, N), np.float32)}
+    ops.update(changes)
+    return ops
+
+
+class _GpuScalar:
+    """A one-element array in GPU memory (DLPack device type 2), as a CUDA tensor reports itself."""
+
+    shape = ()
+    device = "cuda:0"
+
+    def item(self):
+        return 2.0
+
+    def __dlpack_device__(self):
+        return 2, 0
+
+
+SHORTCUTS_PENDING = ("lead: Matmul.__init__ (_plan.py) and _checked_call (_function_form.py) must build their "
+                     "options with _options.with_shortcuts(options, compute_type, result_type)")
+
+
+def _issue22_cases():
+    """Issue 22: inputs that were multiplied silently (masked arrays), escaped NvblasltError, were
+    accepted and ignored, or refused though meaningful (reversed host arrays, a CPU tensor as alpha,
+    a NumPy integer as epilog)."""
+    import_nv = lambda: __import__("nvblaslt")  # noqa: E731
+
+    # masked NumPy arrays, wherever a host array is read
+    for position, shape in (("a", (M, K)), ("b", (K, N)), ("c", (M, N))):
+        for entry in ("fn", "obj"):
+            yield Case(f"masked/{position}/{entry}", "invalid",
+                       lambda position=position, shape=shape, entry=entry: problem_call(
+                           entry, _host_ops(**{position: _masked(shape)})), arg(position))
+    for entry in ("fn", "obj"):
+        yield Case(f"masked/bias/{entry}", "invalid",
+                   lambda entry=entry: problem_call(entry, base_ops(), epilog="BIAS",
+                                                    epilog_inputs={"bias": _masked((M,))}), arg("bias"))
+        yield Case(f"masked/quantization_scales-a/{entry}", "invalid",
+                   lambda entry=entry: problem_call(
+                       entry, {"a": operand("a", shape=(16, 16), dtype="float8_e4m3fn"),
+                               "b": operand("b", shape=(16, 16), dtype="float8_e4m3fn", strides="F")},
+                       quantization_scales={"a": _masked((1,)), "b": 1.0}),
+                   arg("quantization_scales") + (r"quantization_scales\[",))
+        for name in ("alpha", "beta"):
+            yield Case(f"masked/{name}-1-element/{entry}", "invalid",
+                       lambda name=name, entry=entry: problem_call(entry, base_ops("c"), **{name: _masked((1,))}),
+                       arg(name))
+    yield Case("masked/bias-with-host-operands/fn", "invalid",
+               lambda: problem_call("fn", _host_ops(), epilog="BIAS", epilog_inputs={"bias": _masked((M,))}),
+               arg("bias"))
+    # out= with host operands is refused ("not available for host operands") once the plan exists
+    yield Case("masked/out-with-host-operands/fn", "either",
+               lambda: problem_call("fn", _host_ops(out=_masked((M, N)))), arg("out"))
+
+    def reset_masked():
+        mm = import_nv().Matmul(operand("a"), operand("b"))
+        return mm.reset_operands(a=_masked((M, K)))
+    yield Case("masked/reset_operands-a/obj", "invalid", reset_masked, arg("a"))
+
+    # errors that escaped NvblasltError
+    for variant, level in (("string", "x"), ("99", 99), ("-1", -1), ("bool", True), ("float", 2.5),
+                           ("None", None)):
+        yield Case(f"escape/set_log_level-{variant}", "invalid",
+                   lambda level=level: import_nv().set_log_level(level), arg("level"))
+    yield Case("escape/set_log_level-numpy-int", "ok", lambda: import_nv().set_log_level(np.int64(0)))
+    for variant, device in (("-1", -1), ("cuda:0", "cuda:0"), ("float", 0.0), ("bool", True), ("2**40", 2**40)):
+        yield Case(f"meaningless/Handle-{variant}", "invalid", lambda device=device: import_nv().Handle(device),
+                   arg("device"))
+    if _has_torch():
+        def nt():
+            import nvblaslt.torch
+
+            return nvblaslt.torch
+
+        def torch():
+            import torch
+
+            return torch
+        for variant, (call, name) in {
+            "linear-numpy-x": (lambda: nt().linear(np.ones((2, K)), torch().ones(N, K)), "x"),
+            "linear-numpy-weight": (lambda: nt().linear(torch().ones(2, K), np.ones((N, K))), "weight"),
+            "linear-numpy-bias": (lambda: nt().linear(torch().ones(2, K), torch().ones(N, K), np.ones(N)), "bias"),
+            "linear-list-x": (lambda: nt().linear([[1.0] * K], torch().ones(N, K)), "x"),
+            "fuse-int": (lambda: nt().fuse(5), "module"),
+            "fuse-list": (lambda: nt().fuse([torch().nn.Linear(2, 2)]), "module"),
+            "FusedLinear-in_features--1": (lambda: nt().FusedLinear(-1, 4), "in_features"),
+            "FusedLinear-out_features--1": (lambda: nt().FusedLinear(4, -1), "out_features"),
+            "FusedLinear-in_features-float": (lambda: nt().FusedLinear(4.0, 4), "in_features"),
+        }.items():
+            yield Case(f"escape/torch-{variant}", "invalid", call, arg(name))
+        for variant, iterations in (("0", 0), ("-1", -1), ("float", 1.5), ("bool", True), ("string", "5")):
+            yield Case(f"meaningless/torch-autotune-iterations-{variant}", "invalid",
+                       lambda iterations=iterations: nt().autotune(iterations=iterations), arg("iterations"))
+        for variant, make in (("torch-0-d", lambda: torch().tensor(2.0)), ("torch-1-element", lambda: torch().ones(1)),
+                              ("torch-requires-grad", lambda: torch().tensor(2.0, requires_grad=True))):
+            for entry in ("fn", "obj"):
+                yield Case(f"scalar/alpha-{variant}/{entry}", "valid",
+                           lambda make=make, entry=entry: problem_call(entry, base_ops(), alpha=make()))
+        for entry in ("fn", "obj"):
+            yield Case(f"scalar/alpha-torch-2-elements/{entry}", "invalid",
+                       lambda entry=entry: problem_call(entry, base_ops(), alpha=torch().ones(2)), arg("alpha"))
+    for entry in ("fn", "obj"):
+        yield Case(f"scalar/alpha-gpu-scalar/{entry}", "invalid",
+                   lambda entry=entry: problem_call(entry, base_ops(), alpha=_GpuScalar()), arg("alpha"))
+
+    # accepted but meaningless: refused where given, or (what nvmath-python accepts) said
+    for entry in ("fn", "obj"):
+        yield Case(f"meaningless/fast_accumulation-float32/{entry}", "valid",
+                   lambda entry=entry: problem_call(entry, base_ops(), options={"fast_accumulation": True}),
+                   warns=(r"fast_accumulation.*fp8",))
+        for name, keyword, option in (("compute_type", "tf32", "float32"), ("result_type", "float32", "float32")):
+            yield Case(f"meaningless/{name}-keyword-and-option/{entry}", "invalid",
+                       lambda entry=entry, name=name, keyword=keyword, option=option: problem_call(
+                           entry, base_ops(), options={name: option}, **{name: keyword}), arg(name),
+                       pending=SHORTCUTS_PENDING)
+        q = np.zeros(3, dtype=QUALIFIERS_DTYPE)
+        q[0]["is_conjugate"] = 2
+        yield Case(f"meaningless/qualifiers-is_conjugate-2/{entry}", "invalid",
+                   lambda entry=entry, q=q: problem_call(entry, base_ops(), qualifiers=q), arg("qualifiers"))
+    for variant, value in (("bogus", "bogus"), ("COMPUTE_32I", 72), ("-5", -5), ("float", 68.5), ("object", object())):
+        yield Case(f"meaningless/MatmulOptions-compute_type-{variant}", "invalid",
+                   lambda value=value: import_nv().MatmulOptions(compute_type=value), (r"^options\.compute_type:",))
+    for variant, value in (("numpy-int", np.int32(68)), ("alias", "tf32"), ("name", "CUBLAS_COMPUTE_32F")):
+        yield Case(f"meaningless/MatmulOptions-compute_type-{variant}", "ok",
+                   lambda value=value: import_nv().MatmulOptions(compute_type=value))
+
+
 def build_cases() -> dict[str, Case]:
     cases = {}
     for group in (_operand_cases, _shape_cases, _valid_cases, _scalar_epilog_cases, _option_cases,
-                  _lifecycle_cases, _descriptor_cases, _environment_cases):
+                  _lifecycle_cases, _descriptor_cases, _environment_cases, _issue22_cases):
         for case in group():
             assert case.id not in cases, case.id
             cases[case.id] = case
@@ -968,6 +1125,7 @@ def describe_outcome(exc: BaseException | None) -> dict:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
     return {"outcome": "raised", "type": type(exc).__name__, "nvblaslt": nv,
+            "standard": isinstance(exc, (ValueError, TypeError)),
             "stand_in": bool(getattr(exc, "from_stand_in", False)),
             "no_gpu": bool(gpu_error or (nv and NO_GPU.search(message))), "message": message[:600], "where": where}
 
@@ -994,14 +1152,16 @@ def run(ids: list[str]) -> None:
     out = sys.stdout
     for case_id in ids:
         print(json.dumps({"id": case_id, "event": "start"}), file=out, flush=True)
-        try:
-            cases[case_id].call()
-        except BaseException as exc:  # noqa: BLE001 — recording what was raised is the point
-            record = describe_outcome(exc)
-        else:
-            record = describe_outcome(None)
-        gc.collect()  # finalizers of what the case made run now, attributed to this case
-        record.update(id=case_id, event="done")
+        with warnings.catch_warnings(record=True) as given:
+            warnings.simplefilter("always")
+            try:
+                cases[case_id].call()
+            except BaseException as exc:  # noqa: BLE001 — recording what was raised is the point
+                record = describe_outcome(exc)
+            else:
+                record = describe_outcome(None)
+            gc.collect()  # finalizers of what the case made run now, attributed to this case
+        record.update(id=case_id, event="done", warnings=[str(w.message)[:300] for w in given[:5]])
         print(json.dumps(record), file=out, flush=True)
     print(json.dumps({"event": "end"}), file=out, flush=True)  # a crash after this is in teardown
 
