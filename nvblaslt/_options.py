@@ -235,7 +235,7 @@ def conjugate_flags(qualifiers) -> tuple[bool, bool]:
                                  f"{getattr(qualifiers, 'ndim')} dimensions")
     try:
         entries = [qualifiers[i] for i in range(len(qualifiers))]
-    except TypeError:
+    except (TypeError, KeyError, IndexError):  # a mapping or a sequence not indexed 0, 1, 2
         raise NvblasltTypeError(f"qualifiers: expected an array of 3 matrix qualifiers (A, B, C), got "
                                 f"{type(qualifiers).__name__}") from None
     if len(entries) != 3:

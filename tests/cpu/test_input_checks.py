@@ -335,6 +335,8 @@ def test_qualifiers_of_another_length_or_flag_are_refused():
             r"got np.int32\(2\)", conjugate_flags, qualifiers(2))
     refused(NvblasltValueError, r"^qualifiers\['b'\]\['is_conjugate'\]: expected the integer 0 or 1",
             conjugate_flags, [{"is_conjugate": 0}, {"is_conjugate": 0.5}, {"is_conjugate": 0}])
+    refused(NvblasltTypeError, r"^qualifiers: expected an array of 3 matrix qualifiers \(A, B, C\), got dict",
+            conjugate_flags, {"x": 0, "y": 0, "z": 0})
     refused(NvblasltValueError, r"^qualifiers: expected 3 entries", nvblaslt.Matmul, *host_ab(),
             qualifiers=qualifiers(n=2))
 

@@ -723,7 +723,9 @@ def _option_cases():
              "float-array": (lambda: np.zeros(3), "invalid"), "length-2": (lambda: qualifiers(2), "invalid"),
              "length-4": (lambda: qualifiers(4), "invalid"), "2-D": (lambda: qualifiers(shape=(3, 1)), "invalid"),
              "conjugate-c": (lambda: qualifiers(conj=(2,)), "invalid"),
-             "int-array": (lambda: np.zeros(3, dtype=np.int32), "invalid")}
+             "int-array": (lambda: np.zeros(3, dtype=np.int32), "invalid"),
+             "dict-of-3": (lambda: {"x": 0, "y": 0, "z": 0}, "invalid"),
+             "float-field-0.5": (lambda: np.full(3, 0.5, dtype=[("is_conjugate", "<f8")]), "invalid")}
     for variant, (make, kind) in quals.items():
         for entry in ("fn", "obj"):
             yield Case(f"qualifiers/{variant}/{entry}", kind,
