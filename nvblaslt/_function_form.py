@@ -9,16 +9,18 @@ operands, builds the key from what it read, and plans on a miss.
 from __future__ import annotations
 
 import threading
+from typing import Any
 from collections import OrderedDict
 
 from . import _cuda, _operands
 from ._epilogs import as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
-from ._options import MatmulOptions, MatmulPlanPreferences, as_options
+from ._options import MatmulOptions, MatmulPlanPreferences, as_options, with_shortcuts
 from ._outputs import OutputChecker
 from ._plan import Matmul
 from ._problem import canonical
 from ._frameworks import framework_of
+from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
 from ._reading import one_package
 from ._streams import stream_handle
 
@@ -56,9 +58,11 @@ def _fast_path(a) -> tuple | None:
     return path
 
 
-def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None, qualifiers=None,
-           quantization_scales=None, options=None, preferences=None, algorithm=None, stream=None, out=None,
-           compute_type=None, result_type=None):
+def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
+           epilog: EpilogLike = None, epilog_inputs: dict[str, Any] | None = None, qualifiers: Any = None,
+           quantization_scales: QuantizationScales = None, options: Options = None, preferences: Preferences = None,
+           algorithm: Any = None, stream: Stream | None = None, out: Array | None = None, compute_type: Any = None,
+           result_type: Any = None) -> Result:
     """D = epilog(alpha · a @ b + beta · c) in one call; returns D, or ``(D, aux)`` when the epilog
     has outputs. nvmath-python's ``matmul`` with the same arguments and semantics (NumPy matmul
     rules for 1-D and batched operands, C as (M, N) or a broadcast (M, 1), host operands staged),
@@ -115,11 +119,7 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
 
 def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers, quantization_scales,
                   options, preferences, algorithm, stream, out, compute_type, result_type):
-    options = as_options(MatmulOptions, options, "options") if options is not None else MatmulOptions()
-    if compute_type is not None:
-        options.compute_type = compute_type
-    if result_type is not None:
-        options.result_type = result_type
+    options = with_shortcuts(options, compute_type, result_type)
     prefs = as_options(MatmulPlanPreferences, preferences, "preferences") if preferences is not None else \
         _DEFAULT_PREFERENCES
     epilog = as_epilog(epilog)

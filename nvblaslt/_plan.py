@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 from cuda.bindings import runtime as cudart
 
@@ -20,10 +22,11 @@ from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _operands, _r
 from ._descriptors import HeuristicResult
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework
+from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._launch import Launch, algorithm_structs
 from ._loader import library
-from ._options import MatmulOptions, MatmulPlanPreferences, as_options, conjugate_flags
+from ._options import MatmulOptions, MatmulPlanPreferences, as_options, conjugate_flags, with_shortcuts
 from ._outputs import OutputChecker
 from ._problem import OP_N, OP_T, Operands, canonical
 from ._results import Results
@@ -47,15 +50,13 @@ class Matmul:
     come back in the operands' package and memory space. ``compute_type`` and ``result_type``
     may also be given directly as keywords. Use as a context manager or call ``free()``."""
 
-    def __init__(self, a, b, /, c=None, *, alpha=None, beta=None, qualifiers=None, quantization_scales=None,
-                 options=None, stream=None, compute_type=None, result_type=None):
-        options = as_options(MatmulOptions, options, "options")
-        if compute_type is not None:
-            options.compute_type = compute_type
-        if result_type is not None:
-            options.result_type = result_type
+    def __init__(self, a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike | None = None,
+                 beta: ScalarLike | None = None, qualifiers: Any = None, quantization_scales: QuantizationScales = None,
+                 options: Options = None, stream: Stream | None = None, compute_type: Any = None,
+                 result_type: Any = None) -> None:
+        checked = with_shortcuts(options, compute_type, result_type)
         ops, framework, stream_h = _reading.read_operands(a, b, c, stream)
-        self._setup(ops, c is not None, framework, stream_h, options, alpha=alpha, beta=beta, qualifiers=qualifiers,
+        self._setup(ops, c is not None, framework, stream_h, checked, alpha=alpha, beta=beta, qualifiers=qualifiers,
                     quantization_scales=quantization_scales)
 
     @classmethod
@@ -141,8 +142,9 @@ class Matmul:
     def algorithm(self) -> HeuristicResult | None:  # the selected one
         return self.launch.algorithm if self.launch is not None else None
 
-    def plan(self, *, epilog=None, epilog_inputs=None, preferences=None, algorithms=None,
-             stream=None) -> list[HeuristicResult]:
+    def plan(self, *, epilog: EpilogLike = None, epilog_inputs: dict[str, Any] | None = None,
+             preferences: Preferences = None, algorithms: Sequence[Any] | None = None,
+             stream: Stream | None = None) -> list[HeuristicResult]:
         """Build the descriptors for ``epilog`` and ask the heuristics for algorithms (best first).
 
         ``epilog_inputs``: ``bias`` ((M,), (M, 1) or batched), ``relu_aux`` / ``gelu_aux`` (as
@@ -212,7 +214,7 @@ class Matmul:
                                        self.device, self.stream, iterations)
 
     def autotune(self, *, iterations: int = 5, search: bool = False, remember: bool = True,
-                 stream=None) -> list[tuple[HeuristicResult, float]]:
+                 stream: Stream | None = None) -> list[tuple[HeuristicResult, float]]:
         """Time the planned algorithms (median of ``iterations``, L2 flushed before each run) and
         keep the fastest. Returns ``[(algorithm, milliseconds)]``, the selected one first, the rest
         fastest first; sets ``tuning_report`` (and ``bias_gradient_form`` for *_BGRAD searches).
@@ -228,8 +230,8 @@ class Matmul:
                                       stream=stream_h)
 
     # ---- execution ---------------------------------------------------------------------------------
-    def execute(self, *, algorithm: HeuristicResult | None = None, release_workspace: bool = False, stream=None,
-                out=None):
+    def execute(self, *, algorithm: HeuristicResult | None = None, release_workspace: bool = False,
+                stream: Stream | None = None, out: Array | None = None) -> Result:
         """Run the planned multiplication. Returns D, or ``(D, aux)`` when the epilog has outputs
         (``relu_aux``, ``gelu_aux``, ``drelu_bgrad``, ``dgelu_bgrad``, ``bgrada``, ``bgradb``) or
         ``result_amax`` is set. ``out=`` (nvblaslt): write D into this array (its layout must be
@@ -314,8 +316,10 @@ class Matmul:
                 owned.used_on(stream_h)
 
     # ---- operands ----------------------------------------------------------------------------------
-    def reset_operands(self, a=None, b=None, c=None, *, alpha=None, beta=None, epilog_inputs=None,
-                       quantization_scales=None, stream=None):
+    def reset_operands(self, a: Array | None = None, b: Array | None = None, c: Array | None = None, *,
+                       alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
+                       epilog_inputs: dict[str, Any] | None = None, quantization_scales: QuantizationScales = None,
+                       stream: Stream | None = None) -> None:
         """Point the plan at new arrays of the same shapes, dtypes, strides, device and alignment
         (nvmath-python's ``reset_operands``); new alpha, beta or fp8 scale values."""
         self._check_alive()
@@ -469,7 +473,7 @@ class Matmul:
                 self._planned = False
                 self._freed = True
 
-    def __enter__(self):
+    def __enter__(self) -> Matmul:
         return self
 
     def __exit__(self, *exc) -> None:
