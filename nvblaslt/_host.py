@@ -3,6 +3,7 @@ as nvmath-python does. Copies go through pinned buffers, stream-ordered, with cu
 
 from __future__ import annotations
 
+import dataclasses
 import ctypes
 import math
 
@@ -94,6 +95,12 @@ def _conjugate_strided(host: Operand, target: int, target_strides) -> None:
     dtype = np.dtype(host.dtype.name)
     np.conjugate(_host_view(host.ptr, host.shape, host.strides, dtype),
                  out=_host_view(target, host.shape, target_strides, dtype))
+
+
+def device_layout(op: Operand, device: int) -> Operand:
+    """The operand as its device copy will be laid out, before anything is copied (its pointer 0):
+    what the checks read, so that a refused call copies nothing. Staging resolves a conjugate view."""
+    return dataclasses.replace(op, ptr=0, strides=device_strides(op), device=device, host=False, conjugated=False)
 
 
 def stage(op: Operand, device: int, stream: int) -> tuple[Operand, _memory.DeviceBuffer]:

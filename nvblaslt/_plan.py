@@ -97,8 +97,7 @@ class Matmul:
         self.stream = self._last_stream = stream
         host_ops = ops
         if self._host:  # checked as their device copies will be laid out, before anything is copied
-            ops = [dataclasses.replace(op, ptr=0, strides=_host.device_strides(op), device=self.device, host=False,
-                                       conjugated=False) for op in ops]  # staging resolves a conjugate view
+            ops = [_host.device_layout(op, self.device) for op in ops]
         a, b, c = ops[0], ops[1], (ops[2] if has_c else None)
         if c is not None and c.conjugated:
             raise NvblasltValueError("c: a conjugate view cannot be read (cuBLASLt has no conjugate C); call "
@@ -172,9 +171,12 @@ class Matmul:
             aux_scale = self._scales.check_values({"aux": aux_scale}, self.stream,
                                                   "epilog_inputs['aux_quantization_scale']")["aux"]
         keys = _epilogs.input_keys(epilog, given, problem)
-        inputs, staged = {}, {}  # staged: host inputs' device copies, the plan's once it commits
-        for key in keys:
-            inputs[key], staged[key] = _reading.read_input(key, given[key], self._host, self.device, self.stream)
+        inputs = {key: _reading.read_input(key, given[key], self._host, self.device, self.stream) for key in keys}
+        if self._host:  # checked as their device copies will be laid out, then copied (the plan's once it commits)
+            _epilogs.prepare(epilog, problem, {k: _host.device_layout(op, self.device) for k, op in inputs.items()},
+                             aux_dtype, False)
+        staged = {key: _host.stage(op, self.device, self.stream) for key, op in inputs.items() if op.host}
+        inputs.update((key, copy) for key, (copy, _) in staged.items())
         prepared = _epilogs.prepare(epilog, problem, inputs, aux_dtype, prefs.epilog.aux_amax)
         if aux_scale is not None:
             self._scales.write({"aux": aux_scale}, self.stream)
@@ -191,7 +193,7 @@ class Matmul:
         self.problem, self.epilog, self.launch, self._prepared = problem, epilog, launch, prepared
         self._results = results
         self._input_operands, self.allocate_result = inputs, results.allocate_d
-        self._staged.update((key, buffer) for key, buffer in staged.items() if buffer is not None)
+        self._staged.update((key, buffer) for key, (_, buffer) in staged.items())
         self._framework_stream = (PROTOCOL if self._host else self._framework).stream_getter(self.device)
         self._out_checker = OutputChecker(self._framework, self._host, problem, self.device, self._operands,
                                           prepared.inputs)

@@ -4,7 +4,7 @@ the plan changes (a refused reset changes nothing)."""
 
 from __future__ import annotations
 
-from . import _host, _operands
+from . import _operands
 from ._epilogs import check_input
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._frameworks import Framework, framework_of
@@ -37,18 +37,17 @@ def one_package(given: list) -> Framework:
     return frameworks[given[0][1]]
 
 
-def read_input(key: str, value, host: bool, device: int, stream: int):
-    """(one epilog input as read, its staged copy's buffer or None): host inputs are staged to the GPU."""
+def read_input(key: str, value, host: bool, device: int, stream: int) -> _operands.Operand:
+    """One epilog input as read, in the operands' memory space (host inputs are staged by the plan,
+    once they are checked)."""
     name = f"epilog_inputs['{key}']"
     op = value if isinstance(value, _operands.Operand) else _operands.read(value, name, stream)
     if op.host != host:
         raise NvblasltTypeError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the operands are "
                                 f"in {'host' if host else 'GPU'} memory")
-    if op.host:
-        return _host.stage(op, device, stream)
-    if op.device != device:
+    if not op.host and op.device != device:
         raise NvblasltValueError(f"{name}: on GPU {op.device}, but the operands are on GPU {device}")
-    return op, None
+    return op
 
 
 def require_same(name: str, old, new, what_matters=("shape", "strides", "dtype", "device", "conjugated")) -> None:

@@ -275,7 +275,6 @@ class Case:
     tokens: tuple[str, ...] = ()  # regexes: the refusal must match one (it names the argument)
     note: str = ""
     warns: tuple[str, ...] = ()  # regexes: a warning the call gives must match one (accepted, but said)
-    pending: str = ""  # a known failure waiting on a change elsewhere: what change (reported, not failed)
 
 
 def arg(name: str) -> tuple[str, ...]:
@@ -986,10 +985,6 @@ class _GpuScalar:
         return 2, 0
 
 
-SHORTCUTS_PENDING = ("lead: Matmul.__init__ (_plan.py) and _checked_call (_function_form.py) must build their "
-                     "options with _options.with_shortcuts(options, compute_type, result_type)")
-
-
 def _issue22_cases():
     """Issue 22: inputs that were multiplied silently (masked arrays), escaped NvblasltError, were
     accepted and ignored, or refused though meaningful (reversed host arrays, a CPU tensor as alpha,
@@ -1082,8 +1077,7 @@ def _issue22_cases():
         for name, keyword, option in (("compute_type", "tf32", "float32"), ("result_type", "float32", "float32")):
             yield Case(f"meaningless/{name}-keyword-and-option/{entry}", "invalid",
                        lambda entry=entry, name=name, keyword=keyword, option=option: problem_call(
-                           entry, base_ops(), options={name: option}, **{name: keyword}), arg(name),
-                       pending=SHORTCUTS_PENDING)
+                           entry, base_ops(), options={name: option}, **{name: keyword}), arg(name))
         q = np.zeros(3, dtype=QUALIFIERS_DTYPE)
         q[0]["is_conjugate"] = 2
         yield Case(f"meaningless/qualifiers-is_conjugate-2/{entry}", "invalid",

@@ -16,9 +16,6 @@ batch goes on in a new process. Required of every case:
 - a refusal is also a ValueError or TypeError (issue 22), and an input accepted although it does
   nothing (as nvmath-python accepts it) gives a warning saying so.
 
-A case marked ``pending`` waits on a change elsewhere, which it names: its failure is reported as
-``pending``, not failed.
-
 Each test below asserts one of these and lists its offending inputs compactly, grouped. Marked ``fuzz``:
 
     python -m pytest -m fuzz tests
@@ -132,14 +129,12 @@ def run_all(only: str | None = None) -> tuple[dict, dict[str, dict]]:
 
 # ---- judging one case ------------------------------------------------------------------------------
 def verdict(case, record: dict) -> tuple[str, str] | None:
-    """(failure class, detail) or None when the case behaved; a pending case's failure is "pending"."""
+    """(failure class, detail) or None when the case behaved."""
     found = _verdict(case, record)
     if found is None and case.warns:
         given = record.get("warnings") or []
         if not any(re.search(pattern, text) for pattern in case.warns for text in given):
             found = "unwarned", f"no warning matching {case.warns}; warnings: {given}"
-    if found is not None and case.pending and found[0] not in ("crash", "hang"):
-        return "pending", f"{found[0]}: {found[1]} — waits on {case.pending}"
     return found
 
 
@@ -195,7 +190,6 @@ CLASSES = {
     "returned-without-gpu": "returned although no GPU is present",
     "wrong-class": "refused with an NvblasltError that is neither a ValueError nor a TypeError",
     "unwarned": "accepted, but without the warning that says it has no effect",
-    "pending": "a known failure waiting on a change elsewhere (not counted as failed; the case says which)",
 }
 
 
@@ -332,6 +326,6 @@ if __name__ == "__main__":
     all_cases, all_records = run_all(options.only)
     lines = report({k: v for k, v in all_cases.items() if k in all_records}, all_records)
     print("\n".join(lines))
-    failed = sum(1 for k in all_records if (verdict(all_cases[k], all_records[k]) or ("pending",))[0] != "pending")
+    failed = sum(1 for k in all_records if verdict(all_cases[k], all_records[k]) is not None)
     print(f"cpu fuzz: {len(all_records)} cases in {time.perf_counter() - begin:.0f} s, {failed} failed")
     sys.exit(1 if failed else 0)
