@@ -55,17 +55,12 @@ class Scalar:
 
 
 def host_number(value, argument: str) -> int | float | complex:
-    """A Python number from a NumPy scalar or a one-element host array (NumPy, CPU torch: 0-d or of
-    one element), as nvmath-python reads alpha and beta into a host array. A GPU array is refused: the
-    value would have to be copied back for every plan (pass a number, or the array's ``.item()``)."""
+    """A Python number from a NumPy scalar or a one-element array (0-d or of one element), as
+    nvmath-python reads alpha and beta into a host array. A GPU array's value is copied back, which
+    waits for it (nvmath-python reads a CUDA torch scalar so too): pass a number where that matters."""
     refuse_masked(value, argument)
     shape = getattr(value, "shape", None)
-    if hasattr(value, "item") and isinstance(shape, tuple):  # NumPy scalars and arrays, torch tensors
-        if not _operands.is_host_array(value):
-            device = getattr(value, "device", None)
-            raise NvblasltTypeError(f"{argument}: expected a number or a one-element host array, got a "
-                                    f"{type(value).__name__} in GPU memory{f' ({device})' if device else ''}; "
-                                    f"pass a Python number (or the array's .item())")
+    if hasattr(value, "item") and isinstance(shape, tuple):  # NumPy scalars and arrays, torch/CuPy/JAX arrays
         if math.prod(shape) != 1:
             raise NvblasltValueError(f"{argument}: expected a number or a one-element array, got a "
                                      f"{type(value).__name__} of shape {tuple(shape)}")
