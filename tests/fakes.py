@@ -43,3 +43,19 @@ class FakeCAI:
     def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000, mask=None, stream=None, readonly=False):
         self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, readonly),
                                          "strides": strides, "version": 3, "mask": mask, "stream": stream}
+
+
+class FakeGpuScalar:
+    """A one-element array in GPU memory (DLPack device type 2), as a CUDA tensor reports itself."""
+
+    shape = ()
+    device = "cuda:0"
+
+    def __init__(self, value: float = 2.0):
+        self.value = value
+
+    def item(self) -> float:
+        return self.value
+
+    def __dlpack_device__(self):
+        return 2, 0

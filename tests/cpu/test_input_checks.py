@@ -12,6 +12,7 @@ import pytest
 
 import nvblaslt
 from nvblaslt import NvblasltError, NvblasltTypeError, NvblasltValueError, _host, _operands
+from tests.fakes import FakeGpuScalar
 
 np = pytest.importorskip("numpy")
 
@@ -130,24 +131,11 @@ def test_one_element_host_arrays_and_cpu_tensors_are_alpha_and_beta(staging):
         assert (mm.alpha.value, mm.beta.value) == (2.0, 0.5)
 
 
-class _GpuScalar:
-    """A one-element array in GPU memory (DLPack device type 2), as a CUDA tensor reports itself."""
-
-    shape = ()
-    device = "cuda:0"
-
-    def item(self):
-        return 3.0
-
-    def __dlpack_device__(self):
-        return 2, 0
-
-
 def test_a_gpu_scalar_is_read_as_nvmath_python_reads_it_and_several_elements_are_refused(staging):
     a, b = host_ab()
     mm = nvblaslt.Matmul.__new__(nvblaslt.Matmul)
     with pytest.raises(Staged):
-        mm.__init__(a, b, alpha=_GpuScalar())  # its value copied back (nvmath-python reads a CUDA scalar so)
+        mm.__init__(a, b, alpha=FakeGpuScalar(3.0))  # its value copied back (nvmath-python reads a CUDA scalar so)
     assert mm.alpha.value == 3.0
     staging.clear()
     refused(NvblasltValueError, r"^alpha: expected a number or a one-element array, got a ndarray of shape \(2,\)",

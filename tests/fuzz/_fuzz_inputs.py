@@ -41,6 +41,8 @@ from typing import Callable
 
 import numpy as np
 
+from tests.fakes import FakeGpuScalar
+
 BASE = 0x7F0000000000  # a fake, 256-byte aligned device address; never dereferenced here
 M, K, N, BATCH = 8, 4, 6, 3
 RELU_LD = 16  # bytes: ceil(M / 8) rounded up to 16 (128 bits)
@@ -972,19 +974,6 @@ def _host_ops(**changes) -> dict:
     return ops
 
 
-class _GpuScalar:
-    """A one-element array in GPU memory (DLPack device type 2), as a CUDA tensor reports itself."""
-
-    shape = ()
-    device = "cuda:0"
-
-    def item(self):
-        return 2.0
-
-    def __dlpack_device__(self):
-        return 2, 0
-
-
 def _issue22_cases():
     """Issue 22: inputs that were multiplied silently (masked arrays), escaped NvblasltError, were
     accepted and ignored, or refused though meaningful (reversed host arrays, a CPU tensor as alpha,
@@ -1067,7 +1056,7 @@ def _issue22_cases():
                        lambda entry=entry: problem_call(entry, base_ops(), alpha=torch().ones(2)), arg("alpha"))
     for entry in ("fn", "obj"):
         yield Case(f"scalar/alpha-gpu-scalar/{entry}", "valid",  # its value copied back, as nvmath-python reads it
-                   lambda entry=entry: problem_call(entry, base_ops(), alpha=_GpuScalar()))
+                   lambda entry=entry: problem_call(entry, base_ops(), alpha=FakeGpuScalar()))
 
     # accepted but meaningless: refused where given, or (what nvmath-python accepts) said
     for entry in ("fn", "obj"):
