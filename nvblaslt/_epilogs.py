@@ -111,7 +111,8 @@ def as_epilog(epilog) -> MatmulEpilog:
             raise NvblasltValueError(f"epilog: expected one of {', '.join(MatmulEpilog.__members__)}, "
                                      f"got {epilog!r}") from None
     try:  # an int, another package's enum member, a NumPy integer: whatever has __index__ (not a bool)
-        value = None if isinstance(epilog, bool) else operator.index(epilog)
+        boolean = isinstance(epilog, bool) or getattr(getattr(epilog, "dtype", None), "kind", "") == "b"
+        value = None if boolean else operator.index(epilog)  # (NumPy < 2 gives its bools an __index__)
     except TypeError:
         value = None
     if value is None:
