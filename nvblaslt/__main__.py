@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -57,13 +58,22 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    from ._version import __version__
+
     parser = argparse.ArgumentParser(prog="nvblaslt", description="also runs as `python -m nvblaslt`")
+    parser.add_argument("--version", action="version", version=f"nvblaslt {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="library path and version, bindings module and what the library lacks, "
                                      "driver and GPUs")
     commands.add_parser("bench", help="benchmarks on the GPU: nvblaslt bench --help")
     parser.parse_args(argv)
-    return info()
+    try:
+        code = info()
+        sys.stdout.flush()  # a reader that left shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:  # `nvblaslt info | head`: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 0
 
 
 if __name__ == "__main__":
