@@ -257,6 +257,28 @@ def test_memory_limit_caps_the_workspace():
             check(mm.execute(), host(a) @ host(b), "bfloat16")
 
 
+def test_a_handle_the_caller_owns_is_used_and_left_open():
+    """options={"handle": h}: nvblaslt plans and runs on the caller's cublasLtHandle_t and never
+    destroys it: after free() the caller plans and runs on it again, then destroys it as its owner."""
+    import ctypes
+    from nvblaslt import lt
+    raw = lt.cublasLtHandle_t()
+    lt.cublasLtCreate(ctypes.byref(raw))
+    try:
+        a, b, bias = rand((64, 32)), rand((32, 48)), rand((64,))
+        with Matmul(a, b, options={"handle": raw.value}) as mm:
+            mm.plan(epilog=E.RELU_BIAS, epilog_inputs={"bias": bias})
+            assert mm.launch.handle.handle == raw.value  # the caller's, not nvblaslt's own
+            check(mm.execute(), np.maximum(host(a) @ host(b) + host(bias)[:, None], 0), "float32")
+        # free() left it open: the same handle plans and runs again, by either spelling of the option
+        check(matmul(a, b, options=nvblaslt.MatmulOptions(handle=raw.value)), host(a) @ host(b), "float32")
+        with Matmul(a, b, options={"handle": raw.value}) as mm:
+            mm.plan()
+            check(mm.execute(), host(a) @ host(b), "float32")
+    finally:
+        lt.cublasLtDestroy(raw)
+
+
 def test_stateful_surface_plan_algorithms_release_and_reset():
     a, b = rand((40, 24)), rand((24, 16))
     with Matmul(a, b, alpha=None, options=nvblaslt.MatmulOptions(blocking=True)) as mm:
