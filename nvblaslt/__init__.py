@@ -19,7 +19,10 @@ from ._errors import (
     CublasLtError,
     CudaError,
     LibraryNotFoundError,
+    NvblasltAlgorithmError,
+    NvblasltArgumentError,
     NvblasltError,
+    NvblasltStateError,
     NvblasltTypeError,
     NvblasltValueError,
 )
@@ -38,7 +41,8 @@ __all__ = [
     "Algorithm", "CublasLtError", "CudaError", "DeviceArray", "Handle", "HeuristicResult", "Library",
     "LibraryNotFoundError", "Matmul", "MatmulDesc", "MatmulEpilog", "MatmulEpilogPreferences", "MatmulOptions",
     "MatmulPlanPreferences", "MatmulPreference", "MatmulQuantizationScales",
-    "MatrixLayout", "NvblasltError", "NvblasltTypeError", "NvblasltValueError", "clear_plan_cache", "heuristics",
+    "MatrixLayout", "NvblasltAlgorithmError", "NvblasltArgumentError", "NvblasltError", "NvblasltStateError",
+    "NvblasltTypeError", "NvblasltValueError", "clear_plan_cache", "heuristics",
     "library", "load", "lt", "matmul", "set_log_level",
 ]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from . import _dtypes
 from ._dtypes import DType
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._errors import NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._generated.cublaslt_13 import cublasLtEpilogue_t
 from ._strides import batch_stride, c_strides
 
@@ -185,7 +185,7 @@ def check_bias(op, problem) -> EpilogInput:
     batch_stride = _batch_stride_of(op, vector_ndim, problem, name)
     allowed = bias_types(problem.types.d)
     if op.dtype not in allowed:
-        raise NvblasltTypeError(f"{name}: expected dtype {' or '.join(d.name for d in allowed)} for a "
+        raise NvblasltArgumentError(f"{name}: expected dtype {' or '.join(d.name for d in allowed)} for a "
                           f"{problem.types.d.name} result, got {op.dtype.name}")
     return EpilogInput("bias", op.ptr, op.dtype, 0, batch_stride, op.alignment)
 
@@ -200,11 +200,11 @@ def check_aux(op, key: str, problem) -> EpilogInput:
     m, n = problem.m, problem.n
     if key == "relu_aux":
         if op.dtype not in (_dtypes.INT8, _dtypes.UINT8):
-            raise NvblasltTypeError(f"{name}: expected the int8/uint8 bitmask RELU_AUX returns, got dtype {op.dtype.name}")
+            raise NvblasltArgumentError(f"{name}: expected the int8/uint8 bitmask RELU_AUX returns, got dtype {op.dtype.name}")
         ld_min, multiple, unit = relu_aux_ld_min(m), RELU_AUX_LD_MULTIPLE_BITS // 8, "bytes"
     else:
         if op.dtype != problem.types.d:
-            raise NvblasltTypeError(f"{name}: expected dtype {problem.types.d.name} (as GELU_AUX returns it), got "
+            raise NvblasltArgumentError(f"{name}: expected dtype {problem.types.d.name} (as GELU_AUX returns it), got "
                               f"{op.dtype.name}")
         ld_min, multiple, unit = m, GELU_AUX_LD_MULTIPLE, "elements"
     if len(op.shape) < 2:

@@ -25,6 +25,23 @@ class NvblasltTypeError(NvblasltError, TypeError):
     """An argument is of a type nvblaslt cannot use."""
 
 
+class NvblasltArgumentError(NvblasltTypeError, NvblasltValueError):
+    """An argument of a kind the call cannot take (a dtype, a memory space, a package) where
+    nvmath-python raises ``ValueError``: both a ``TypeError`` and a ``ValueError``, so that either
+    ``except`` catches it."""
+
+
+class NvblasltStateError(NvblasltValueError, RuntimeError):
+    """A call the object's state does not allow now (executing after ``release_operands()``, or
+    before ``plan()``): a ``RuntimeError`` as in nvmath-python, and a ``ValueError`` as in earlier
+    nvblaslt releases."""
+
+
+class NvblasltAlgorithmError(NvblasltTypeError, AssertionError):
+    """``plan(algorithms=…)`` given something that is not an algorithm. nvmath-python refuses that
+    with an ``AssertionError``; this is also one, so code written for either catches it."""
+
+
 class LibraryNotFoundError(NvblasltError, OSError):
     """libcublasLt could not be found or has no bindings module."""
 

@@ -18,7 +18,7 @@ import warnings
 from . import _cuda, _tuning_cache
 from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
 from ._epilogs import Prepared, configure
-from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
+from ._errors import CublasLtError, NvblasltAlgorithmError, NvblasltTypeError, NvblasltValueError
 from ._known_bad import refuses
 from ._memory import DeviceBuffer
 from ._options import memory_limit_bytes
@@ -332,7 +332,7 @@ def algorithm_structs(algorithms, api) -> list:
             try:  # nvmath-python's Algorithm keeps the algorithm's bytes (a NumPy array)
                 algo = struct_type.from_buffer_copy(bytes(memoryview(raw)))
             except (TypeError, ValueError, BufferError):
-                raise NvblasltTypeError(f"algorithms[{index}]: expected an algorithm from plan()/autotune(), got "
+                raise NvblasltAlgorithmError(f"algorithms[{index}]: expected an algorithm from plan()/autotune(), got "
                                         f"{type(item).__name__}") from None
         structs.append(algo)
     return structs

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cuda.bindings import runtime as cudart
 
 from . import _cuda, _dlpack, _dtypes, _frameworks
-from ._errors import CudaError, NvblasltTypeError, NvblasltValueError
+from ._errors import CudaError, NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._frameworks import Framework, framework_of
 from ._memory import wait_for
 from ._strides import c_strides, element_range
@@ -111,7 +111,7 @@ def _read_dlpack(obj, name: str, stream: int) -> Operand:
         raise NvblasltValueError(f"{name}: DLPack tensor claims {tensor.ndim} dimensions (expected 0 to {_MAX_NDIM})")
     dtype = _dtypes.from_dlpack(tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes)
     if dtype is None:
-        raise NvblasltTypeError(
+        raise NvblasltArgumentError(
             f"{name}: unsupported dtype (DLPack code {tensor.dtype.code}, {tensor.dtype.bits} bits, "
             f"{tensor.dtype.lanes} lanes); expected one of {', '.join(d.name for d in _dtypes.ALL)}"
         )
@@ -142,7 +142,7 @@ def _read_interface(obj, interface: dict, name: str, protocol: str, host: bool =
     typestr = interface.get("typestr")
     dtype = _dtypes.from_typestr(typestr) if isinstance(typestr, str) else None
     if dtype is None:
-        raise NvblasltTypeError(
+        raise NvblasltArgumentError(
             f"{name}: unsupported {protocol} typestr {typestr!r}; expected one of "
             f"{', '.join(sorted(_dtypes.BY_TYPESTR))} (bfloat16 and fp8 need DLPack: the typestr cannot name them)"
         )

@@ -23,7 +23,7 @@ from ._descriptors import HeuristicResult
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._errors import NvblasltArgumentError, NvblasltStateError, NvblasltTypeError, NvblasltValueError
 from ._launch import Launch, algorithm_structs
 from ._loader import library
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options, conjugate_flags, with_shortcuts
@@ -83,7 +83,7 @@ class Matmul:
         self._input_operands: dict = {}  # epilog inputs as read (host ones: their device copies)
         hosts = {op.host for op in ops}
         if len(hosts) > 1:
-            raise NvblasltTypeError("a, b, c: operands must all be in GPU memory or all in host memory")
+            raise NvblasltArgumentError("a, b, c: operands must all be in GPU memory or all in host memory")
         self._host = hosts.pop()
         self._blocking = self._host or options.blocking is True
         self._hand_back = not framework.has_pool and not self._host  # results in nvblaslt's own memory
@@ -446,14 +446,15 @@ class Matmul:
     # ---- lifetime ----------------------------------------------------------------------------------
     def _check_alive(self) -> None:
         if self._freed:
-            raise NvblasltValueError("this Matmul was freed; make a new one")
+            raise NvblasltStateError("this Matmul was freed; make a new one")
 
     def _check_planned(self) -> None:
         self._check_alive()
         if self._released:
-            raise NvblasltValueError("execute: release_operands() dropped the operands; call reset_operands() first")
+            raise NvblasltStateError("execute: cannot be performed after the operands have been released by "
+                                     "release_operands(); call reset_operands() with new operands first")
         if not self._planned:
-            raise NvblasltValueError("execute/autotune: call plan() first")
+            raise NvblasltStateError("execute/autotune: call plan() first")
 
     def _release_plan(self) -> None:
         if self.split_form is not None:  # the two-call form of this plan

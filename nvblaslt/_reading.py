@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import _operands
 from ._epilogs import check_input
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._errors import NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._frameworks import Framework, framework_of
 from ._streams import stream_handle
 
@@ -43,7 +43,7 @@ def read_input(key: str, value, host: bool, device: int, stream: int) -> _operan
     name = f"epilog_inputs['{key}']"
     op = value if isinstance(value, _operands.Operand) else _operands.read(value, name, stream)
     if op.host != host:
-        raise NvblasltTypeError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the operands are "
+        raise NvblasltArgumentError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the operands are "
                                 f"in {'host' if host else 'GPU'} memory")
     if not op.host and op.device != device:
         raise NvblasltValueError(f"{name}: on GPU {op.device}, but the operands are on GPU {device}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from . import _dtypes
 from ._dtypes import BFLOAT16, COMPLEX64, COMPLEX128, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT16, FLOAT32, FLOAT64, DType
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._errors import NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._generated.cublaslt_13 import cublasComputeType_t
 
 F8 = (FLOAT8_E4M3, FLOAT8_E5M2)
@@ -165,13 +165,13 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
     """Check the operand types and settle compute, scale, C and D types as nvmath-python does:
     D is ``result_type``, else C's type, else A's; compute and scale types follow each other."""
     if a not in _dtypes.MATMUL_TYPES:
-        raise NvblasltTypeError(f"a: unsupported dtype {a.name}; expected one of "
+        raise NvblasltArgumentError(f"a: unsupported dtype {a.name}; expected one of "
                                 f"{', '.join(t.name for t in _dtypes.MATMUL_TYPES)}")
     if b not in _dtypes.MATMUL_TYPES:
-        raise NvblasltTypeError(f"b: unsupported dtype {b.name}; expected one of "
+        raise NvblasltArgumentError(f"b: unsupported dtype {b.name}; expected one of "
                                 f"{', '.join(t.name for t in _dtypes.MATMUL_TYPES)}")
     if (a, b) not in _DEFAULT_COMPUTE:
-        raise NvblasltTypeError(f"a, b: dtypes {a.name} and {b.name} cannot be multiplied; supported: equal types "
+        raise NvblasltArgumentError(f"a, b: dtypes {a.name} and {b.name} cannot be multiplied; supported: equal types "
                                 f"among float32, float16, bfloat16, float64, complex64, complex128, or fp8 pairs "
                                 f"e4m3×e4m3, e4m3×e5m2, e5m2×e4m3")
     complex_ = a in _dtypes.COMPLEX
@@ -208,10 +208,10 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
     assert d is not None  # in place, Operands made sure there is a c
     if d not in allowed:
         what = "c (the in-place result)" if inplace else ("result_type" if result_type is not None else "c")
-        raise NvblasltTypeError(f"{what}: {a.name} × {b.name} with {compute} gives one of "
+        raise NvblasltArgumentError(f"{what}: {a.name} × {b.name} with {compute} gives one of "
                                 f"{', '.join(t.name for t in allowed)}, not {d.name}")
     c_allowed = c_types(d)
     if c is not None and c not in c_allowed:
-        raise NvblasltTypeError(f"c: expected dtype {' or '.join(t.name for t in c_allowed)} for a {d.name} result, "
+        raise NvblasltArgumentError(f"c: expected dtype {' or '.join(t.name for t in c_allowed)} for a {d.name} result, "
                                 f"got {c.name}")
     return Types(a, b, c if c is not None else c_allowed[0], d, compute, scale)
