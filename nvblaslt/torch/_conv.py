@@ -1,0 +1,349 @@
+"""``FusedConv2d`` and ``conv2d()``: Conv2d + bias + ReLU / tanh-GELU as nvblaslt GEMMs with fused epilogs.
+
+The convolution is a GEMM over patches of channels-last memory (``_im2col`` has the layouts): a
+pointwise (1×1, stride 1, no padding) convolution is one GEMM on x's own memory, with no copy; any
+other kernel goes through an im2col copy first. Each GEMM is ``nvblaslt::linear`` /
+``nvblaslt::linear_backward``, the ops ``FusedLinear`` runs on, so the epilogs are the same:
+
+- forward: RELU_BIAS (ReLU), GELU_AUX_BIAS (GELU, keeping the pre-activation for the backward pass),
+  BIAS or DEFAULT;
+- backward: the activation's derivative as a torch op (from the output for ReLU, the seed's point),
+  dW = dzᵀ cols with BGRADB giving the bias gradient in the same call, dcols = dz W, then col2im.
+
+Both steps are torch custom ops (``nvblaslt::conv2d``, ``nvblaslt::conv2d_backward``) with fake
+implementations and a registered autograd formula, so ``FusedConv2d`` works under
+``torch.compile(fullgraph=True)``. The backward keeps x, the weight and the output (or GELU's
+pre-activation), nothing else: cols is recomputed from x where the weight gradient needs it.
+
+Input must be channels-last (``x.is_contiguous(memory_format=torch.channels_last)``); anything else is
+refused rather than copied on every call. ``groups`` other than 1 and ``padding_mode`` other than
+"zeros" are refused.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from .. import NvblasltTypeError, NvblasltValueError
+from . import _ops  # noqa: F401  (registers nvblaslt::linear and nvblaslt::linear_backward, which the GEMMs run on)
+from ._composite import aux_layout, own, unused
+from ._functional import activation_name
+from ._im2col import Geometry, backward, forward, weight_format
+
+_CONV_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, str activation, bool keep_aux, int[] stride, "
+                "int[] padding, int[] dilation) -> (Tensor, Tensor)")
+_BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor x, Tensor weight, Tensor? out, Tensor aux, str activation, "
+                    "bool bias_grad, int[] stride, int[] padding, int[] dilation, bool input_grad, "
+                    "bool weight_grad) -> (Tensor, Tensor, Tensor)")
+
+
+def geometry(weight: Tensor, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> Geometry:
+    kernel = (weight.shape[2], weight.shape[3])
+    return Geometry(kernel, (stride[0], stride[1]), (padding[0], padding[1]), (dilation[0], dilation[1]))
+
+
+# ---- the GEMMs: nvblaslt's linear ops on (M, K) cols ------------------------------------------------------
+
+
+def linear_gemm(cols: Tensor, weight_matrix: Tensor, bias: Tensor | None, activation: str,
+                keep_aux: bool) -> tuple[Tensor, Tensor]:
+    """act(cols Wᵀ + b) and its aux, through ``nvblaslt::linear`` (one cuBLASLt call with its epilog on CUDA)."""
+    out, aux = torch.ops.nvblaslt.linear(cols, weight_matrix, bias, activation, keep_aux, None, "none", None,
+                                         None)[:2]
+    return out, aux
+
+
+def linear_gemm_backward(dy: Tensor, cols: Tensor | None, weight_matrix: Tensor, out: Tensor | None, aux: Tensor,
+                         activation: str, bias_grad: bool, input_grad: bool,
+                         weight_grad: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(dcols, dW, db) through ``nvblaslt::linear_backward``: dz = dy ⊙ act′, then dW = dzᵀ cols (BGRADB
+    for db) and dcols = dz W."""
+    if cols is None:  # no weight gradient: the op reads only cols' shape, so no im2col for it
+        cols = dy.new_zeros(()).expand(dy.shape[0], weight_matrix.shape[1])
+    dcols, dw, db, _ = torch.ops.nvblaslt.linear_backward(dy, None, cols, weight_matrix, out, aux, activation,
+                                                          bias_grad, None, "none", False, input_grad, weight_grad)
+    return (dcols if input_grad else None), (dw if weight_grad else None), (db if bias_grad else None)
+
+
+# ---- the custom ops ---------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("nvblaslt::conv2d", mutates_args=(), schema=_CONV_SCHEMA)
+def _conv2d_op(x, weight, bias, activation, keep_aux, stride, padding, dilation):
+    """(out (N, O, OH, OW) channels-last, aux) for x (N, C, H, W) channels-last."""
+    out, aux = forward(x, weight, bias, activation, keep_aux, geometry(weight, stride, padding, dilation),
+                       linear_gemm)
+    return own(out), aux
+
+
+def _channels_last(t: Tensor, shape: Sequence) -> Tensor:
+    return torch.empty(tuple(shape), dtype=t.dtype, device=t.device, memory_format=torch.channels_last)
+
+
+@_conv2d_op.register_fake
+def _conv2d_fake(x, weight, bias, activation, keep_aux, stride, padding, dilation):
+    n, _, h, w = x.shape
+    features = weight.shape[0]
+    oh, ow = geometry(weight, stride, padding, dilation).output_size(h, w)
+    shape, strides, bitmask = aux_layout(activation, keep_aux, n * oh * ow, features)
+    aux = x.new_empty_strided(shape, strides, dtype=torch.int8 if bitmask else x.dtype)
+    return _channels_last(x, (n, features, oh, ow)), aux
+
+
+@torch.library.custom_op("nvblaslt::conv2d_backward", mutates_args=(), schema=_BACKWARD_SCHEMA)
+def _conv2d_backward_op(grad_out, x, weight, out, aux, activation, bias_grad, stride, padding, dilation,
+                        input_grad, weight_grad):
+    """(grad_x channels-last, grad_weight in the weight's format, grad_bias); empty for what was not asked for."""
+    dx, dw, db = backward(grad_out, x, weight, out, aux, activation, bias_grad, input_grad, weight_grad,
+                          geometry(weight, stride, padding, dilation), linear_gemm_backward)
+    return tuple(unused(x) if t is None else own(t) for t in (dx, dw, db))
+
+
+@_conv2d_backward_op.register_fake
+def _conv2d_backward_fake(grad_out, x, weight, out, aux, activation, bias_grad, stride, padding, dilation,
+                          input_grad, weight_grad):
+    empty = unused(x)
+    return (_channels_last(x, x.shape) if input_grad else empty,
+            torch.empty_like(weight, memory_format=weight_format(weight)) if weight_grad else empty,
+            x.new_empty((weight.shape[0],)) if bias_grad else empty)
+
+
+_X, _WEIGHT, _BIAS = 0, 1, 2  # argument positions of nvblaslt::conv2d
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, activation, keep_aux, stride, padding, dilation = inputs
+    out, aux = output
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(aux)
+    ctx.save_for_backward(x, weight, out if activation == "relu" else None, aux)
+    ctx.activation, ctx.has_bias = activation, bias is not None
+    ctx.geometry = (stride, padding, dilation)
+
+
+def _conv2d_autograd(ctx, grad_out, grad_aux):
+    if grad_out is None:
+        return (None,) * 8
+    x, weight, out, aux = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    bias_grad = ctx.has_bias and needs[_BIAS]
+    dx, dw, db = torch.ops.nvblaslt.conv2d_backward(grad_out, x, weight, out, aux, ctx.activation, bias_grad,
+                                                    *ctx.geometry, needs[_X], needs[_WEIGHT])
+    return (dx if needs[_X] else None, dw if needs[_WEIGHT] else None, db if bias_grad else None,
+            None, None, None, None, None)
+
+
+_conv2d_op.register_autograd(_conv2d_autograd, setup_context=_setup_context)
+
+
+# ---- arguments ---------------------------------------------------------------------------------------------
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+CHANNELS_LAST_HINT = ("convert it once with x.contiguous(memory_format=torch.channels_last) (one copy of x) and "
+                      "keep the model channels-last (model.to(memory_format=torch.channels_last)); FusedConv2d "
+                      "does not copy it on every call")
+
+
+def _pair(argument: str, value, minimum: int) -> tuple[int, int]:
+    """An int or a pair of ints ≥ ``minimum``, as nn.Conv2d takes them."""
+    items = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
+    try:
+        numbers = tuple(None if isinstance(v, bool) else operator.index(v) for v in items)
+    except TypeError:
+        numbers = (None,)
+    if len(numbers) != 2 or None in numbers:
+        raise NvblasltTypeError(f"{argument}: expected an int or a pair of ints, got {value!r}")
+    pair = cast(tuple[int, int], numbers)
+    if min(pair) < minimum:
+        raise NvblasltValueError(f"{argument}: expected values ≥ {minimum}, got {value!r}")
+    return pair
+
+
+def conv_arguments(kernel: tuple[int, int], stride, padding, dilation, groups, padding_mode="zeros"):
+    """(stride, padding, dilation) as pairs, checked; unsupported groups / padding modes refused by name."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups != 1:
+        raise NvblasltValueError(f"groups: only 1 is fused (a grouped convolution is no single GEMM), got {groups!r}")
+    if padding_mode != "zeros":
+        raise NvblasltValueError(f"padding_mode: only 'zeros' is fused, got {padding_mode!r}")
+    stride, dilation = _pair("stride", stride, 1), _pair("dilation", dilation, 1)
+    if padding == "valid":
+        return stride, (0, 0), dilation
+    if padding == "same":
+        if stride != (1, 1):
+            raise NvblasltValueError(f"padding: 'same' needs stride 1, got stride {stride}")
+        totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        if any(t % 2 for t in totals):
+            raise NvblasltValueError(f"padding: 'same' with kernel {kernel} and dilation {dilation} pads one side "
+                                     "more than the other, which is not fused; pad x first")
+        return stride, (totals[0] // 2, totals[1] // 2), dilation
+    if isinstance(padding, str):
+        raise NvblasltValueError(f"padding: expected 'valid', 'same', an int or a pair of ints, got {padding!r}")
+    return stride, _pair("padding", padding, 0), dilation
+
+
+def _check(x: Tensor, weight: Tensor, bias: Tensor | None, g: Geometry) -> None:
+    if weight.dim() != 4:
+        raise NvblasltValueError(f"weight: expected a 4-D (out_channels, in_channels, kH, kW) tensor, got shape "
+                                 f"{tuple(weight.shape)}")
+    if x.dim() != 4 or x.shape[1] != weight.shape[1]:
+        raise NvblasltValueError(f"x: expected a 4-D (N, {weight.shape[1]}, H, W) tensor to match weight's "
+                                 f"in_channels, got shape {tuple(x.shape)}")
+    if x.dtype not in _FLOATS:
+        raise NvblasltTypeError(f"x: expected float16, bfloat16, float32 or float64, got {x.dtype}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise NvblasltTypeError(f"{name}: expected dtype {x.dtype} (x's), got {t.dtype}")
+        if t.device != x.device:
+            raise NvblasltValueError(f"{name}: on {t.device}, but x is on {x.device}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise NvblasltValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if min(g.output_size(x.shape[2], x.shape[3])) < 1:
+        raise NvblasltValueError(f"x: its {tuple(x.shape[2:])} pixels are smaller than the kernel's reach "
+                                 f"(kernel {g.kernel}, padding {g.padding}, dilation {g.dilation})")
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        raise NvblasltValueError(f"x: expected channels-last memory, got strides {x.stride()} for shape "
+                                 f"{tuple(x.shape)}; {CHANNELS_LAST_HINT}")
+
+
+def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None):
+    """Cast as autocast casts nn.Conv2d's inputs, when it is on for x's device."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device)
+    return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+# ---- the entries --------------------------------------------------------------------------------------------
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1, groups: int = 1,
+           activation: str | None = None) -> Tensor:
+    """``activation(nn.functional.conv2d(x, weight, bias, stride, padding, dilation))`` as nvblaslt GEMMs
+    with fused epilogs on CUDA, autograd-aware; the same math as torch ops on other devices.
+
+    ``x`` (N, C, H, W) must be channels-last; the result is too. ``weight`` (O, C, kH, kW), ``bias`` (O,),
+    all of one dtype (float16, bfloat16, float32, float64). ``padding``: ints, ``"valid"`` or ``"same"``
+    (symmetric only). ``groups`` must be 1. ``activation``: None, ``"relu"`` or ``"gelu"`` (tanh form;
+    exact GELU is refused). A pointwise convolution (1×1, stride 1, no padding) is one GEMM on x's memory;
+    any other runs an im2col copy first (and a col2im in the backward)."""
+    activation = activation_name(activation)
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, Tensor) and not (name == "bias" and t is None):
+            raise NvblasltTypeError(f"{name}: expected a torch.Tensor{' or None' if name == 'bias' else ''}, got "
+                                    f"{type(t).__module__}.{type(t).__qualname__}")
+    kernel = (weight.shape[-2], weight.shape[-1]) if weight.dim() >= 2 else (1, 1)
+    stride, padding, dilation = conv_arguments(kernel, stride, padding, dilation, groups)
+    x, weight, bias = _autocast(x, weight, bias)
+    g = Geometry(kernel, stride, padding, dilation)
+    _check(x, weight, bias, g)
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    out, _ = torch.ops.nvblaslt.conv2d(x, weight, bias, activation, wants_grad and activation == "gelu",
+                                       list(stride), list(padding), list(dilation))
+    return out
+
+
+def _count(argument: str, value) -> int:
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < 0:
+        cls = NvblasltTypeError if number is None else NvblasltValueError
+        raise cls(f"{argument}: expected an int ≥ 0, got {value!r}")
+    return number
+
+
+class FusedConv2d(nn.Module):
+    """``nn.Conv2d`` followed by an activation, fused: the same parameters (``weight``, ``bias``), init and
+    ``state_dict`` keys as ``nn.Conv2d(in_channels, out_channels, kernel_size, …)``, so its checkpoints load.
+
+    Channels-last input only (see ``conv2d``); ``groups=1`` and ``padding_mode="zeros"`` only, refused
+    otherwise. ``activation``: None, ``"relu"`` or ``"gelu"`` (tanh form)."""
+
+    __constants__ = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "activation"]
+    weight: Tensor
+    bias: Tensor | None
+    resolved_padding: tuple[int, int]  # the padding as pixels, "same" and "valid" resolved
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", activation: str | None = None,
+                 device=None, dtype=None) -> None:
+        in_channels, out_channels = _count("in_channels", in_channels), _count("out_channels", out_channels)
+        kernel = _pair("kernel_size", kernel_size, 1)
+        stride, resolved, dilation = conv_arguments(kernel, stride, padding, dilation, groups, padding_mode)
+        super().__init__()
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
+        self.stride, self.dilation, self.groups, self.padding_mode = stride, dilation, 1, "zeros"
+        self.padding = padding if isinstance(padding, str) else resolved  # as nn.Conv2d keeps it
+        self.resolved_padding = resolved
+        self.activation = activation_name(activation)
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty((out_channels, in_channels, *kernel), **factory))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_channels, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Conv2d``'s init, drawing the same random numbers."""
+        nn.Conv2d.reset_parameters(cast(nn.Conv2d, self))
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, activation: str | None = None) -> FusedConv2d:
+        """A FusedConv2d sharing ``conv``'s parameters (not copies: optimizers holding them still work);
+        a grouped convolution or another padding mode is refused (NvblasltValueError)."""
+        if not isinstance(conv, nn.Conv2d):
+            raise NvblasltTypeError(f"conv: expected a torch.nn.Conv2d, got {type(conv).__module__}."
+                                    f"{type(conv).__qualname__}")
+        kernel = cast(tuple[int, int], tuple(conv.kernel_size))
+        stride, resolved, dilation = conv_arguments(kernel, conv.stride, conv.padding, conv.dilation, conv.groups,
+                                                    conv.padding_mode)
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.in_channels, fused.out_channels, fused.kernel_size = conv.in_channels, conv.out_channels, kernel
+        fused.stride, fused.dilation, fused.groups, fused.padding_mode = stride, dilation, 1, "zeros"
+        fused.padding = conv.padding if isinstance(conv.padding, str) else resolved
+        fused.resolved_padding = resolved
+        fused.activation = activation_name(activation)
+        fused.weight = conv.weight
+        fused.bias = conv.bias
+        fused.train(conv.training)
+        return fused
+
+    def forward(self, x: Tensor) -> Tensor:
+        return conv2d(x, self.weight, self.bias, self.stride, self.resolved_padding, self.dilation, 1, self.activation)
+
+    def extra_repr(self) -> str:
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding not in ((0, 0), "valid"):
+            text += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            text += f", dilation={self.dilation}"
+        if self.bias is None:
+            text += ", bias=False"
+        return text + (f", activation={self.activation!r}" if self.activation != "none" else "")
+
+
+# Kernels worth fusing with the activation after them: pointwise only, until the bench says otherwise
+# (``python -m nvblaslt.bench.conv``: a k×k convolution's im2col and col2im copies cost more than the
+# kernels the fusion saves, against cuDNN's implicit GEMM).
+FUSED_KERNELS = {(1, 1)}
+
+
+def pays_to_fuse(conv: nn.Module) -> bool:
+    """Whether ``fuse()`` should turn this ``nn.Conv2d`` (+ the activation after it) into a ``FusedConv2d``:
+    groups 1, zero padding mode, a kernel in ``FUSED_KERNELS``, stride 1 and no padding (no copy)."""
+    if not isinstance(conv, nn.Conv2d) or conv.groups != 1 or conv.padding_mode != "zeros":
+        return False
+    padding = (0, 0) if conv.padding == "valid" else conv.padding
+    return (tuple(conv.kernel_size) in FUSED_KERNELS and tuple(conv.stride) == (1, 1)
+            and tuple(padding) == (0, 0))
