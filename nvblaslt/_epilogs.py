@@ -312,18 +312,16 @@ def aux_output_type(spec: EpilogSpec, types, epilog_preferences, scale, type_nam
 
 
 def input_keys(epilog: MatmulEpilog, given: dict, problem) -> tuple[str, ...]:
-    """The inputs ``epilog`` reads, all of which must be ``given``. Keys it does not take are ignored
-    with a warning, as nvmath-python ignores them."""
+    """The inputs ``epilog`` reads, all of which must be ``given``, and nothing else (a key it does not
+    take is a mistake to report, not to drop: nvmath-python refuses it too)."""
     spec = SPECS[epilog]
     missing = [k for k in spec.inputs if k not in given]
     if missing:
         raise NvblasltValueError(f"epilog_inputs: {epilog.name} takes {list(spec.inputs)}; missing {missing}")
     unknown = [k for k in given if k not in spec.inputs]
-    if unknown:  # nvmath-python ignores them; say so rather than drop them in silence
-        import warnings
-
-        warnings.warn(f"epilog_inputs: {epilog.name} takes {list(spec.inputs) or 'no inputs'}; ignoring {unknown}",
-                      stacklevel=5)
+    if unknown:
+        raise NvblasltValueError(f"epilog_inputs: {epilog.name} takes {list(spec.inputs) or 'no inputs'}; got also "
+                                 f"{unknown}")
     if spec.aux_input and problem.k == 1:
         raise NvblasltValueError(f"a, b: {epilog.name} with K=1 is refused (cuBLASLt reads out of bounds there); "
                                  f"got K=1")

@@ -119,7 +119,7 @@ class Matmul:
         if options.result_amax and types.d not in _dtypes.FLOAT8:
             raise NvblasltValueError(f"options.result_amax: only fp8 results have an amax, the result is "
                                      f"{types.d.name}")
-        self._scales = Scales(types, self.device, self._host)
+        self._scales = Scales(types, self.device, self._host, has_c)
         scales = self._scales.check(quantization_scales, stream)
         canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now
         # Every check that needs no GPU has run: now the GPU work, host copies and scales included.
@@ -336,7 +336,8 @@ class Matmul:
                                         self._host, stream_h)
         inputs = _reading.read_reset_inputs(epilog_inputs, self._planned, self.epilog, self._prepared.inputs,
                                     self._input_operands, self.problem, stream_h) if epilog_inputs else {}
-        scales = self._scales.check(quantization_scales, self.stream) if quantization_scales is not None else None
+        scales = self._scales.check(quantization_scales, self.stream, on_reset=True) \
+            if quantization_scales is not None else None
         if beta is not None and self._operands["c"] is None:
             raise NvblasltValueError("beta: the plan has no c for beta to scale")
         for value, argument in ((alpha, "alpha"), (beta, "beta")):

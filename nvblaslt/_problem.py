@@ -259,7 +259,25 @@ def canonical(operands: Operands, epilog: MatmulEpilog) -> Problem:
         raise NvblasltValueError(f"{names}: fp8 matmuls need a row-major (C-order) a and a column-major (Fortran-order) "
                                  f"b (cuBLASLt's 'TN' layout); got a with strides {operands.a.op.strides}, b with "
                                  f"strides {operands.b.op.strides}")
+    if problem.fp8:
+        _check_fp8_sizes(operands)
     return problem
+
+
+FP8_MULTIPLE = 16  # M, N and K of an fp8 matmul; its operands' pointers (bytes): nvmath-python's rule
+
+
+def _check_fp8_sizes(operands: Operands) -> None:
+    """nvmath-python's fp8 rules, checked before cuBLASLt would refuse (or not find) a kernel."""
+    sizes = {"M": operands.m, "N": operands.n, "K": operands.k}
+    odd = [f"{name}={size}" for name, size in sizes.items() if size % FP8_MULTIPLE]
+    if odd:
+        raise NvblasltValueError(f"a, b: the sizes of an fp8 matmul must be divisible by {FP8_MULTIPLE}; got "
+                                 f"{', '.join(odd)} (M={operands.m}, N={operands.n}, K={operands.k})")
+    for name, side in (("a", operands.a), ("b", operands.b)):
+        if side.op.alignment < FP8_MULTIPLE:
+            raise NvblasltValueError(f"{name}: fp8 operands should be aligned to {FP8_MULTIPLE} bytes; pointer "
+                                     f"0x{side.op.ptr:x} is aligned to {side.op.alignment}")
 
 
 def _chosen(operands: Operands, epilog: MatmulEpilog) -> Problem:

@@ -12,7 +12,7 @@ import struct
 from cuda.bindings import runtime as cudart
 
 from . import _cuda, _dtypes, _memory, _operands
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._errors import NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._frameworks import refuse_masked
 from ._options import MatmulQuantizationScales
 
@@ -98,28 +98,47 @@ class Scales:
     ``buffer``), an ``Operand`` for a float32 GPU array. The plan owns ``buffer``'s lifetime, as it
     owns its workspace's: it orders it after its streams and releases it."""
 
-    def __init__(self, types, device: int, host: bool = False):
+    def __init__(self, types, device: int, host: bool = False, has_c: bool = False):
         self._types = types
+        fp8 = {"a": types.a, "b": types.b, "c": types.c if has_c else None, "d": types.d}
+        # the operands whose values are scaled: fp8 ones, each of which must have its scale
+        self.required = tuple(key for key, dtype in fp8.items() if dtype in _dtypes.FLOAT8)
         self._device = device
         self._host = host  # host operands: a scale may be a one-element host array, read as a number
         self._values: dict = {}
         self.buffer: _memory.DeviceBuffer | None = None  # made by the first write of a number
 
-    def check(self, scales, stream: int) -> dict:
-        """``quantization_scales`` as given to the plan: checked values by key ({} for None)."""
+    def check(self, scales, stream: int, *, on_reset: bool = False) -> dict:
+        """``quantization_scales`` as given to the plan (or, ``on_reset``, to ``reset_operands``, where any
+        subset of the keys may change): checked values by key. As in nvmath-python, every fp8 operand
+        and an fp8 result must have a scale, and only those may have one."""
+        required = self.required
         if scales is None:
+            if required and not on_reset:
+                raise NvblasltValueError(f"quantization_scales: required for fp8 (narrow-precision) operations: give "
+                                         f"scales for {', '.join(map(repr, required))} (1.0 for none)")
             return {}
-        fp8 = self._types.fp8 or self._types.d in _dtypes.FLOAT8
-        if not fp8:
+        if not required:
             raise NvblasltValueError("quantization_scales: only fp8 operands or results take scales")
         if isinstance(scales, MatmulQuantizationScales) or (type(scales).__name__ == "MatmulQuantizationScales"):
             scales = {k: getattr(scales, k) for k in "abcd"}
-        if not isinstance(scales, dict) or set(scales) - set("abcd"):
-            raise NvblasltValueError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd', got "
-                                     f"{scales!r}")
-        if scales.get("d") is not None and self._types.d not in _dtypes.FLOAT8:
-            raise NvblasltValueError(f"quantization_scales['d']: only fp8 results take a D scale; the result is "
-                                     f"{self._types.d.name}")
+        if not isinstance(scales, dict):
+            raise NvblasltArgumentError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd' or a "
+                                        f"MatmulQuantizationScales, got {type(scales).__name__} {scales!r}")
+        unknown = set(scales) - set("abcd")
+        if unknown:
+            raise NvblasltValueError(f"quantization_scales: expected keys among 'a', 'b', 'c', 'd', got "
+                                     f"{sorted(map(str, unknown))}")
+        for key, value in scales.items():
+            if value is not None and key not in required:
+                what = "the result" if key == "d" else key
+                dtype = self._types.d if key == "d" else getattr(self._types, key)
+                raise NvblasltValueError(f"quantization_scales['{key}']: scaling is not supported for {what} when it "
+                                         f"is not fp8 (a narrow-precision type); it is {dtype.name}")
+        missing = [key for key in required if scales.get(key) is None]
+        if missing and not on_reset:
+            raise NvblasltValueError(f"quantization_scales: scales are required for every fp8 (narrow-precision) "
+                                     f"operand and an fp8 result; missing {missing}")
         return self.check_values(scales, stream)
 
     def check_values(self, scales: dict, stream: int, argument: str = "quantization_scales['{}']") -> dict:

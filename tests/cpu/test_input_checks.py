@@ -113,7 +113,10 @@ def test_masked_scalars_and_scales_are_refused(value, staging):
             alpha=value)
     from nvblaslt._scales import Scales
 
-    scales = Scales(types=None, device=0, host=True)
+    from types import SimpleNamespace
+    from nvblaslt import _dtypes
+    f8 = _dtypes.FLOAT8_E4M3
+    scales = Scales(types=SimpleNamespace(a=f8, b=f8, c=f8, d=_dtypes.FLOAT32), device=0, host=True)
     refused(NvblasltValueError, r"^quantization_scales\['a'\]: expected an array without masked elements",
             scales.check_values, {"a": value}, 0)
 

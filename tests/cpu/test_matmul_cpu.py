@@ -148,7 +148,7 @@ def test_conjugate_qualifiers_use_op_c():
 
 
 def test_fp8_needs_transposed_a():
-    p = problem(FakeDLPack((4, 16), dtype="float8_e4m3fn"), fortran((16, 8), "float8_e5m2"),
+    p = problem(FakeDLPack((32, 16), dtype="float8_e4m3fn"), fortran((16, 48), "float8_e5m2"),
                 result_type="bfloat16", epilog=E.BIAS)
     assert p.a.op == OP_T and p.b.op == OP_N and p.types.d is _dtypes.BFLOAT16
 

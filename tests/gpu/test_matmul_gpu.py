@@ -567,17 +567,20 @@ def test_a_refused_reset_leaves_the_plan_on_its_operands():
         assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
 
 
-def test_an_ignored_epilog_input_is_ignored_on_every_call():
+def test_an_epilog_input_the_epilog_does_not_take_is_refused_on_every_call():
+    """nvmath-python 1.0 refuses an extra epilog_inputs key (ValueError): so does every path here, the
+    function form's cache hit and fast path included, after a call that planned without the key."""
     from nvblaslt import _function_form
 
     _function_form.clear_plan_cache()
     a, b, bias = rand((M, K), "float32"), rand((K, N), "float32"), rand((M,), "float32")
     expected = np.maximum(host(a) @ host(b) + host(bias)[:, None], 0)
-    with pytest.warns(UserWarning, match="ignoring"):  # nvmath-python ignores it too
-        matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias, "gelu_aux": rand((M, N), "float32")})
-    for _ in range(2):  # the checked path's cache hit, then the fast path
-        d = matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias, "gelu_aux": rand((M, N), "float32")})
-        assert rel_error(host(d), expected) < 1e-5
+    for _ in range(3):  # the first plan, then the checked path's cache hit, then the fast path
+        assert rel_error(host(matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias})), expected) < 1e-5
+        with pytest.raises(ValueError, match=r"RELU_BIAS takes \['bias'\]; got also \['gelu_aux'\]"):
+            matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias, "gelu_aux": rand((M, N), "float32")})
+    with Matmul(a, b) as mm, pytest.raises(ValueError, match="got also"):
+        mm.plan(epilog="DEFAULT", epilog_inputs={"bias": bias})
 
 
 def test_autotune_leaves_out_an_algorithm_refused_at_launch():
