@@ -1,9 +1,9 @@
 """Where the NVIDIA headers come from: pinned wheels, or a path the user gives.
 
 Headers are never committed. For a pin we look, in order, at an installed
-distribution of the pinned version, the project's ignored cache, and finally
-``pip download`` of the wheel (only the headers are kept). Every file is checked
-against its pinned sha256.
+distribution of the pinned version, the per-user cache (``cache_root``), and finally the
+package index, where only the headers are read out of the wheel (``fetch``) and cached.
+Every file is checked against its pinned sha256.
 """
 
 from __future__ import annotations
@@ -11,21 +11,23 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
-import zipfile
+import time
+import urllib.parse
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from . import recipe
+from . import fetch, recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS_DIR = ROOT / "headers" / "pins"
 STUBS_DIR = ROOT / "headers" / "stubs"
-CACHE_DIR = ROOT / ".cache" / "codegen"
+ENV_CACHE = "NVBLASLT_CODEGEN_CACHE"
+MARKER = ".nvblaslt-codegen.json"  # a cache entry's manifest, written last
+STAGING_PREFIX = ".staging-"
 
 
 class SourceError(RuntimeError):
@@ -81,7 +83,11 @@ def pins() -> list[Pin]:
 
 
 def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _installed_file(dist_name: str, version: str, member: str) -> Path | None:
@@ -95,33 +101,160 @@ def _installed_file(dist_name: str, version: str, member: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _download_wheel_headers(dist_name: str, version: str, target: Path) -> None:
-    """pip-download one wheel and keep only its headers under ``target``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-               "--only-binary=:all:", "--dest", tmp, f"{dist_name}=={version}"]
-        print(f"codegen: downloading {dist_name}=={version} for its headers", file=sys.stderr)
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise SourceError(f"could not download {dist_name}=={version}:\n{result.stderr.strip()}")
-        extracted = Path(tmp) / "headers"
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            for member in wheel.namelist():
-                if "/include/" in member and member.endswith(".h"):
-                    wheel.extract(member, extracted)
-        # renamed into place whole, so an interrupted download leaves no half-filled cache
-        shutil.rmtree(target, ignore_errors=True)
-        extracted.rename(target)
+def is_codegen_header(member: str) -> bool:
+    """Whether a wheel member is one of the headers codegen reads (from an include directory)."""
+    path = PurePosixPath(member)
+    return path.name in recipe.NVIDIA_HEADERS and "include" in path.parts[:-1]
 
 
-def wheel_headers(dist_name: str, version: str) -> Path:
-    """The directory holding one wheel's headers, in the project's cache (downloaded once)."""
-    cached = CACHE_DIR / f"{dist_name}-{version}"
-    if not cached.is_dir():
-        _download_wheel_headers(dist_name, version, cached)
-    return cached
+def cache_root() -> Path:
+    """Where fetched headers are kept: ``$NVBLASLT_CODEGEN_CACHE``, else
+    ``$XDG_CACHE_HOME/nvblaslt/codegen``, else ``~/.cache/nvblaslt/codegen``."""
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "nvblaslt" / "codegen"
+
+
+_no_cache_dir: tempfile.TemporaryDirectory | None = None
+_said: set[str] = set()  # what this process has already said where it took from
+
+
+def use_cache(enabled: bool) -> None:
+    """``False``: neither read nor write the cache; fetch into a temporary directory kept
+    until the process ends (so one run fetches each wheel once)."""
+    global _no_cache_dir
+    if enabled:
+        if _no_cache_dir is not None:
+            _no_cache_dir.cleanup()
+        _no_cache_dir = None
+    elif _no_cache_dir is None:
+        _no_cache_dir = tempfile.TemporaryDirectory(prefix="nvblaslt-codegen-nocache-")
+
+
+def _store() -> Path:
+    return Path(_no_cache_dir.name) if _no_cache_dir is not None else cache_root()
+
+
+def _entry_files(entry: Path) -> dict[str, dict] | None:
+    """The members an entry's marker lists, if the entry is complete and its files unaltered."""
+    try:
+        marker = json.loads((entry / MARKER).read_text())
+        members = marker["members"]
+        for member, spec in members.items():
+            if sha256(entry / member) != spec["sha256"]:
+                return None
+        return members
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def cache_entries(root: Path | None = None) -> list[Path]:
+    """The cache's entries (directories holding codegen's marker) and its left-over staging
+    directories; nothing else under the cache directory is codegen's."""
+    root = cache_root() if root is None else root
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if p.is_dir() and ((p / MARKER).is_file() or p.name.startswith(STAGING_PREFIX)))
+
+
+def clear_cache(root: Path | None = None) -> tuple[int, int]:
+    """Delete codegen's cache entries; (entries deleted, bytes freed)."""
+    count = size = 0
+    for entry in cache_entries(root):
+        size += sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+        shutil.rmtree(entry)
+        count += 1
+    return count, size
+
+
+def _fetch_into(staging: Path, dist_name: str, version: str, needed: list[str]) -> dict:
+    """Fetch one wheel's codegen headers under ``staging``; the marker's contents."""
+    why = f"for {len(needed)} header{'s' * (len(needed) != 1)} ({', '.join(needed)})" if needed else \
+        "for its headers"
+    staging.mkdir()
+    workdir = staging.parent / (staging.name + ".wheel")
+    workdir.mkdir()
+    started = time.monotonic()
+    try:
+        try:
+            wheel = fetch.find_wheel(dist_name, version)
+        except fetch.IndexUnavailable as exc:
+            fetch.log(f"{dist_name}=={version}: {exc}; asking pip to download the whole wheel {why}")
+            path = fetch.pip_download(dist_name, version, workdir)
+            members, how = fetch.extract_local(path, is_codegen_header, staging), "pip download"
+            wheel = fetch.WheelFile(path.name, "", sha256(path), path.stat().st_size)
+        else:
+            size_text = fetch.human(wheel.size) if wheel.size else "size not given by the index"
+            fetch.log(f"{dist_name}=={version}: fetching {wheel.filename} ({size_text}) {why}, "
+                      f"from {urllib.parse.urlsplit(wheel.url).netloc}")
+            members, how = fetch.fetch_members(wheel, is_codegen_header, staging, workdir)
+    except fetch.FetchError as exc:
+        raise SourceError(f"could not fetch the headers of {dist_name}=={version}: {exc}") from exc
+    finally:
+        fetch.STATS.seconds += time.monotonic() - started
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"format": 1, "wheel": {"dist": dist_name, "version": version, "filename": wheel.filename,
+                                   "url": wheel.url or None, "size": wheel.size, "sha256": wheel.sha256},
+            "fetched_by": how, "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "members": {m: {"sha256": sha256(staging / m), "size": (staging / m).stat().st_size}
+                        for m in members}}
+
+
+def wheel_headers(dist_name: str, version: str, needed: list[str] | None = None) -> Path:
+    """The directory holding one wheel's codegen headers at their paths in the wheel: a cache
+    entry, fetched (only those members where the server serves byte ranges) when missing.
+
+    An entry is made in a staging directory and renamed into place whole, with a marker that
+    lists each file's sha256: an interrupted fetch leaves no entry, and an entry whose files
+    changed is fetched again. ``needed`` only words the announcement.
+    """
+    root = _store()
+    key = f"{fetch.normalize(dist_name)}-{version}"
+    entry = root / key
+    members = _entry_files(entry)
+    if members is None:
+        if entry.exists():
+            fetch.log(f"{dist_name}=={version}: the cache entry {entry} is incomplete or altered; fetching again")
+            shutil.rmtree(entry)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{key}-", dir=root))
+        except OSError as exc:
+            raise SourceError(f"cannot write the header cache at {root} ({exc}): set {ENV_CACHE} "
+                              f"to another directory, or pass --no-cache") from exc
+        try:
+            marker = _fetch_into(staging / "entry", dist_name, version, needed or [])
+            (staging / "entry" / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+            try:
+                (staging / "entry").rename(entry)
+            except OSError:  # another process put it there first
+                if _entry_files(entry) is None:
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        members = _entry_files(entry) or {}
+        fetch.log(f"{dist_name}=={version}: {len(members)} header{'s' * (len(members) != 1)} "
+                  + ("kept until this run ends (--no-cache)" if _no_cache_dir is not None else f"cached in {entry}"))
+        _said.add(key)
+    elif key not in _said:
+        _said.add(key)
+        names = ", ".join(PurePosixPath(m).name for m in members)
+        fetch.log(f"{dist_name}=={version}: {names} from the cache ({entry}); nothing downloaded")
+    return entry
+
+
+def fetch_report() -> str:
+    """One line on what this process downloaded ("" if it looked for no header)."""
+    stats = fetch.STATS
+    if not _said:
+        return ""
+    if not stats.requests and not stats.bytes:
+        return "downloaded nothing"
+    of = f", out of wheels of {fetch.human(stats.wheel_bytes)}" if stats.wheel_bytes else ""
+    return (f"downloaded {fetch.human(stats.bytes)} in {stats.requests} HTTP requests, "
+            f"{stats.seconds:.1f} s{of}")
 
 
 def pinned_header(pin: Pin, header: str) -> tuple[Path, str]:
@@ -131,9 +264,13 @@ def pinned_header(pin: Pin, header: str) -> tuple[Path, str]:
     version = pin.wheels[dist_name]
     path = _installed_file(dist_name, version, member)
     if path is None:
-        path = wheel_headers(dist_name, version) / member
+        needed = [h for h, s in pin.headers.items() if s["wheel"] == dist_name]
+        path = wheel_headers(dist_name, version, needed) / member
         if not path.is_file():
             raise SourceError(f"{dist_name}=={version} has no {member}")
+    elif f"installed:{dist_name}" not in _said:
+        _said.add(f"installed:{dist_name}")
+        fetch.log(f"{dist_name}=={version}: headers from the installed distribution; nothing downloaded")
     digest = sha256(path)
     if digest != spec["sha256"]:
         raise SourceError(

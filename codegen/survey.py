@@ -3,7 +3,8 @@
     python -m codegen.survey [--out FILE] [SPEC ...]     SPEC: nvidia-cublas==13.0.2.14
 
 Without SPECs it takes every release of each pinned cuBLAS wheel that ``pip index versions``
-lists. Each release's headers come from its wheel (cached under .cache/codegen);
+lists. Each release's headers are read out of its wheel (kept in the per-user cache, see
+``python -m codegen --help``);
 library_types.h from the CUDA runtime wheel its major's pin names. Prints a Markdown report:
 per release the API size, per step what was added and removed, and whether each committed
 module (generated from the newest release of its major) serves every release of that major:
