@@ -22,7 +22,7 @@ where the headers come from:
   NVIDIA's headers are never committed; each pin (headers/pins/) names the wheels and the sha256
   of each header. A header comes from an installed distribution of the pinned version, else the
   per-user cache, else the package index. From the index only the few headers needed are read
-  out of each wheel, with HTTP range requests (a few hundred KB of a 581 MB cuBLAS wheel); a
+  out of each wheel, with HTTP range requests (about 40 KB of a 581 MB cuBLAS wheel); a
   server without range support gets a whole download, with progress, checked against the
   index's sha256. What is downloaded, and from where, is said on stderr before it starts.
 

@@ -1,8 +1,8 @@
 """A few files out of a wheel on a package index: found, announced, fetched with progress.
 
 A wheel is a zip file, and a zip file's directory sits at its end. Where the server serves
-byte ranges (PyPI's does), we read the directory, then only the members we want: the few
-hundred KB of headers in a 581 MB cuBLAS wheel. A server that ignores ranges gets a whole
+byte ranges (PyPI's does), we read the directory, then only the members we want: two
+headers, about 40 KB compressed, of a 581 MB cuBLAS wheel. A server that ignores ranges gets a whole
 download instead, checked against the size and sha256 the index gives. Where the index
 cannot be read at all (a mirror configured only in pip.conf, say), ``pip download`` fetches
 the whole wheel. Standard library only: urllib, zipfile, hashlib.
