@@ -180,6 +180,7 @@ class Launch:
                                         layouts[2].handle, layouts[3].handle, ctypes.byref(algo), ctypes.byref(result))
         except CublasLtError:
             return None
+        result.algo = algo  # the caller's algorithm itself, whatever the check leaves in the result's copy
         checked = HeuristicResult(result, lib)
         return None if refuses(checked, self.problem) else checked
 
@@ -192,6 +193,25 @@ class Launch:
                 raise NvblasltValueError(f"algorithms[{index}]: cuBLASLt's algorithm check refuses it for this plan")
             found.append(result)
         return found
+
+    def planned_algorithm(self, algorithm) -> HeuristicResult:
+        """``algorithm`` (ours, nvmath-python's, or its bytes) as one of this launch's algorithms: only
+        those were checked for it and had their workspace made."""
+        for result in self.algorithms:
+            if result is algorithm:
+                return result
+        wanted = bytes(memoryview(algorithm_structs([algorithm], self.lib.api)[0]))
+        for result in self.algorithms:
+            if result.as_bytes() == wanted:
+                return result
+        raise NvblasltValueError("execute: algorithm: the algorithm passed to execute() has to be included in the "
+                                 "plan() algorithms (plan(algorithms=[…]) takes it)")
+
+    def keep(self, ordered: list[HeuristicResult], prune: int | None) -> None:
+        """The algorithms in ``ordered``'s order (those it lacks after them), the first ``prune`` only."""
+        rest = [r for r in self.algorithms if all(r is not o for o in ordered)]
+        found = [*ordered, *rest]
+        self.algorithms = found[:prune] if prune else found
 
     def select(self, result: HeuristicResult) -> None:
         """Use ``result`` from the next launch on (its workspace must be ensured first)."""
@@ -315,7 +335,20 @@ class Launch:
         self.release_workspace()
 
 
-__all__ = ["ForeignHandle", "Launch", "algorithm_structs", "build", "raw_function"]
+def algorithm_ids(lib, types, options, device: int, limit: int) -> list[int]:
+    """``cublasLtMatmulAlgoGetIds``: the ids of the algorithms cuBLASLt has for ``types``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise NvblasltValueError(f"limit: expected a positive int, got {limit!r}")
+    api = lib.api
+    handle = Handle.for_device(device) if options.handle is None else ForeignHandle(options.handle, lib)
+    ids, returned = (ctypes.c_int * limit)(), ctypes.c_int()
+    lib.cublasLtMatmulAlgoGetIds(handle.handle, getattr(api, f"CUBLAS_{types.compute}"), getattr(api, types.scale),
+                                 *(getattr(api, t.cuda) for t in (types.a, types.b, types.c, types.d)), limit, ids,
+                                 ctypes.byref(returned))
+    return list(ids[:returned.value])
+
+
+__all__ = ["ForeignHandle", "Launch", "algorithm_ids", "algorithm_structs", "build", "raw_function"]
 
 
 def algorithm_structs(algorithms, api) -> list:

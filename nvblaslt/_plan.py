@@ -24,11 +24,12 @@ from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
 from ._errors import NvblasltArgumentError, NvblasltStateError, NvblasltTypeError, NvblasltValueError
-from ._launch import Launch, algorithm_structs
+from ._launch import Launch, algorithm_ids
 from ._loader import library
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options, conjugate_flags, with_shortcuts
 from ._outputs import OutputChecker
 from ._problem import OP_N, OP_T, Operands, canonical
+from ._resets import OperandResets
 from ._results import Results
 from ._scales import Scalar, Scales
 from ._split_bgrad import SplitBiasGradient
@@ -39,7 +40,7 @@ logger = logging.getLogger("nvblaslt")
 _NUMBERS = (float, int)  # alpha/beta types the function form's rebinding compares without re-checking
 
 
-class Matmul:
+class Matmul(OperandResets):
     """A planned matrix multiplication, executed as often as needed (nvmath-python's ``Matmul``).
 
     ``Matmul(a, b, c=None, *, alpha=None, beta=None, qualifiers=None, quantization_scales=None,
@@ -215,21 +216,34 @@ class Matmul:
                                        self.launch, self.options, self.alpha.value, self.beta.value, self._framework,
                                        self.device, self.stream, iterations)
 
-    def autotune(self, *, iterations: int = 5, search: bool = False, remember: bool = True,
-                 stream: Stream | None = None) -> list[tuple[HeuristicResult, float]]:
+    def autotune(self, *, iterations: int = 5, prune: int | None = None, search: bool = False,
+                 remember: bool = True, stream: Stream | None = None) -> list[tuple[HeuristicResult, float]]:
         """Time the planned algorithms (median of ``iterations``, L2 flushed before each run) and
         keep the fastest. Returns ``[(algorithm, milliseconds)]``, the selected one first, the rest
         fastest first; sets ``tuning_report`` (and ``bias_gradient_form`` for *_BGRAD searches).
+        ``algorithms`` takes the timed order; ``prune`` keeps only the first ``prune`` of them.
 
         ``search=True`` also times configurations the heuristics do not return, keeps a
         challenger only when it beats the incumbent beyond the measured noise, and with
         ``remember`` stores the winner on disk (``NVBLASLT_CACHE_DIR``, default
         ``~/.cache/nvblaslt``) so later plans of the same problem start from it."""
         self._check_planned()
+        if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int) or prune < 1):
+            raise NvblasltValueError(f"prune: expected a positive int (how many algorithms to keep) or None, got "
+                                     f"{prune!r}")
         with _cuda.on_device(self.device):
             stream_h = stream_handle(stream) if stream is not None else self.stream
-            return _autotune.autotune(self, iterations=iterations, search=search, remember=remember,
-                                      stream=stream_h)
+            timings = _autotune.autotune(self, iterations=iterations, search=search, remember=remember,
+                                         stream=stream_h)
+        self.launch.keep([algorithm for algorithm, _ in timings], prune)
+        return timings
+
+    def applicable_algorithm_ids(self, limit: int = 8) -> list[int]:
+        """The ids of the algorithms cuBLASLt has for these operand, compute and scale types
+        (``cublasLtMatmulAlgoGetIds``), at most ``limit``; no plan needed."""
+        self._check_alive()
+        with _cuda.on_device(self.device):
+            return algorithm_ids(self._lib, self.operands.types, self.options, self.device, limit)
 
     # ---- execution ---------------------------------------------------------------------------------
     def execute(self, *, algorithm: HeuristicResult | None = None, release_workspace: bool = False,
@@ -246,8 +260,7 @@ class Matmul:
         stream_h = self.stream if stream is None else stream_handle(stream)
         launch = self.launch
         if algorithm is not None:
-            if not isinstance(algorithm, HeuristicResult):
-                algorithm = launch.checked(algorithm_structs([algorithm], self._lib.api))[0]
+            algorithm = launch.planned_algorithm(algorithm)
             launch.ensure_workspace(algorithm.workspace_size, self._last_stream)
             launch.select(algorithm)
         # The framework's stream only matters where its pool allocates (or on the per-thread default
@@ -318,77 +331,6 @@ class Matmul:
                 owned.used_on(stream_h)
 
     # ---- operands ----------------------------------------------------------------------------------
-    def reset_operands(self, a: Array | None = None, b: Array | None = None, c: Array | None = None, *,
-                       alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
-                       epilog_inputs: dict[str, Any] | None = None, quantization_scales: QuantizationScales = None,
-                       stream: Stream | None = None) -> None:
-        """Point the plan at new arrays of the same shapes, dtypes, strides, device and alignment
-        (nvmath-python's ``reset_operands``); new alpha, beta or fp8 scale values."""
-        self._check_alive()
-        stream_h = self.stream if stream is None else stream_handle(stream)
-        with _cuda.on_device(self.device):
-            self._take_reset({"a": a, "b": b, "c": c}, alpha, beta, epilog_inputs, quantization_scales, stream_h)
-
-    def _take_reset(self, new: dict, alpha, beta, epilog_inputs, quantization_scales, stream_h: int) -> None:
-        # Everything is read and checked first; the plan changes only once nothing can refuse, so a refused
-        # reset leaves it pointing at the operands it had.
-        operands = _reading.read_reset(new, self._operands, self._host_operands, self._released, self._framework,
-                                        self._host, stream_h)
-        inputs = _reading.read_reset_inputs(epilog_inputs, self._planned, self.epilog, self._prepared.inputs,
-                                    self._input_operands, self.problem, stream_h) if epilog_inputs else {}
-        scales = self._scales.check(quantization_scales, self.stream, on_reset=True) \
-            if quantization_scales is not None else None
-        if beta is not None and self._operands["c"] is None:
-            raise NvblasltValueError("beta: the plan has no c for beta to scale")
-        for value, argument in ((alpha, "alpha"), (beta, "beta")):
-            if value is not None:
-                Scalar(self.operands.types.scale, argument).set(value)  # refuses what the plan's own would
-        if self.split_form is not None:  # its masking plan checks the same things, then takes them
-            self.split_form.masked.reset_operands(**new, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
-                                                  stream=stream_h)
-        # Commit. Copies into device memory a queued kernel may still read wait for the last stream's work.
-        if self._last_stream != stream_h and not _cuda.is_capturing(stream_h):
-            _memory.wait_for(self._last_stream, stream_h)
-        self._released = None
-        for name, op in operands.items():
-            if op.host:  # into the device copy's layout
-                old = self._operands[name]
-                self._host_operands[name] = op
-                _host.refresh(op, old.ptr, old.strides, stream_h)
-                op = _operands.Operand(op.obj, old.ptr, op.shape, old.strides, op.dtype, self.device, op.readonly,
-                                       op.kind)
-            self._operands[name] = op
-        for key, (op, checked) in inputs.items():
-            if checked is None:  # a host input: into its device copy's layout
-                staged = self._input_operands[key]
-                _host.refresh(op, staged.ptr, staged.strides, stream_h)
-                continue
-            self._prepared.inputs[key] = checked
-            self._input_operands[key] = op
-            self._input_setters[key](checked.ptr)
-        if scales is not None:  # new values replace the old for the keys given (numbers or arrays alike)
-            if self._last_stream != self.stream:
-                _memory.wait_for(self._last_stream, self.stream)
-            self._scales.write(scales, self.stream)
-            if self._planned:
-                for attribute, pointer in self._scales.descriptor_pointers(self.problem).items():
-                    self.launch.desc.set(attribute, pointer)
-        if alpha is not None:
-            self.alpha.set(alpha)
-        if beta is not None:
-            self.beta.set(beta)
-        self.fast_bound = None
-        if self._planned:
-            self._out_checker.forget()  # a new operand may overlap an out= checked before
-            self._bind()
-
-    def release_operands(self) -> None:
-        """Drop the references to the operands (nvmath-python's ``release_operands``): the plan
-        stays; ``reset_operands`` must give new operands before the next ``execute``."""
-        self._check_alive()
-        self.forget_arrays()
-        self._released = {name for name, op in self._operands.items() if op is not None}
-
     def set_operands(self, a, b, c, inputs: dict, alpha, beta) -> None:
         """The function form's checked path on a cache hit: the key already matched every check."""
         self._operands["a"], self._operands["b"], self._operands["c"] = a, b, c

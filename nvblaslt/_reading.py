@@ -61,8 +61,10 @@ def require_same(name: str, old, new, what_matters=("shape", "strides", "dtype",
 
 
 def read_reset(new: dict, current: dict, host_originals: dict, released, framework: Framework, host: bool,
-                  stream: int) -> dict:
-    """{name: Operand} for the new a, b, c given (None: keep), each like the one it replaces."""
+               stream: int, checked: bool = True) -> dict:
+    """{name: Operand} for the new a, b, c given (None: keep), each like the one it replaces; with
+    ``checked=False`` (``reset_operands_unchecked``) the caller promises that, and GPU operands are
+    only read."""
     if released:
         missing = sorted(n for n in released if new.get(n) is None)
         if missing:
@@ -76,6 +78,9 @@ def read_reset(new: dict, current: dict, host_originals: dict, released, framewo
         if old is None:
             raise NvblasltValueError(f"{name}: the plan was made without {name}; make a new Matmul")
         op = _operands.read(array, name, stream)
+        if not checked and not host:
+            found[name] = op
+            continue
         if framework_of(array) is not framework or op.host != host:
             raise NvblasltTypeError(f"{name}: expected an array like the original ({framework}, "
                                     f"{'host' if host else 'GPU'} memory)")
@@ -88,7 +93,7 @@ def read_reset(new: dict, current: dict, host_originals: dict, released, framewo
 
 
 def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict, staged: dict, problem,
-                stream: int) -> dict:
+                      framework: Framework, host: bool, stream: int) -> dict:
     """{key: (Operand, its EpilogInput, or None for a host input copied into its staged copy)}."""
     if not planned:
         raise NvblasltValueError("epilog_inputs: call plan() before resetting epilog inputs")
@@ -99,6 +104,14 @@ def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict,
     for key, value in epilog_inputs.items():
         name = f"epilog_inputs['{key}']"
         op = _operands.read(value, name, stream)
+        if framework_of(value) is not framework:
+            raise NvblasltTypeError(f"{name}: expected an array like the original ({framework}); got one of "
+                                    f"{framework_of(value)} (the package must match)")
+        if op.host != host:
+            raise NvblasltArgumentError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the plan's operands "
+                                        f"are in {'host' if host else 'GPU'} memory (the device must match)")
+        if not op.host and op.device != staged[key].device:
+            raise NvblasltValueError(f"{name}: on GPU {op.device}, but the plan is on GPU {staged[key].device}")
         if op.host:
             copy = staged[key]
             if op.shape != copy.shape or op.dtype != copy.dtype:

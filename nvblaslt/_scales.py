@@ -141,6 +141,13 @@ class Scales:
                                      f"operand and an fp8 result; missing {missing}")
         return self.check_values(scales, stream)
 
+    def check_aux(self, value, stream: int) -> dict:
+        """A new ``aux_quantization_scale`` for a plan whose fp8 aux took one at plan time."""
+        if self._values.get("aux") is None:
+            raise NvblasltValueError("epilog_inputs['aux_quantization_scale']: the plan has no fp8 epilog aux to scale "
+                                     "(an fp8 aux_type and its scale are given to plan())")
+        return self.check_values({"aux": value}, stream, "epilog_inputs['aux_quantization_scale']")
+
     def check_values(self, scales: dict, stream: int, argument: str = "quantization_scales['{}']") -> dict:
         """Each value a float or a float32 GPU array of one element on the plan's device; None is dropped."""
         checked = {}
