@@ -162,10 +162,13 @@ def _batch_stride_of(op, matrix_ndim: int, problem, name: str) -> int:
     return batch_stride(tuple(batch_shape), op.strides[:len(batch_shape)], name) if problem.batch_count > 1 else 0
 
 
-def bias_types(d_dtype) -> tuple:
-    if d_dtype in _dtypes.FLOAT8:
+def bias_types(types) -> tuple:
+    """The bias dtypes ``types`` may take (the descriptor's BIAS_DATA_TYPE says which was given)."""
+    if types.d in _dtypes.FLOAT8:
         return (_dtypes.BFLOAT16, _dtypes.FLOAT16)
-    return (d_dtype,)  # cuBLASLt 13.1 refuses a float32 bias with a 16-bit result (INVALID_VALUE)
+    if types.fp8:  # fp8 operands with a wider result: the result's type, or a 16-bit bias as nvmath-python allows
+        return tuple(dict.fromkeys((types.d, _dtypes.BFLOAT16, _dtypes.FLOAT16)))
+    return (types.d,)  # cuBLASLt 13.1 refuses a float32 bias with a 16-bit result (INVALID_VALUE)
 
 
 def check_bias(op, problem) -> EpilogInput:
@@ -183,7 +186,7 @@ def check_bias(op, problem) -> EpilogInput:
     if stride != 1 and m > 1:
         raise NvblasltValueError(f"{name}: expected unit stride along M, got strides {strides}")
     batch_stride = _batch_stride_of(op, vector_ndim, problem, name)
-    allowed = bias_types(problem.types.d)
+    allowed = bias_types(problem.types)
     if op.dtype not in allowed:
         raise NvblasltArgumentError(f"{name}: expected dtype {' or '.join(d.name for d in allowed)} for a "
                           f"{problem.types.d.name} result, got {op.dtype.name}")

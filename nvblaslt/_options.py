@@ -83,8 +83,9 @@ class MatmulOptions:
             raise NvblasltValueError(f"options.blocking: expected True or 'auto', got {self.blocking!r}")
         if self.device_id is None:
             self.device_id = 0
-        if isinstance(self.device_id, bool) or not isinstance(self.device_id, int) or self.device_id < 0:
-            raise NvblasltValueError(f"options.device_id: expected a GPU ordinal (int ≥ 0), got {self.device_id!r}")
+        if isinstance(self.device_id, bool) or not isinstance(self.device_id, int):
+            raise NvblasltTypeError(f"options.device_id: expected a GPU ordinal (int ≥ 0), got {self.device_id!r}")
+        # a negative ordinal is refused where the options are used, as nvmath-python does: see check_device_id
         for name in ("result_amax", "inplace", "block_scaling"):
             if not isinstance(getattr(self, name), bool):
                 raise NvblasltTypeError(f"options.{name}: expected a bool, got {getattr(self, name)!r}")
@@ -109,8 +110,10 @@ class MatmulOptions:
                                      f"{limit!r}")
         if not isinstance(self.fast_accumulation, (bool, type(None))):
             raise NvblasltTypeError(f"options.fast_accumulation: expected a bool, got {self.fast_accumulation!r}")
-        if self.allocator is not None and not callable(getattr(self.allocator, "memalloc", None)):
-            raise NvblasltTypeError(f"options.allocator: expected an object with memalloc(size) (nvmath-python's "
+        if self.allocator is not None and not any(callable(getattr(self.allocator, method, None))
+                                                  for method in ("memalloc_async", "memalloc")):
+            raise NvblasltTypeError(f"options.allocator: expected a memory manager with memalloc_async(size, stream) "
+                                    f"or memalloc(size) (nvmath-python's BaseCUDAMemoryManagerAsync / "
                                     f"BaseCUDAMemoryManager), got {type(self.allocator).__name__}")
         if self.logger is not None and not isinstance(self.logger, logging.Logger):
             raise NvblasltTypeError(f"options.logger: expected a logging.Logger, got {type(self.logger).__name__}")

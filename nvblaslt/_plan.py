@@ -82,6 +82,8 @@ class Matmul(OperandResets):
         self._staged: dict[str, _memory.DeviceBuffer] = {}
         self._host_operands: dict = {}
         self._input_operands: dict = {}  # epilog inputs as read (host ones: their device copies)
+        if options.device_id < 0:
+            raise NvblasltValueError(f"options.device_id: expected a GPU ordinal (int ≥ 0), got {options.device_id}")
         hosts = {op.host for op in ops}
         if len(hosts) > 1:
             raise NvblasltArgumentError("a, b, c: operands must all be in GPU memory or all in host memory")
