@@ -44,11 +44,13 @@ class _Owned:
 
     @property
     def handle(self) -> int:
+        """The C handle as an int (NvblasltValueError once closed)."""
         if not self._finalizer.alive:
             raise NvblasltValueError(f"{type(self).__name__} was closed")
         return self._handle
 
     def close(self) -> None:
+        """Destroy the C object now (again: nothing); ``with`` closes on exit."""
         self._finalizer()
 
     def __enter__(self: _OwnedT) -> _OwnedT:
@@ -78,15 +80,44 @@ class _Descriptor(_Owned):
         return attribute
 
     def set(self, attribute: Attribute, value: Any) -> None:
-        """Set an attribute, packing ``value`` as the C type the header states."""
+        """Set an attribute, packing ``value`` as the C type the header states.
+
+        Parameters
+        ----------
+        attribute : enum member or str
+            A member of the descriptor's attribute enum, or its name without the prefix, in any case.
+        value : int, float or list
+            Pointers are ints, array attributes lists.
+
+        Raises
+        ------
+        NvblasltValueError, NvblasltTypeError
+            An unknown name, another enum's member, or a value the C type cannot hold.
+        CublasLtError
+            The library refuses the value or does not know the attribute.
+
+        Examples
+        --------
+        >>> from nvblaslt import MatmulDesc, lt
+        >>> desc = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
+        >>> desc.set("EPILOGUE_AUX_LD", 256)
+        >>> desc.get("epilogue_aux_ld")
+        256
+        """
         set_attribute(self.lib, self.handle, self._member(attribute), value)
 
     def get(self, attribute: Attribute) -> Any:
-        """An attribute's value: an int, float, pointer (int) or, for arrays, a list."""
+        """An attribute's value (``attribute`` as for ``set``), unpacked from the header's C type.
+
+        Returns
+        -------
+        int, float or list
+            Pointers are ints, array attributes lists.
+        """
         return get_attribute(self.lib, self.handle, self._member(attribute))
 
     def size(self, attribute: Attribute) -> int:
-        """Bytes the library reports for the attribute's value."""
+        """Bytes the library reports for the attribute's value (``attribute`` as for ``set``)."""
         return attribute_size(self.lib, self.handle, self._member(attribute))
 
     def attributes(self) -> dict[str, object]:
@@ -123,7 +154,30 @@ def _create(create: Callable[..., Any], *args: Any) -> int:
 
 
 class MatmulDesc(_Descriptor):
-    """``cublasLtMatmulDesc_t``: compute type, scale type, transposes, epilogue…"""
+    """``cublasLtMatmulDesc_t``: compute type, scale type, transposes, epilogue… (no GPU needed).
+
+    Parameters
+    ----------
+    compute_type : int
+        A ``cublasComputeType_t`` (``lt.CUBLAS_COMPUTE_32F``, …).
+    scale_type : int
+        The ``cudaDataType`` of alpha and beta (``lt.CUDA_R_32F``, …).
+    lib : Library, optional
+        Default: ``library()``.
+
+    Raises
+    ------
+    NvblasltTypeError, NvblasltValueError, CublasLtError
+        An argument that is not an integer or outside the C enum's range; the library refuses them.
+
+    Examples
+    --------
+    >>> from nvblaslt import MatmulDesc, lt
+    >>> with MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F) as desc:
+    ...     desc.set("EPILOGUE", lt.CUBLASLT_EPILOGUE_RELU_BIAS)
+    ...     lt.cublasLtEpilogue_t(desc.get("EPILOGUE")).name
+    'RELU_BIAS'
+    """
 
     _attribute_enum = "cublasLtMatmulDescAttributes_t"
     _destroy_name = "cublasLtMatmulDescDestroy"
@@ -136,7 +190,34 @@ class MatmulDesc(_Descriptor):
 
 
 class MatrixLayout(_Descriptor):
-    """``cublasLtMatrixLayout_t``: type, rows, cols, leading dimension, order, batch."""
+    """``cublasLtMatrixLayout_t``: type, rows, cols, leading dimension, order, batch (no GPU needed).
+
+    Parameters
+    ----------
+    data_type : int
+        The elements' ``cudaDataType`` (``lt.CUDA_R_16BF``, …).
+    rows, cols, ld : int
+        The extent, and the leading dimension in elements.
+    order : int, optional
+        A ``cublasLtOrder_t``; default: the library's (column-major).
+    batch_count, batch_stride : int, default 1, 0
+        Matrices in the batch, and elements from one to the next.
+    lib : Library, optional
+        Default: ``library()``.
+
+    Raises
+    ------
+    NvblasltTypeError, NvblasltValueError, CublasLtError
+        An argument that is not an integer or outside its C type's range; the library refuses them.
+
+    Examples
+    --------
+    >>> from nvblaslt import MatrixLayout, lt
+    >>> layout = MatrixLayout(lt.CUDA_R_16F, 1024, 512, 512, order=lt.CUBLASLT_ORDER_ROW, batch_count=8,
+    ...                       batch_stride=1024 * 512)
+    >>> layout.get("BATCH_COUNT"), layout.get("STRIDED_BATCH_OFFSET")
+    (8, 524288)
+    """
 
     _attribute_enum = "cublasLtMatrixLayoutAttribute_t"
     _destroy_name = "cublasLtMatrixLayoutDestroy"
@@ -158,7 +239,21 @@ class MatrixLayout(_Descriptor):
 
 
 class MatmulPreference(_Descriptor):
-    """``cublasLtMatmulPreference_t``: what the heuristics may return (workspace, alignment…)."""
+    """``cublasLtMatmulPreference_t``: what the heuristics may return (workspace, alignment…).
+
+    Parameters
+    ----------
+    max_workspace_bytes : int, optional
+        The most workspace an algorithm may use (``MAX_WORKSPACE_BYTES``; the library's default: 0).
+    lib : Library, optional
+        Default: ``library()``.
+
+    Examples
+    --------
+    >>> from nvblaslt import MatmulPreference
+    >>> MatmulPreference(max_workspace_bytes=32 << 20).get("MAX_WORKSPACE_BYTES")
+    33554432
+    """
 
     _attribute_enum = "cublasLtMatmulPreferenceAttributes_t"
     _destroy_name = "cublasLtMatmulPreferenceDestroy"
@@ -171,7 +266,29 @@ class MatmulPreference(_Descriptor):
 
 
 class Handle(_Owned):
-    """``cublasLtHandle_t`` for one device. Use ``Handle.for_device()``: one per (thread, device)."""
+    """``cublasLtHandle_t`` for one device (needs a GPU). Use ``Handle.for_device()``: one per (thread, device).
+
+    Parameters
+    ----------
+    device : int
+        The GPU ordinal the handle belongs to (current while it is made).
+    lib : Library, optional
+        Default: ``library()``.
+
+    Raises
+    ------
+    NvblasltTypeError, NvblasltValueError
+        ``device`` is not an integer, or not the ordinal of a GPU this process sees.
+    CublasLtError
+        ``cublasLtCreate`` failed (``CUBLAS_STATUS_NOT_INITIALIZED``: no usable GPU or driver).
+
+    Examples
+    --------
+    .. code-block:: python
+
+        with Handle(0) as own:     # the caller's own, destroyed on exit; matmul uses Handle.for_device()
+            y = nvblaslt.matmul(a, b, options={"handle": own.handle})
+    """
 
     _destroy_name = "cublasLtDestroy"
     _per_thread = threading.local()
@@ -200,7 +317,22 @@ class Handle(_Owned):
 
 
 class Algorithm:
-    """A ``cublasLtMatmulAlgo_t`` (64 bytes, copied by value) with typed config attributes."""
+    """A ``cublasLtMatmulAlgo_t`` (64 bytes, copied by value) with typed config attributes.
+
+    Parameters
+    ----------
+    algo : lt.cublasLtMatmulAlgo_t
+        The C struct (from the heuristics or ``cublasLtMatmulAlgoInit``); kept as ``algo``.
+    lib : Library, optional
+        Default: ``library()``.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        algorithm = mm.algorithms[0].algorithm     # (a Matmul's plan) → id, tile, stages: 66, '128x128', '64x3'
+        algorithm.set("SPLITK_NUM", 2); algorithm.capability("EPILOGUE_MASK")
+    """
 
     def __init__(self, algo: Any, lib: Library | None = None):
         self.lib = lib or library()
@@ -211,7 +343,7 @@ class Algorithm:
         return enum_type[attribute.upper()] if isinstance(attribute, str) else attribute
 
     def get(self, attribute: Attribute) -> Any:
-        """A config attribute (``ID``, ``TILE_ID``, ``STAGES_ID``, ``SPLITK_NUM``, …)."""
+        """A config attribute (``ID``, ``TILE_ID``, ``SPLITK_NUM``, …), by member or name without prefix."""
         member = self._member(attribute, "cublasLtMatmulAlgoConfigAttributes_t")
         return get_attribute(self.lib, ctypes.byref(self.algo), member)
 
@@ -227,14 +359,17 @@ class Algorithm:
 
     @property
     def id(self) -> int:
+        """The algorithm id (config attribute ``ID``)."""
         return self.get("ID")
 
     @property
     def tile(self) -> str:
+        """The tile's name without its prefix (``"128x128"``)."""
         return self.lib.api.cublasLtMatmulTile_t(self.get("TILE_ID")).name.removeprefix("TILE_")
 
     @property
     def stages(self) -> str:
+        """The stages' name without its prefix (``"64x3"``)."""
         return self.lib.api.cublasLtMatmulStages_t(self.get("STAGES_ID")).name.removeprefix("STAGES_")
 
     def config(self) -> dict[str, object]:
@@ -256,7 +391,23 @@ def _config_property(attribute: str, convert=int):
 
 
 class HeuristicResult:
-    """One algorithm the heuristics proposed, with its workspace and estimated waves."""
+    """One algorithm the heuristics proposed, with its workspace and estimated waves.
+
+    ``Matmul.plan()`` returns them best first. Config attributes are also settable properties under
+    nvmath-python's names (``tile``, ``stages``, ``split_k``, ``cta_swizzling``, …).
+
+    Parameters
+    ----------
+    result, lib : lt.cublasLtMatmulHeuristicResult_t, Library
+        The C struct, read into ``algorithm`` (an ``Algorithm``), ``workspace_size`` and ``waves``.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        found = mm.plan(preferences={"limit": 4})   # [<HeuristicResult id=66 tile=128x128 stages=64x3 …>, …]
+        mm.plan(algorithms=[found[0].as_bytes()])   # the same algorithm later, without the heuristics
+    """
 
     def __init__(self, result: Any, lib: Library):
         self.algorithm = Algorithm(result.algo, lib)
@@ -265,6 +416,7 @@ class HeuristicResult:
 
     @property
     def algo_id(self) -> int:
+        """The algorithm id (also ``algorithm_id``, nvmath-python's name)."""
         return self.algorithm.id
 
     # nvmath-python's Algorithm surface: each config attribute as a property, settable
@@ -280,7 +432,7 @@ class HeuristicResult:
 
     @property
     def capabilities(self) -> dict[str, object]:
-        """Every capability attribute of this algorithm id the loaded library knows, by name."""
+        """Every capability attribute of this algorithm id the loaded library knows and answers, by name."""
         enum_type = self.algorithm.lib.api.cublasLtMatmulAlgoCapAttributes_t
         found = {}
         for member in enum_type:
@@ -302,7 +454,39 @@ class HeuristicResult:
 
 def heuristics(handle: Handle, desc: MatmulDesc, a: MatrixLayout, b: MatrixLayout, c: MatrixLayout,
                d: MatrixLayout, preference: MatmulPreference, count: int = 8) -> list[HeuristicResult]:
-    """``cublasLtMatmulAlgoGetHeuristic``: up to ``count`` algorithms, best first."""
+    """``cublasLtMatmulAlgoGetHeuristic``: up to ``count`` algorithms, best first.
+
+    Parameters
+    ----------
+    handle : Handle
+        The handle of the device the multiplication runs on.
+    desc : MatmulDesc
+        The operation: compute and scale types, transposes, epilogue.
+    a, b, c, d : MatrixLayout
+        The layouts of A, B, C and D.
+    preference : MatmulPreference
+        What the algorithms may need (workspace, alignment).
+    count : int, default 8
+        The most algorithms to return.
+
+    Returns
+    -------
+    list of HeuristicResult
+        Best first.
+
+    Raises
+    ------
+    CublasLtError
+        The library refuses the problem (``CUBLAS_STATUS_NOT_SUPPORTED``: no kernel fits).
+
+    Examples
+    --------
+    .. code-block:: python
+
+        desc = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
+        a, b, d = (MatrixLayout(lt.CUDA_R_32F, m, n, m) for m, n in ((100, 784), (784, 256), (100, 256)))
+        found = heuristics(Handle.for_device(0), desc, a, b, d, d, MatmulPreference(max_workspace_bytes=1 << 25))
+    """
     lib = handle.lib
     results = (lib.api.cublasLtMatmulHeuristicResult_t * count)()
     returned = ctypes.c_int()

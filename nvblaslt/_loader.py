@@ -38,7 +38,37 @@ def available_modules() -> dict[int, str]:
 
 @dataclass(eq=False)  # one object per loaded library: hashable by identity, so results can be cached on it
 class Library:
-    """One loaded libcublasLt with its bindings: ``lib.cublasLtMatmul(...)``, ``lib.api.<enum>``."""
+    """One loaded libcublasLt with its bindings: ``lib.cublasLtMatmul(...)``, ``lib.api.<enum>``.
+
+    Every function of the generated module that the library exports is an attribute, with its
+    argtypes, restype and a status check raising ``CublasLtError``; a function the headers declare but
+    this library does not export raises ``AttributeError`` naming both versions. Made by ``load()``;
+    ``library()`` gives the process-wide one.
+
+    Attributes
+    ----------
+    path : str
+        The file loaded.
+    found_via : str
+        How it was found: ``"$NVBLASLT_LIBRARY"``, ``"cuda-pathfinder (…)"`` or ``"explicit path"``.
+    version : int
+        ``cublasLtGetVersion()``: 130100 for 13.1.0.
+    api : module
+        The generated bindings module for this major version (``nvblaslt._generated.cublaslt_13``).
+    cdll : ctypes.CDLL
+        The loaded library.
+    missing : list of str
+        Functions the headers declare that this library does not export.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> lib = nvblaslt.library()
+    >>> lib.version_tuple[0] == lib.bindings_version[0]
+    True
+    >>> lib.status_name(0)
+    'CUBLAS_STATUS_SUCCESS'
+    """
 
     path: str
     found_via: str
@@ -49,6 +79,7 @@ class Library:
 
     @property
     def version_tuple(self) -> tuple[int, int, int]:
+        """The library's version as (major, minor, patch): (13, 1, 0) for 130100."""
         return self.version // 10000, self.version // 100 % 100, self.version % 100
 
     @property
@@ -65,9 +96,11 @@ class Library:
         raise AttributeError(name)
 
     def status_name(self, status: int) -> str:
+        """The name of a ``cublasStatus_t`` value (``"CUBLAS_STATUS_NOT_SUPPORTED"``), from the library."""
         return self.cublasLtGetStatusName(status).decode()
 
     def status_string(self, status: int) -> str:
+        """The library's own description of a ``cublasStatus_t`` value."""
         return self.cublasLtGetStatusString(status).decode()
 
 
@@ -104,7 +137,40 @@ def _find() -> tuple[str, str]:
 
 
 def load(path: str | None = None) -> Library:
-    """Load a libcublasLt (``path``, or found as ``library()`` finds it) and bind it."""
+    """Load a libcublasLt (``path``, or found as ``library()`` finds it) and bind it.
+
+    Each call loads and binds anew; ``library()`` keeps one for the process, and is what the rest of
+    nvblaslt uses. A library newer than the committed bindings loads with a ``UserWarning``: what it
+    added since is not bound.
+
+    Parameters
+    ----------
+    path : str, optional
+        The libcublasLt file. Default: ``$NVBLASLT_LIBRARY`` if set, else what cuda-pathfinder finds
+        (NVIDIA's wheels, conda, the system loader, ``CUDA_HOME``).
+
+    Returns
+    -------
+    Library
+        The library with every function it exports bound.
+
+    Raises
+    ------
+    LibraryNotFoundError
+        No libcublasLt was found or it could not be loaded (the message says where it looked and what
+        to install), or nvblaslt has no bindings for its major version.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> lib = nvblaslt.load(nvblaslt.library().path)
+    >>> lib.path == nvblaslt.library().path, lib is nvblaslt.library()
+    (True, False)
+    >>> nvblaslt.load("/nonexistent/libcublasLt.so.13")
+    Traceback (most recent call last):
+        ...
+    nvblaslt.LibraryNotFoundError: libcublasLt at /nonexistent/libcublasLt.so.13 (from explicit path) could not be loaded: ...
+    """
     found_via = "explicit path"
     if path is None:
         path, found_via = _find()
@@ -165,6 +231,28 @@ def _default() -> Library:
 
 
 def library() -> Library:
-    """The process-wide libcublasLt, loaded on first use."""
+    """The process-wide libcublasLt, loaded on first use.
+
+    Found as ``load()`` finds it (``$NVBLASLT_LIBRARY``, then cuda-pathfinder). ``nvblaslt info`` prints
+    what was found and how.
+
+    Returns
+    -------
+    Library
+        The same object on every call.
+
+    Raises
+    ------
+    LibraryNotFoundError
+        As ``load()`` raises it, on every call until a library can be found.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> nvblaslt.library() is nvblaslt.library()
+    True
+    >>> hasattr(nvblaslt.library(), "cublasLtMatmul")
+    True
+    """
     with _lock:
         return _default()

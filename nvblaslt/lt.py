@@ -22,17 +22,98 @@ from ._loader import library as _library
 
 
 def set_attribute(handle: Any, attribute: Any, value: Any) -> None:
-    """Set a descriptor attribute, packing ``value`` as the C type the header states."""
+    """Set a descriptor attribute, packing ``value`` as the C type the header states.
+
+    The descriptor kind is told by the attribute's enum: ``cublasLtMatmulDescAttributes_t`` members
+    set a matmul descriptor, ``cublasLtMatrixLayoutAttribute_t`` members a layout, and so on.
+
+    Parameters
+    ----------
+    handle : int or ctypes object
+        The C descriptor (an int, a ``c_void_p`` or the handle type), or ``ctypes.byref`` of an
+        algorithm for its config attributes.
+    attribute : enum member
+        A member of one of the generated attribute enums.
+    value : int, float or list
+        The value; pointers are ints, array attributes lists.
+
+    Raises
+    ------
+    NvblasltValueError, NvblasltTypeError
+        ``value`` does not fit the attribute's C type.
+    CublasLtError
+        The library refuses the value.
+
+    Examples
+    --------
+    >>> import ctypes
+    >>> from nvblaslt import lt
+    >>> desc = lt.cublasLtMatmulDesc_t()
+    >>> lt.cublasLtMatmulDescCreate(ctypes.byref(desc), lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
+    0
+    >>> lt.set_attribute(desc, lt.cublasLtMatmulDescAttributes_t.EPILOGUE_AUX_LD, 512)
+    >>> lt.get_attribute(desc, lt.cublasLtMatmulDescAttributes_t.EPILOGUE_AUX_LD)
+    512
+    >>> lt.cublasLtMatmulDescDestroy(desc)
+    0
+    """
     _attributes.set_attribute(_library(), handle, attribute, value)
 
 
 def get_attribute(handle: Any, attribute: Any) -> Any:
-    """A descriptor attribute's value as a Python int, float, pointer int or list."""
+    """A descriptor attribute's value as a Python int, float, pointer int or list.
+
+    Parameters
+    ----------
+    handle : int or ctypes object
+        As for ``set_attribute``.
+    attribute : enum member
+        A member of one of the generated attribute enums.
+
+    Returns
+    -------
+    int, float or list
+        The value, unpacked from the C type the header states.
+
+    Raises
+    ------
+    CublasLtError
+        The library does not know the attribute.
+
+    Examples
+    --------
+    See ``set_attribute``.
+    """
     return _attributes.get_attribute(_library(), handle, attribute)
 
 
 def attribute_size(handle: Any, attribute: Any) -> int:
-    """Bytes the library reports for an attribute (GetAttribute with a zero-size buffer)."""
+    """Bytes the library reports for an attribute (GetAttribute with a zero-size buffer).
+
+    Parameters
+    ----------
+    handle : int or ctypes object
+        As for ``set_attribute``.
+    attribute : enum member
+        A member of one of the generated attribute enums.
+
+    Returns
+    -------
+    int
+        The value's size in bytes.
+
+    Raises
+    ------
+    CublasLtError
+        The library does not know the attribute.
+
+    Examples
+    --------
+    >>> from nvblaslt import MatrixLayout, lt
+    >>> layout = MatrixLayout(lt.CUDA_R_32F, 8, 8, 8)
+    >>> lt.attribute_size(layout.handle, lt.cublasLtMatrixLayoutAttribute_t.ROWS)
+    8
+    """
     return _attributes.attribute_size(_library(), handle, attribute)
 
 

@@ -3,6 +3,8 @@ activation, cast as autocast would, check the arguments."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -18,7 +20,7 @@ EXACT_GELU_HINT = ("cuBLASLt fuses only the tanh approximation of GELU; use acti
                    "(nn.GELU(approximate='tanh')) or keep the exact GELU outside the fused layer")
 
 
-def activation_name(value, argument: str = "activation") -> str:
+def activation_name(value: str | None, argument: str = "activation") -> str:
     """The canonical name of an activation: 'none', 'relu' or 'gelu' (tanh form)."""
     key = value.lower() if isinstance(value, str) else value
     if key in _EXACT_GELU:
@@ -34,7 +36,7 @@ def activation_name(value, argument: str = "activation") -> str:
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check_tensors(x, weight, bias) -> None:
+def _check_tensors(x: object, weight: object, bias: object) -> None:
     """x, weight and bias (or None) must be tensors: checked before autocast reads their devices."""
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if not isinstance(t, Tensor) and not (name == "bias" and t is None):
@@ -62,13 +64,12 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
         raise NvblasltValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
 
 
-def _autocast(x, weight, bias):
+def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Cast as autocast casts nn.Linear's inputs, when it is on for x's device."""
     device = getattr(x, "device", None)
     if device is None or not torch.is_autocast_enabled(device.type):
         return x, weight, bias
-    device = device.type
-    dtype = torch.get_autocast_dtype(device)
+    dtype = torch.get_autocast_dtype(device.type)
     return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
@@ -78,12 +79,57 @@ def _autocast(x, weight, bias):
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
     """``activation(x @ weight.T + bias)`` as one fused cuBLASLt call on CUDA, autograd-aware.
 
-    ``x`` is (…, in_features), ``weight`` (out_features, in_features), ``bias`` (out_features,),
-    all of one dtype (float16, bfloat16, float32, float64). ``activation``: None, ``"relu"`` or
-    ``"gelu"`` — the tanh approximation, which cuBLASLt fuses; exact GELU (``"gelu_erf"``) is
-    refused with NvblasltValueError. The backward pass runs the activation's derivative as a torch op
-    and BGRADB for the bias gradient; a ``FusedSequential`` can also move the activation's backward
-    into the next layer's GEMM."""
+    ``nn.functional.linear`` followed by the activation. On CUDA tensors the forward pass is one
+    cuBLASLt call (RELU_BIAS, GELU_AUX_BIAS, BIAS or a plain GEMM); the backward pass runs the
+    activation's derivative as a torch op and BGRADB for the bias gradient (a ``FusedSequential`` can
+    also move the activation's backward into the next layer's GEMM). Tensors on any other device run
+    the same math as torch ops. Under autocast the inputs are cast as autocast casts ``nn.Linear``'s.
+    It is the torch custom op ``torch.ops.nvblaslt.linear``, so it works under
+    ``torch.compile(fullgraph=True)``, in CUDA graphs and with ``gradcheck``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        (…, in_features): any leading shape.
+    weight : torch.Tensor
+        (out_features, in_features), of ``x``'s dtype and device.
+    bias : torch.Tensor or None, optional
+        (out_features,), of ``x``'s dtype and device.
+    activation : {None, "relu", "gelu"}, optional
+        ``"gelu"`` is the tanh approximation (``nn.GELU(approximate="tanh")``), the one cuBLASLt
+        fuses; exact GELU (``"gelu_erf"``) is refused. ``"none"`` / ``"identity"`` mean None.
+
+    Returns
+    -------
+    torch.Tensor
+        (…, out_features), of ``x``'s dtype (float16, bfloat16, float32 or float64) and device.
+
+    Raises
+    ------
+    NvblasltTypeError
+        ``x`` or ``weight`` is not a tensor (``bias`` neither a tensor nor None), or the dtypes are not
+        one floating type.
+    NvblasltValueError
+        The shapes do not match, the tensors are on different devices, or ``activation`` is unknown
+        or exact GELU.
+
+    See Also
+    --------
+    FusedLinear : the same as an ``nn.Module``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvblaslt.torch import linear
+    >>> x, weight, bias = torch.ones(2, 3), torch.full((4, 3), 0.5), -torch.arange(4.0)
+    >>> linear(x, weight, bias, activation="relu")
+    tensor([[1.5000, 0.5000, 0.0000, 0.0000],
+            [1.5000, 0.5000, 0.0000, 0.0000]])
+    >>> linear(x, weight, activation="gelu_erf")
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltValueError: activation: 'gelu_erf' asks for exact (erf) GELU; ...
+    """
     activation = activation_name(activation)
     _check_tensors(x, weight, bias)
     x, weight, bias = _autocast(x, weight, bias)
@@ -93,7 +139,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     return out.reshape(*lead, weight.shape[0])
 
 
-def linked_layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, state, backward: str):
+def linked_layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, state: Any,
+                 backward: str) -> tuple[Tensor, Any]:
     """One ``FusedLinear`` of a ``FusedSequential`` on 2-D x: (out, the link state for the next layer),
     taking the previous layer's; ``backward`` is the sequence's (one of ``BACKWARDS``)."""
     _check_tensors(x2, weight, bias)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from typing import cast
+from typing import Any, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +15,7 @@ from ._functional import EXACT_GELU_HINT, activation_name, linear, linked_layer
 from ._tuning import check_backward
 
 
-def _features(argument: str, value) -> int:
+def _features(argument: str, value: Any) -> int:
     """A layer width as nn.Linear takes it (an int ≥ 0, NumPy's too), checked before torch sees it."""
     try:
         number = None if isinstance(value, bool) else operator.index(value)
@@ -29,10 +29,62 @@ def _features(argument: str, value) -> int:
 
 
 class FusedLinear(nn.Module):
-    """``nn.Linear`` followed by an activation, fused: the same parameters (``weight``, ``bias``), init
-    and ``state_dict`` keys as ``nn.Linear(in_features, out_features, bias)``, so its checkpoints load.
+    """``nn.Linear`` followed by an activation, fused into one cuBLASLt call on CUDA.
 
-    ``activation``: None, ``"relu"`` or ``"gelu"`` (tanh form). Inputs of any leading shape."""
+    The same parameters (``weight``, ``bias``), initialization and ``state_dict`` keys as
+    ``nn.Linear(in_features, out_features, bias)``, so ``nn.Linear`` checkpoints load into it. Inputs
+    of any leading shape; the forward pass is ``linear(x, weight, bias, activation)``.
+
+    Parameters
+    ----------
+    in_features : int
+        Size of each input's last dimension, an int ≥ 0.
+    out_features : int
+        Size of each output's last dimension, an int ≥ 0.
+    bias : bool, default True
+        Whether the layer has a learnable bias.
+    activation : {None, "relu", "gelu"}, optional
+        The activation after the bias; ``"gelu"`` is the tanh approximation
+        (``nn.GELU(approximate="tanh")``). Exact GELU is refused.
+    device : torch.device, str, int or None, optional
+        Where the parameters are made, as for ``nn.Linear``.
+    dtype : torch.dtype or None, optional
+        The parameters' dtype, as for ``nn.Linear``.
+
+    Attributes
+    ----------
+    weight : torch.Tensor
+        (out_features, in_features).
+    bias : torch.Tensor or None
+        (out_features,), or None without a bias.
+    activation : str
+        ``"none"``, ``"relu"`` or ``"gelu"``.
+
+    Raises
+    ------
+    NvblasltTypeError
+        ``in_features`` or ``out_features`` is not an integer.
+    NvblasltValueError
+        A width is negative, or ``activation`` is unknown or exact (erf) GELU.
+
+    See Also
+    --------
+    linear : the layer as a function.
+    fuse : turns a model's ``nn.Linear`` (+ activation) layers into these.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvblaslt.torch import FusedLinear
+    >>> layer = FusedLinear(8, 4, activation="relu")
+    >>> layer
+    FusedLinear(in_features=8, out_features=4, bias=True, activation='relu')
+    >>> sorted(layer.state_dict()) == sorted(torch.nn.Linear(8, 4).state_dict())
+    True
+    >>> y = layer(torch.randn(5, 3, 8))
+    >>> y.shape, bool((y >= 0).all())
+    (torch.Size([5, 3, 4]), True)
+    """
 
     __constants__ = ["in_features", "out_features", "activation"]
     in_features: int
@@ -41,26 +93,62 @@ class FusedLinear(nn.Module):
     bias: Tensor | None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
-                 device=None, dtype=None) -> None:
+                 device: torch.device | str | int | None = None, dtype: torch.dtype | None = None) -> None:
         in_features, out_features = _features("in_features", in_features), _features("out_features", out_features)
         super().__init__()
-        factory = {"device": device, "dtype": dtype}
         self.in_features, self.out_features = in_features, out_features
         self.activation = activation_name(activation)
-        self.weight = nn.Parameter(torch.empty((out_features, in_features), **factory))
+        self.weight = nn.Parameter(torch.empty((out_features, in_features), device=device, dtype=dtype))
         if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, **factory))
+            self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """``nn.Linear``'s init, drawing the same random numbers."""
+        """Initialize ``weight`` and ``bias`` as ``nn.Linear`` does, drawing the same random numbers.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from nvblaslt.torch import FusedLinear
+        >>> _ = torch.manual_seed(0); fused = FusedLinear(3, 2)
+        >>> _ = torch.manual_seed(0); plain = torch.nn.Linear(3, 2)
+        >>> torch.equal(fused.weight, plain.weight)
+        True
+        """
         nn.Linear.reset_parameters(cast(nn.Linear, self))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activation: str | None = None) -> FusedLinear:
-        """A FusedLinear sharing ``linear``'s parameters (not copies: optimizers holding them still work)."""
+        """A FusedLinear sharing ``linear``'s parameters: not copies, so optimizers holding them still work.
+
+        Parameters
+        ----------
+        linear : torch.nn.Linear
+            The layer whose ``weight`` and ``bias`` (and training mode) the new layer takes.
+        activation : {None, "relu", "gelu"}, optional
+            As for ``FusedLinear``.
+
+        Returns
+        -------
+        FusedLinear
+            A new module holding the very same ``Parameter`` objects.
+
+        Raises
+        ------
+        NvblasltValueError
+            ``activation`` is unknown or exact (erf) GELU.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from nvblaslt.torch import FusedLinear
+        >>> plain = torch.nn.Linear(8, 4)
+        >>> fused = FusedLinear.from_linear(plain, activation="gelu")
+        >>> fused.weight is plain.weight
+        True
+        """
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused.in_features, fused.out_features = linear.in_features, linear.out_features
@@ -71,32 +159,91 @@ class FusedLinear(nn.Module):
         return fused
 
     def forward(self, x: Tensor) -> Tensor:
+        """``activation(x @ weight.T + bias)``, as ``linear()`` computes it.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            (…, in_features), of the parameters' dtype and device.
+
+        Returns
+        -------
+        torch.Tensor
+            (…, out_features).
+
+        Raises
+        ------
+        NvblasltTypeError, NvblasltValueError
+            As ``linear()`` raises them.
+        """
         return linear(x, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
+        """The layer's widths, bias and activation, for ``repr()``."""
         text = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
         return text + (f", activation={self.activation!r}" if self.activation != "none" else "")
 
 
 class FusedSequential(nn.Sequential):
-    """``nn.Sequential`` that can fuse across consecutive ``FusedLinear`` layers (``nn.Identity`` between
-    them is skipped): a layer's activation backward can run in the next layer's input-gradient GEMM.
-    Any other module in between ends the chain.
+    """``nn.Sequential`` that fuses across consecutive ``FusedLinear`` layers.
 
-    ``backward``: where each layer's activation backward and bias gradient are computed —
-    ``"epilog"``: DRELU_BGRAD / DGELU_BGRAD in the next layer's input-gradient GEMM, one call for both;
-    ``"bgradb"``: DRELU / DGELU there, the bias gradient by BGRADB in the layer's own weight-gradient GEMM;
-    ``"unfused"``: the activation backward as a torch op in the layer's own backward (ReLU from its
-    output, no bitmask kept), then BGRADB, as a standalone ``FusedLinear`` does;
-    ``"auto"`` (default): ``"unfused"`` for ReLU and ``"bgradb"`` for GELU, the fastest measured
-    (H200, cuBLASLt 13.1: see ``python -m nvblaslt.bench.mlp``). The results agree to rounding."""
+    A layer's activation backward can run in the next layer's input-gradient GEMM (``nn.Identity``
+    between them is skipped; any other module in between ends the chain). ``fuse()`` makes these from
+    ``nn.Sequential`` models. The results agree with unfused layers to rounding.
 
-    def __init__(self, *args, backward: str = "auto"):
+    Parameters
+    ----------
+    *args : torch.nn.Module or OrderedDict[str, torch.nn.Module]
+        The modules, as ``nn.Sequential`` takes them.
+    backward : {"auto", "unfused", "bgradb", "epilog"}, default "auto"
+        Where each layer's activation backward and bias gradient are computed:
+
+        - ``"epilog"``: DRELU_BGRAD / DGELU_BGRAD in the next layer's input-gradient GEMM, one call for
+          both;
+        - ``"bgradb"``: DRELU / DGELU there, the bias gradient by BGRADB in the layer's own
+          weight-gradient GEMM;
+        - ``"unfused"``: the activation backward as a torch op in the layer's own backward (ReLU from
+          its output, no bitmask kept), then BGRADB, as a standalone ``FusedLinear`` does;
+        - ``"auto"``: ``"unfused"`` for ReLU and ``"bgradb"`` for GELU (``AUTO_BACKWARD``), the
+          fastest measured (H200, cuBLASLt 13.1: see ``python -m nvblaslt.bench.mlp``).
+
+        Settable later as the ``backward`` property.
+
+    Raises
+    ------
+    NvblasltValueError
+        ``backward`` is not one of ``BACKWARDS``.
+
+    See Also
+    --------
+    fuse : makes a ``FusedSequential`` from an ``nn.Sequential``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvblaslt.torch import FusedLinear, FusedSequential
+    >>> model = FusedSequential(FusedLinear(8, 16, activation="gelu"), FusedLinear(16, 2), backward="bgradb")
+    >>> model(torch.randn(4, 8)).shape
+    torch.Size([4, 2])
+    >>> model.backward = "fastest"
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltValueError: backward: expected one of ('auto', 'unfused', 'bgradb', 'epilog'), got 'fastest'
+    """
+
+    @overload
+    def __init__(self, *args: nn.Module, backward: str = "auto") -> None: ...
+
+    @overload
+    def __init__(self, arg: OrderedDict[str, nn.Module], /, *, backward: str = "auto") -> None: ...
+
+    def __init__(self, *args: Any, backward: str = "auto") -> None:
         super().__init__(*args)
         self.backward = backward
 
     @property
     def backward(self) -> str:
+        """Where each activation's backward runs: one of ``BACKWARDS`` (see the class)."""
         return self._backward
 
     @backward.setter
@@ -104,6 +251,18 @@ class FusedSequential(nn.Sequential):
         self._backward = check_backward(value)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Run the modules in order, linking consecutive ``FusedLinear`` layers.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            The first module's input.
+
+        Returns
+        -------
+        torch.Tensor
+            The last module's output.
+        """
         state = None  # the previous FusedLinear's link, while the chain lasts
         lead = None  # x's leading shape while x is held flattened to 2-D
         for module in self:
@@ -140,8 +299,47 @@ def fuse(module: nn.Module, *, backward: str = "auto") -> nn.Module:
     An ``nn.Sequential`` becomes a ``FusedSequential``: each Linear followed by an activation becomes
     one ``FusedLinear`` and the activation's slot an ``nn.Identity``, so ``state_dict`` keys stay those
     of the original. Parameters are shared with ``module``, not copied. Other modules are converted
-    in place, child by child, and returned. An exact GELU after a Linear is refused (NvblasltValueError).
-    ``backward``: as ``FusedSequential``'s, for every one made."""
+    in place, child by child, and returned.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The model: an ``nn.Linear``, an ``nn.Sequential`` or any module holding them.
+    backward : {"auto", "unfused", "bgradb", "epilog"}, default "auto"
+        As ``FusedSequential``'s, for every one made.
+
+    Returns
+    -------
+    torch.nn.Module
+        A ``FusedLinear`` for an ``nn.Linear``, a ``FusedSequential`` for an ``nn.Sequential``, else
+        ``module`` itself with its children converted.
+
+    Raises
+    ------
+    NvblasltTypeError
+        ``module`` is not an ``nn.Module``.
+    NvblasltValueError
+        An exact GELU (``nn.GELU()``) follows a Linear, or ``backward`` is unknown.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from nvblaslt.torch import fuse
+    >>> model = fuse(nn.Sequential(nn.Linear(8, 16), nn.GELU(approximate="tanh"), nn.Linear(16, 2)))
+    >>> model
+    FusedSequential(
+      (0): FusedLinear(in_features=8, out_features=16, bias=True, activation='gelu')
+      (1): Identity()
+      (2): FusedLinear(in_features=16, out_features=2, bias=True)
+    )
+    >>> list(model.state_dict())
+    ['0.weight', '0.bias', '2.weight', '2.bias']
+    >>> fuse(nn.Sequential(nn.Linear(8, 16), nn.GELU()))
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltValueError: module[1]: nn.GELU(approximate='none') is exact (erf) GELU; ...
+    """
     if not isinstance(module, nn.Module):
         raise NvblasltTypeError(f"module: expected a torch.nn.Module, got {type(module).__module__}."
                                 f"{type(module).__qualname__}")

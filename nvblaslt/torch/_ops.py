@@ -14,6 +14,8 @@ gradient arrives on the output and goes through the activation's derivative as t
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -137,7 +139,8 @@ def _wants_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def layer(x2, weight, bias, activation, state, chain=None):
+def layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, state: Any,
+          chain: str | None = None) -> tuple[Tensor, Any]:
     """One layer on 2-D x; ``state`` is the previous layer's (activation, aux, link, link_bias) or None.
     ``chain``: where this layer's activation backward runs — None: in its own backward, as torch ops on
     its output (ReLU) or kept pre-activation (GELU); ``"epilog"`` / ``"bgradb"``: in the next layer's

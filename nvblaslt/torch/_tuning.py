@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
 from .. import NvblasltTypeError, NvblasltValueError
 
-BACKWARDS = ("auto", "unfused", "bgradb", "epilog")
+BACKWARDS: tuple[str, ...] = ("auto", "unfused", "bgradb", "epilog")
+"""The values ``FusedSequential(backward=…)`` and ``fuse(…, backward=…)`` take: where each layer's
+activation backward and bias gradient run (see ``FusedSequential``)."""
 # What "auto" picks, from the training-step bench (H200, cuBLASLt 13.1, bf16, 8192 tokens, widths 4096/16384):
 # cuBLASLt runs DRELU, DRELU_BGRAD and DGELU_BGRAD there as the GEMM plus a separate epilogue kernel
 # (0.2-0.75 ms a call, slower than torch's threshold_backward or a row sum), while DGELU is fused into the
 # GEMM (+2-5 %) and BGRADB costs nothing or one short reduction kernel.
-AUTO_BACKWARD = {"none": None, "relu": None, "gelu": "bgradb"}
-"""{activation: the backward form ``"auto"`` picks for it}; None stands for ``"unfused"``."""
+AUTO_BACKWARD: dict[str, str | None] = {"none": None, "relu": None, "gelu": "bgradb"}
+"""{activation: the backward form ``backward="auto"`` picks for it}; None stands for ``"unfused"``."""
 
 
 def check_backward(value: str) -> str:
@@ -33,21 +36,58 @@ def chain_for(backward: str, activation: str) -> str | None:
     return None if backward == "unfused" else backward
 
 
-_active: dict | None = None  # the innermost autotune() context's settings
+_active: dict[str, Any] | None = None  # the innermost autotune() context's settings
 
 
 def autotune(*, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
-    """Search every GEMM the fused layers run inside this context (``Matmul.autotune(search=True)``:
-    the heuristics' list and configurations beyond it, and for DRELU_BGRAD / DGELU_BGRAD the two-call
-    form) and remember the winners on disk, so that later plans of the same problems start from them.
-    Each distinct problem is searched once per context (layers of one shape share the winner).
+    """Search the fused layers' GEMMs for their fastest plans while the context is open.
+
+    Every GEMM the fused layers run inside the context is searched as ``Matmul.autotune(search=True)``
+    searches: the heuristics' list, configurations beyond it, and for DRELU_BGRAD / DGELU_BGRAD the
+    two-call form. The winners are remembered on disk, so that later plans of the same problems start
+    from them. Each distinct problem is searched once per context (layers of one shape share the winner).
 
     Run one training step inside it before the first ordinary step: the GEMMs run as usual, only
     slower. Plans that ``nvblaslt.matmul`` has already cached (per thread, the autograd engine's
     included) are not revisited; a new process picks the winners up. It matters: on the bench's MLP
     (H200, bf16, 8192 tokens) the heuristics' first picks leave the fused step 1.05× (ReLU) / 1.09×
     (GELU) the GEMM-only floor, searched plans 1.01× / 1.03× (``python -m nvblaslt.bench.mlp --search``).
-    ``iterations``: timed rounds per candidate, an int ≥ 1, checked here rather than at ``with``."""
+    Outside CUDA (CPU tensors run as torch ops) the context changes nothing.
+
+    Parameters
+    ----------
+    iterations : int, default 5
+        Timed rounds per candidate, an int ≥ 1 (checked here, not at ``with``).
+
+    Returns
+    -------
+    contextlib.AbstractContextManager[None]
+        The context to run a training step in; contexts nest, the innermost one applies.
+
+    Raises
+    ------
+    NvblasltTypeError
+        ``iterations`` is not an integer (bools included).
+    NvblasltValueError
+        ``iterations`` is below 1.
+
+    See Also
+    --------
+    nvblaslt.Matmul.autotune : the search, on one plan.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvblaslt.torch import FusedLinear, autotune
+    >>> layer = FusedLinear(8, 4, activation="relu")
+    >>> with autotune(iterations=3):
+    ...     loss = layer(torch.ones(2, 8)).sum()
+    ...     loss.backward()
+    >>> autotune(iterations=0)
+    Traceback (most recent call last):
+        ...
+    nvblaslt._errors.NvblasltValueError: iterations: expected an int ≥ 1 (timed rounds per candidate), got 0
+    """
     try:
         count = None if isinstance(iterations, bool) else operator.index(iterations)
     except TypeError:
@@ -59,7 +99,7 @@ def autotune(*, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
 
 
 @contextlib.contextmanager
-def _autotune(iterations: int):
+def _autotune(iterations: int) -> Iterator[None]:
     global _active
     previous, _active = _active, {"iterations": iterations, "searched": set()}
     try:
@@ -79,4 +119,5 @@ def first_search(problem: Callable[[], Hashable]) -> int | None:
     if key in tuning["searched"]:
         return None
     tuning["searched"].add(key)
-    return tuning["iterations"]
+    iterations: int = tuning["iterations"]
+    return iterations
