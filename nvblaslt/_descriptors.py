@@ -337,6 +337,7 @@ class Algorithm:
     def __init__(self, algo: Any, lib: Library | None = None):
         self.lib = lib or library()
         self.algo = algo
+        self.workspace_size: int | None = None  # known where the heuristics or a check returned it
 
     def _member(self, attribute: Attribute, enum_name: str) -> enum.IntEnum:
         enum_type = getattr(self.lib.api, enum_name)
@@ -413,6 +414,10 @@ class HeuristicResult:
         self.algorithm = Algorithm(result.algo, lib)
         self.workspace_size = int(result.workspaceSize)
         self.waves = float(result.wavesCount)
+        self.algorithm.workspace_size = self.workspace_size  # nvmath-python's ``algorithm.workspace_size``
+
+    def __reduce__(self):  # pickled as its bytes: the library handle it holds is process-local
+        return _heuristic_result, (self.as_bytes(), self.workspace_size, self.waves)
 
     @property
     def algo_id(self) -> int:
@@ -431,10 +436,10 @@ class HeuristicResult:
     cluster_shape = _config_property("CLUSTER_SHAPE_ID")
 
     @property
-    def capabilities(self) -> dict[str, object]:
+    def capabilities(self) -> Capabilities:
         """Every capability attribute of this algorithm id the loaded library knows and answers, by name."""
         enum_type = self.algorithm.lib.api.cublasLtMatmulAlgoCapAttributes_t
-        found = {}
+        found = Capabilities()
         for member in enum_type:
             try:
                 found[member.name] = self.algorithm.capability(member)
@@ -450,6 +455,26 @@ class HeuristicResult:
         a = self.algorithm
         return (f"<HeuristicResult id={a.id} tile={a.tile} stages={a.stages} "
                 f"workspace={self.workspace_size} waves={self.waves:.2f}>")
+
+
+class Capabilities(dict):
+    """An algorithm's capabilities by name (``caps["TILE_IDS"]``), also as attributes under
+    nvmath-python's lower-case names (``caps.tile_ids``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name.upper()]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _heuristic_result(data: bytes, workspace_size: int, waves: float) -> HeuristicResult:
+    """A pickled ``HeuristicResult`` back, on this process's library."""
+    lib = library()
+    result = lib.api.cublasLtMatmulHeuristicResult_t()
+    result.algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(data)
+    result.workspaceSize, result.wavesCount = workspace_size, waves
+    return HeuristicResult(result, lib)
 
 
 def heuristics(handle: Handle, desc: MatmulDesc, a: MatrixLayout, b: MatrixLayout, c: MatrixLayout,
