@@ -164,7 +164,8 @@ def _pair(argument: str, value, minimum: int) -> tuple[int, int]:
     return pair
 
 
-def conv_arguments(kernel: tuple[int, int], stride, padding, dilation, groups, padding_mode="zeros"):
+def conv_arguments(kernel: tuple[int, int], stride: object, padding: object, dilation: object, groups: object,
+                   padding_mode: object = "zeros") -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """(stride, padding, dilation) as pairs, checked; unsupported groups / padding modes refused by name."""
     if isinstance(groups, bool) or not isinstance(groups, int) or groups != 1:
         raise NvblasltValueError(f"groups: only 1 is fused (a grouped convolution is no single GEMM), got {groups!r}")
@@ -224,29 +225,77 @@ def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None):
 # ---- the entries --------------------------------------------------------------------------------------------
 
 
-def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1, groups: int = 1,
-           activation: str | None = None) -> Tensor:
-    """``activation(nn.functional.conv2d(x, weight, bias, stride, padding, dilation))`` as nvblaslt GEMMs
-    with fused epilogs on CUDA, autograd-aware; the same math as torch ops on other devices.
+IntPair = int | tuple[int, int]
 
-    ``x`` (N, C, H, W) must be channels-last; the result is too. ``weight`` (O, C, kH, kW), ``bias`` (O,),
-    all of one dtype (float16, bfloat16, float32, float64). ``padding``: ints, ``"valid"`` or ``"same"``
-    (symmetric only). ``groups`` must be 1. ``activation``: None, ``"relu"`` or ``"gelu"`` (tanh form;
-    exact GELU is refused). A pointwise convolution (1×1, stride 1, no padding) is one GEMM on x's memory;
-    any other runs an im2col copy first (and a col2im in the backward)."""
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1, padding: IntPair | str = 0,
+           dilation: IntPair = 1, groups: int = 1, activation: str | None = None) -> Tensor:
+    """``activation(nn.functional.conv2d(x, weight, bias, stride, padding, dilation))`` as nvblaslt GEMMs
+    with fused epilogs on CUDA, autograd-aware.
+
+    A pointwise convolution (1×1, stride 1, no padding) is one cuBLASLt call on x's own memory
+    (RELU_BIAS, GELU_AUX_BIAS, BIAS or a plain GEMM); any other kernel copies x's patches first (im2col)
+    and sums the input gradient back (col2im). The backward pass runs the activation's derivative as a
+    torch op, BGRADB for the weight and bias gradients in one call, and a GEMM for the input gradient;
+    it keeps x, the weight and the output (GELU: its pre-activation) only. Tensors on any other device
+    run the same math as torch ops. Under autocast the inputs are cast as autocast casts
+    ``nn.Conv2d``'s. It is the torch custom op ``torch.ops.nvblaslt.conv2d``, so it works under
+    ``torch.compile(fullgraph=True)``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        (N, C, H, W) in channels-last memory (``x.is_contiguous(memory_format=torch.channels_last)``);
+        any other layout is refused, not copied on every call.
+    weight : torch.Tensor
+        (O, C, kH, kW), of ``x``'s dtype and device; any memory format (channels-last is a view, others
+        a weight-sized copy per call).
+    bias : torch.Tensor or None, optional
+        (O,), of ``x``'s dtype and device.
+    stride, dilation : int or (int, int), optional
+        As for ``nn.functional.conv2d``, each ≥ 1.
+    padding : int, (int, int), "valid" or "same", optional
+        Zero padding as for ``nn.functional.conv2d``; ``"same"`` only where it pads both sides alike.
+    groups : int, optional
+        Must be 1: a grouped convolution is no single GEMM.
+    activation : {None, "relu", "gelu"}, optional
+        ``"gelu"`` is the tanh approximation; exact GELU is refused.
+
+    Returns
+    -------
+    torch.Tensor
+        (N, O, OH, OW), channels-last, of ``x``'s dtype (float16, bfloat16, float32 or float64).
+
+    Raises
+    ------
+    NvblasltTypeError
+        A tensor argument is not a tensor, the dtypes differ or are not floating, or stride / padding /
+        dilation are not ints.
+    NvblasltValueError
+        ``x`` is not channels-last, the shapes do not match, ``groups`` ≠ 1, a value is out of range, the
+        image is smaller than the kernel's reach, or ``activation`` is unknown or exact GELU.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvblaslt.torch._conv import conv2d
+    >>> x = torch.arange(9.0).reshape(1, 3, 3, 1).permute(0, 3, 1, 2)  # NHWC memory: channels-last
+    >>> conv2d(x, torch.ones(1, 1, 2, 2), activation="relu")[0, 0]
+    tensor([[ 8., 12.],
+            [20., 24.]])
+    """
     activation = activation_name(activation)
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         if not isinstance(t, Tensor) and not (name == "bias" and t is None):
             raise NvblasltTypeError(f"{name}: expected a torch.Tensor{' or None' if name == 'bias' else ''}, got "
                                     f"{type(t).__module__}.{type(t).__qualname__}")
     kernel = (weight.shape[-2], weight.shape[-1]) if weight.dim() >= 2 else (1, 1)
-    stride, padding, dilation = conv_arguments(kernel, stride, padding, dilation, groups)
+    g = Geometry(kernel, *conv_arguments(kernel, stride, padding, dilation, groups))
     x, weight, bias = _autocast(x, weight, bias)
-    g = Geometry(kernel, stride, padding, dilation)
     _check(x, weight, bias, g)
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     out, _ = torch.ops.nvblaslt.conv2d(x, weight, bias, activation, wants_grad and activation == "gelu",
-                                       list(stride), list(padding), list(dilation))
+                                       list(g.stride), list(g.padding), list(g.dilation))
     return out
 
 
@@ -262,20 +311,64 @@ def _count(argument: str, value) -> int:
 
 
 class FusedConv2d(nn.Module):
-    """``nn.Conv2d`` followed by an activation, fused: the same parameters (``weight``, ``bias``), init and
-    ``state_dict`` keys as ``nn.Conv2d(in_channels, out_channels, kernel_size, …)``, so its checkpoints load.
+    """``nn.Conv2d`` followed by an activation, fused into nvblaslt GEMMs with epilogs on CUDA.
 
-    Channels-last input only (see ``conv2d``); ``groups=1`` and ``padding_mode="zeros"`` only, refused
-    otherwise. ``activation``: None, ``"relu"`` or ``"gelu"`` (tanh form)."""
+    The same parameters (``weight``, ``bias``), initialization and ``state_dict`` keys as
+    ``nn.Conv2d(in_channels, out_channels, kernel_size, …)``, so ``nn.Conv2d`` checkpoints load into it.
+    The forward pass is ``conv2d(x, weight, bias, stride, padding, dilation, activation=activation)``:
+    channels-last input only.
+
+    Parameters
+    ----------
+    in_channels, out_channels : int
+        As for ``nn.Conv2d``, ints ≥ 0.
+    kernel_size : int or (int, int)
+        Each ≥ 1.
+    stride, padding, dilation : optional
+        As for ``nn.Conv2d`` (``padding`` also ``"valid"`` or a symmetric ``"same"``).
+    groups : int, default 1
+        Must be 1.
+    bias : bool, default True
+        Whether the layer has a learnable bias.
+    padding_mode : str, default "zeros"
+        Must be ``"zeros"``.
+    activation : {None, "relu", "gelu"}, optional
+        The activation after the bias; ``"gelu"`` is the tanh approximation. Exact GELU is refused.
+    device, dtype : optional
+        Where and of what dtype the parameters are made, as for ``nn.Conv2d``.
+
+    Raises
+    ------
+    NvblasltTypeError
+        A size is not an integer (or pair of integers).
+    NvblasltValueError
+        A size is out of range, ``groups`` ≠ 1, ``padding_mode`` ≠ "zeros", or ``activation`` is unknown
+        or exact (erf) GELU.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvblaslt.torch._conv import FusedConv2d
+    >>> layer = FusedConv2d(8, 16, 1, activation="relu")
+    >>> layer
+    FusedConv2d(8, 16, kernel_size=(1, 1), stride=(1, 1), activation='relu')
+    >>> sorted(layer.state_dict()) == sorted(torch.nn.Conv2d(8, 16, 1).state_dict())
+    True
+    >>> x = torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    >>> y = layer(x)
+    >>> y.shape, y.is_contiguous(memory_format=torch.channels_last), bool((y >= 0).all())
+    (torch.Size([2, 16, 5, 5]), True, True)
+    """
 
     __constants__ = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "activation"]
     weight: Tensor
     bias: Tensor | None
     resolved_padding: tuple[int, int]  # the padding as pixels, "same" and "valid" resolved
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", activation: str | None = None,
-                 device=None, dtype=None) -> None:
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: IntPair, stride: IntPair = 1,
+                 padding: IntPair | str = 0, dilation: IntPair = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", activation: str | None = None,
+                 device: torch.device | str | int | None = None, dtype: torch.dtype | None = None) -> None:
         in_channels, out_channels = _count("in_channels", in_channels), _count("out_channels", out_channels)
         kernel = _pair("kernel_size", kernel_size, 1)
         stride, resolved, dilation = conv_arguments(kernel, stride, padding, dilation, groups, padding_mode)
@@ -285,22 +378,34 @@ class FusedConv2d(nn.Module):
         self.padding = padding if isinstance(padding, str) else resolved  # as nn.Conv2d keeps it
         self.resolved_padding = resolved
         self.activation = activation_name(activation)
-        factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty((out_channels, in_channels, *kernel), **factory))
+        self.weight = nn.Parameter(torch.empty((out_channels, in_channels, *kernel), device=device, dtype=dtype))
         if bias:
-            self.bias = nn.Parameter(torch.empty(out_channels, **factory))
+            self.bias = nn.Parameter(torch.empty(out_channels, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """``nn.Conv2d``'s init, drawing the same random numbers."""
+        """Initialize ``weight`` and ``bias`` as ``nn.Conv2d`` does, drawing the same random numbers."""
         nn.Conv2d.reset_parameters(cast(nn.Conv2d, self))
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, activation: str | None = None) -> FusedConv2d:
-        """A FusedConv2d sharing ``conv``'s parameters (not copies: optimizers holding them still work);
-        a grouped convolution or another padding mode is refused (NvblasltValueError)."""
+        """A FusedConv2d sharing ``conv``'s parameters: not copies, so optimizers holding them still work.
+
+        Parameters
+        ----------
+        conv : torch.nn.Conv2d
+            The layer whose ``weight`` and ``bias`` (and training mode) the new layer takes; a grouped
+            convolution or another padding mode than zeros is refused (NvblasltValueError).
+        activation : {None, "relu", "gelu"}, optional
+            As for ``FusedConv2d``.
+
+        Returns
+        -------
+        FusedConv2d
+            A new module holding the very same ``Parameter`` objects.
+        """
         if not isinstance(conv, nn.Conv2d):
             raise NvblasltTypeError(f"conv: expected a torch.nn.Conv2d, got {type(conv).__module__}."
                                     f"{type(conv).__qualname__}")
@@ -324,7 +429,7 @@ class FusedConv2d(nn.Module):
 
     def extra_repr(self) -> str:
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding not in ((0, 0), "valid"):
+        if self.padding != (0, 0):  # as nn.Conv2d shows it: "valid" and "same" too
             text += f", padding={self.padding}"
         if self.dilation != (1, 1):
             text += f", dilation={self.dilation}"

@@ -76,7 +76,8 @@ def rows(t: Tensor) -> Tensor:
 
 def weight_matrix(weight: Tensor) -> Tensor:
     """(O, C, KH, KW) -> (O, KH·KW·C), columns in cols' order."""
-    return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
+    o, c, kh, kw = weight.shape
+    return weight.permute(0, 2, 3, 1).reshape(o, kh * kw * c)
 
 
 def weight_format(weight: Tensor) -> torch.memory_format:
