@@ -320,14 +320,15 @@ def input_keys(epilog: MatmulEpilog, given: dict, problem) -> tuple[str, ...]:
     spec = SPECS[epilog]
     missing = [k for k in spec.inputs if k not in given]
     if missing:
-        raise NvblasltValueError(f"epilog_inputs: {epilog.name} takes {list(spec.inputs)}; missing {missing}")
+        raise NvblasltValueError(f"epilog_inputs: The epilog {epilog.name} requires the following input tensors: "
+                                 f"{set(spec.inputs)}. Missing {missing}")
     unknown = [k for k in given if k not in spec.inputs]
     if unknown:
         raise NvblasltValueError(f"epilog_inputs: {epilog.name} takes {list(spec.inputs) or 'no inputs'}; got also "
                                  f"{unknown}")
     if spec.aux_input and problem.k == 1:
-        raise NvblasltValueError(f"a, b: {epilog.name} with K=1 is refused (cuBLASLt reads out of bounds there); "
-                                 f"got K=1")
+        raise NvblasltValueError(f"a, b: K=1 is not supported for {epilog.name} epilog (cuBLASLt reads out of "
+                                 f"bounds there); got K=1")
     return spec.inputs
 
 

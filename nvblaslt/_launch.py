@@ -204,7 +204,7 @@ class Launch:
         for result in self.algorithms:
             if result.as_bytes() == wanted:
                 return result
-        raise NvblasltValueError("execute: algorithm: the algorithm passed to execute() has to be included in the "
+        raise NvblasltValueError("execute: algorithm: Algorithm passed to execute() has to be included in the "
                                  "plan() algorithms (plan(algorithms=[…]) takes it)")
 
     def keep(self, ordered: list[HeuristicResult], prune: int | None) -> None:

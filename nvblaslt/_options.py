@@ -80,7 +80,8 @@ class MatmulOptions:
         if self.compute_type is not None:  # as nvmath-python's ComputeType(value) does, here and not at first use
             check_compute_type(self.compute_type, "options.compute_type")
         if self.blocking not in (True, "auto"):
-            raise NvblasltValueError(f"options.blocking: expected True or 'auto', got {self.blocking!r}")
+            raise NvblasltValueError(f"options.blocking: The value specified for blocking must be either True or "
+                                     f"'auto'. Got {self.blocking!r}")
         if self.device_id is None:
             self.device_id = 0
         if isinstance(self.device_id, bool) or not isinstance(self.device_id, int):
@@ -142,7 +143,8 @@ class MatmulPlanPreferences:
     def __post_init__(self):
         if self.max_waves_count is None:
             self.max_waves_count = 0.0
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= 1024:
+        # 0 is passed on, as nvmath-python passes it: cuBLASLt's heuristics refuse it (INVALID_VALUE)
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 0 <= self.limit <= 1024:
             raise NvblasltValueError(f"preferences.limit: expected an int from 1 to 1024, got {self.limit!r}")
         if isinstance(self.workspace_limit, bool) or not isinstance(self.workspace_limit, int) \
                 or not 0 <= self.workspace_limit < 1 << 40:

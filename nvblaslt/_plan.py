@@ -86,7 +86,8 @@ class Matmul(OperandResets):
             raise NvblasltValueError(f"options.device_id: expected a GPU ordinal (int ≥ 0), got {options.device_id}")
         hosts = {op.host for op in ops}
         if len(hosts) > 1:
-            raise NvblasltArgumentError("a, b, c: operands must all be in GPU memory or all in host memory")
+            raise NvblasltArgumentError("a, b, c: operands are not on the same device: they must all be in GPU "
+                                        "memory or all in host memory")
         self._host = hosts.pop()
         self._blocking = self._host or options.blocking is True
         self._hand_back = not framework.has_pool and not self._host  # results in nvblaslt's own memory
@@ -120,8 +121,8 @@ class Matmul(OperandResets):
         self.alpha.set(1.0 if alpha is None else alpha)
         self.beta.set(0.0 if beta is None else beta)
         if options.result_amax and types.d not in _dtypes.FLOAT8:
-            raise NvblasltValueError(f"options.result_amax: only fp8 results have an amax, the result is "
-                                     f"{types.d.name}")
+            raise NvblasltValueError(f"options.result_amax: result_amax=True is allowed only for narrow-precision "
+                                     f"(FP8 and lower) results; the result is {types.d.name}")
         self._scales = Scales(types, self.device, self._host, has_c)
         scales = self._scales.check(quantization_scales, stream)
         canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now

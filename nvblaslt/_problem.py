@@ -97,8 +97,8 @@ def _matrix(op: Operand, name: str, promote: str | None = None) -> Matrix:
 
 def _check_extents(op: Operand, name: str) -> None:
     if 0 in op.shape:
-        raise NvblasltValueError(f"{name}: extents must be positive (cuBLASLt has no empty matmul), got shape "
-                                 f"{op.shape}")
+        raise NvblasltValueError(f"{name}: The extents must be strictly positive (cuBLASLt has no empty matmul), "
+                                 f"got shape {op.shape}")
 
 
 class Operands:
@@ -110,8 +110,8 @@ class Operands:
             which, op = ("a", a) if len(a.shape) < 1 else ("b", b)
             raise NvblasltValueError(f"{which}: expected at least 1 dimension, got shape {op.shape}")
         if c is not None and len(c.shape) < 2:
-            raise NvblasltValueError(f"c: expected at least 2 dimensions ((M, N), (M, 1) or batched), got shape "
-                                     f"{c.shape}; add a dimension to make a column")
+            raise NvblasltValueError(f"c: `c` must be at least 2-D: (M, N), (M, 1) or batched, got shape {c.shape}; "
+                                     f"add a dimension to make a column")
         if inplace and c is None:
             raise NvblasltValueError("options.inplace: the result is written into c, but no c was given")
         for name, given in (("a", a), ("b", b), ("c", c)):
@@ -122,8 +122,9 @@ class Operands:
         self.b = _matrix(b, "b", "col" if self.b_vector else None)
         self.m, self.k = self.a.rows, self.a.cols
         if self.b.rows != self.k:
-            raise NvblasltValueError(f"b: expected {self.k} rows to match a's {self.k} columns (K), got shape "
-                                     f"{b.shape} (a: {a.shape})")
+            raise NvblasltValueError(f"a, b: The 'K' extent must match for the operands: K={self.k} in operand A is "
+                                     f"not equal to K={self.b.rows} in operand B (a: shape {a.shape}, b: shape "
+                                     f"{b.shape})")
         self.n = self.b.cols
         ab, bb = self.a.batch_shape, self.b.batch_shape
         if ab and bb and ab != bb:
@@ -139,7 +140,9 @@ class Operands:
             mc, nc = self.c.rows, self.c.cols
             if mc != self.m or nc not in (self.n, 1) or (inplace and nc != self.n):
                 want = f"({self.m}, {self.n})" if inplace else f"({self.m}, {self.n}) or ({self.m}, 1)"
-                raise NvblasltValueError(f"c: expected shape (…, {want[1:-1]}) for a {self.m}×{self.k} @ "
+                which = f"M dimension of the c matrix ({mc}) must match the M dimension of a" if mc != self.m else \
+                    f"N dimension of the c matrix ({nc}) must match the N dimension of b"
+                raise NvblasltValueError(f"c: The {which}. Expected shape (…, {want[1:-1]}) for a {self.m}×{self.k} @ "
                                          f"{self.k}×{self.n} product, got {c.shape}"
                                          + ("; in place, c must hold the whole result" if inplace else ""))
             if self.c.batch_shape and self.c.batch_shape != self.batch_shape:

@@ -50,11 +50,20 @@ def read_input(key: str, value, host: bool, device: int, stream: int) -> _operan
     return op
 
 
+# What a reset's operand must share with the one it replaces, in nvmath-python's words where it has them
+_SAME = {"shape": "The extents {new} of the new operand must match the extents {old} the plan was made for",
+         "strides": "The strides {new} of the new operand must match the strides {old} the plan was made for",
+         "dtype": "The data type of the new operand must match the data type of the original operand. The plan was "
+                  "made for {old}, got {new}",
+         "device": "The new operand is on device {new}, but it should be on device {old}",
+         "conjugated": "the plan was made for conjugated={old}, got {new}"}
+
+
 def require_same(name: str, old, new, what_matters=("shape", "strides", "dtype", "device", "conjugated")) -> None:
     for what in what_matters:
         if getattr(old, what) != getattr(new, what):
-            raise NvblasltValueError(f"{name}: the plan was made for {what} {getattr(old, what)}, got "
-                                     f"{getattr(new, what)}; make a new Matmul for a different problem")
+            mismatch = _SAME[what].format(old=getattr(old, what), new=getattr(new, what))
+            raise NvblasltValueError(f"{name}: {mismatch}; make a new Matmul for a different problem")
     if "device" in what_matters and new.alignment < old.alignment:
         raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but the "
                                  f"plan's algorithms assume {old.alignment}; make a new Matmul")
@@ -82,8 +91,8 @@ def read_reset(new: dict, current: dict, host_originals: dict, released, framewo
             found[name] = op
             continue
         if framework_of(array) is not framework or op.host != host:
-            raise NvblasltTypeError(f"{name}: expected an array like the original ({framework}, "
-                                    f"{'host' if host else 'GPU'} memory)")
+            raise NvblasltTypeError(f"{name}: Library package mismatch: expected an array like the original "
+                                    f"({framework}, {'host' if host else 'GPU'} memory)")
         if op.host:  # copied (conjugated, for a conjugate view) into the device copy's layout: any strides do
             require_same(name, host_originals[name], op, ("shape", "dtype"))
         else:
@@ -105,8 +114,8 @@ def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict,
         name = f"epilog_inputs['{key}']"
         op = _operands.read(value, name, stream)
         if framework_of(value) is not framework:
-            raise NvblasltTypeError(f"{name}: expected an array like the original ({framework}); got one of "
-                                    f"{framework_of(value)} (the package must match)")
+            raise NvblasltTypeError(f"{name}: Library package mismatch: expected an array like the original "
+                                    f"({framework}); got one of {framework_of(value)}")
         if op.host != host:
             raise NvblasltArgumentError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the plan's operands "
                                         f"are in {'host' if host else 'GPU'} memory (the device must match)")

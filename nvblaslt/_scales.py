@@ -115,8 +115,9 @@ class Scales:
         required = self.required
         if scales is None:
             if required and not on_reset:
-                raise NvblasltValueError(f"quantization_scales: required for fp8 (narrow-precision) operations: give "
-                                         f"scales for {', '.join(map(repr, required))} (1.0 for none)")
+                raise NvblasltValueError(f"quantization_scales: Scales are required for narrow-precision (FP8 and "
+                                         f"lower) operations: give scales for {', '.join(map(repr, required))} "
+                                         f"(1.0 for none)")
             return {}
         if not required:
             raise NvblasltValueError("quantization_scales: only fp8 operands or results take scales")
@@ -131,14 +132,14 @@ class Scales:
                                      f"{sorted(map(str, unknown))}")
         for key, value in scales.items():
             if value is not None and key not in required:
-                what = "the result" if key == "d" else key
                 dtype = self._types.d if key == "d" else getattr(self._types, key)
-                raise NvblasltValueError(f"quantization_scales['{key}']: scaling is not supported for {what} when it "
-                                         f"is not fp8 (a narrow-precision type); it is {dtype.name}")
+                raise NvblasltValueError(f"quantization_scales['{key}']: Quantization scaling is not supported for "
+                                         f"{key} when it is not a narrow-precision (FP8 and lower) type; it is "
+                                         f"{dtype.name}")
         missing = [key for key in required if scales.get(key) is None]
         if missing and not on_reset:
-            raise NvblasltValueError(f"quantization_scales: scales are required for every fp8 (narrow-precision) "
-                                     f"operand and an fp8 result; missing {missing}")
+            raise NvblasltValueError(f"quantization_scales: Scales are required for narrow-precision (FP8 and lower) "
+                                     f"operations, for every fp8 operand and an fp8 result; missing {missing}")
         return self.check_values(scales, stream)
 
     def check_aux(self, value, stream: int) -> dict:

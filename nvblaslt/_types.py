@@ -171,7 +171,8 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
         raise NvblasltArgumentError(f"b: unsupported dtype {b.name}; expected one of "
                                 f"{', '.join(t.name for t in _dtypes.MATMUL_TYPES)}")
     if (a, b) not in _DEFAULT_COMPUTE:
-        raise NvblasltArgumentError(f"a, b: dtypes {a.name} and {b.name} cannot be multiplied; supported: equal types "
+        raise NvblasltArgumentError(f"a, b: Unsupported combination of dtypes for operands A {a.name} and B {b.name}: "
+                                    f"they cannot be multiplied; supported: equal types "
                                 f"among float32, float16, bfloat16, float64, complex64, complex128, or fp8 pairs "
                                 f"e4m3×e4m3, e4m3×e5m2, e5m2×e4m3")
     complex_ = a in _dtypes.COMPLEX

@@ -34,7 +34,7 @@ def host(shape, dtype=np.float32):
 
 
 BAD_HOST_CALLS = {
-    "K mismatch": (lambda: (host((4, 3)), host((5, 6))), {}, "b: expected 3 rows"),
+    "K mismatch": (lambda: (host((4, 3)), host((5, 6))), {}, "a, b: The 'K' extent must match"),
     "dtype mix": (lambda: (host((4, 3)), host((3, 6), np.float64)), {}, "a, b"),
     "batch mismatch": (lambda: (host((2, 4, 3)), host((3, 3, 6))), {}, "batch"),
     "0-d operand": (lambda: (np.float32(2.0), host((3, 6))), {}, "a"),

@@ -133,7 +133,7 @@ def test_batches_broadcast_collapse_and_mismatch():
         problem(FakeDLPack((7, 4, 3)), FakeDLPack((6, 3, 5)))
     with pytest.raises(NvblasltValueError, match="K"):
         problem(FakeDLPack((4, 3)), FakeDLPack((4, 5)))
-    with pytest.raises(NvblasltValueError, match="extents must be positive"):
+    with pytest.raises(NvblasltValueError, match="extents must be strictly positive"):
         problem(FakeDLPack((0, 3)), FakeDLPack((3, 5)))
     with pytest.raises(NvblasltValueError, match="one stride"):
         problem(FakeDLPack((2, 3, 4, 3), (100, 12, 3, 1)), FakeDLPack((3, 5)))

@@ -562,7 +562,7 @@ def test_a_refused_reset_leaves_the_plan_on_its_operands():
     a, b = rand((M, K), "float32"), rand((K, N), "float32")
     with Matmul(a, b) as mm:
         mm.plan()
-        with pytest.raises(nvblaslt.NvblasltValueError, match="b: the plan was made for shape"):
+        with pytest.raises(nvblaslt.NvblasltValueError, match="b: The extents .* must match"):
             mm.reset_operands(a=rand((M, K), "float32"), b=rand((K, N + 1), "float32"))
         assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
 

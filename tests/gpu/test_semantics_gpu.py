@@ -391,13 +391,16 @@ def test_relu_mask_round_trip_with_batches():
     check(aux2["drelu_bgrad"], ref.sum(axis=-1)[..., None], "float32")
 
 
+ONES = {"a": 1.0, "b": 1.0}  # fp8 operands always take scales (nvmath-python's rule)
+
+
 def test_fp8_gelu_aux_with_scale_and_amax():
     a = rand((64, 32)).to(torch.float8_e4m3fn)
     b = rand((48, 32)).to(torch.float8_e4m3fn).T
     prefs = {"epilog": {"aux_type": torch.float8_e4m3fn, "aux_amax": True}}
     try:
         d, aux = matmul(a, b, epilog=E.GELU_AUX, preferences=prefs, options={"result_type": "bfloat16"},
-                        epilog_inputs={"aux_quantization_scale": 0.5})
+                        epilog_inputs={"aux_quantization_scale": 0.5}, quantization_scales=ONES)
     except nvblaslt.CublasLtError as error:  # cuBLASLt 13.1 / H200 refuses this fp8 aux: said with its status
         assert error.status_name in ("CUBLAS_STATUS_NOT_SUPPORTED", "CUBLAS_STATUS_INVALID_VALUE")
         return
@@ -407,4 +410,5 @@ def test_fp8_gelu_aux_with_scale_and_amax():
     assert abs(float(host(aux["gelu_aux_amax"])[0]) - np.abs(z).max()) / np.abs(z).max() < 1e-2
     check(d, gelu(z), "bfloat16")
     with pytest.raises(NvblasltError, match="aux_quantization_scale"):
-        matmul(a, b, epilog=E.GELU_AUX, preferences=prefs, options={"result_type": "bfloat16"})
+        matmul(a, b, epilog=E.GELU_AUX, preferences=prefs, options={"result_type": "bfloat16"},
+               quantization_scales=ONES)
