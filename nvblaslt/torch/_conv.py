@@ -10,10 +10,14 @@ other kernel goes through an im2col copy first. Each GEMM is ``nvblaslt::linear`
 - backward: the activation's derivative as a torch op (from the output for ReLU, the seed's point),
   dW = dzᵀ cols with BGRADB giving the bias gradient in the same call, dcols = dz W, then col2im.
 
-Both steps are torch custom ops (``nvblaslt::conv2d``, ``nvblaslt::conv2d_backward``) with fake
-implementations and a registered autograd formula, so ``FusedConv2d`` works under
+Both steps are torch custom ops (``nvblaslt::conv2d``, ``nvblaslt::conv2d_backward``, in ``_conv_ops``)
+with fake implementations and a registered autograd formula, so ``FusedConv2d`` works under
 ``torch.compile(fullgraph=True)``. The backward keeps x, the weight and the output (or GELU's
 pre-activation), nothing else: cols is recomputed from x where the weight gradient needs it.
+
+Modules, each calling only those below it: ``_conv`` (the module, the function, argument checks) →
+``_conv_ops`` (the custom ops) → ``_im2col`` (layouts and the convolution around GEMMs it is given) and
+the linear ops of ``_ops``.
 
 Input must be channels-last (``x.is_contiguous(memory_format=torch.channels_last)``); anything else is
 refused rather than copied on every call. ``groups`` other than 1 and ``padding_mode`` other than
@@ -23,123 +27,15 @@ refused rather than copied on every call. ``groups`` other than 1 and ``padding_
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
 from typing import cast
 
 import torch
 from torch import Tensor, nn
 
-from .. import NvblasltTypeError, NvblasltValueError
-from . import _ops  # noqa: F401  (registers nvblaslt::linear and nvblaslt::linear_backward, which the GEMMs run on)
-from ._composite import aux_layout, own, unused
+from .. import NvblasltError, NvblasltTypeError, NvblasltValueError
+from ._conv_ops import fused_conv
 from ._functional import activation_name
-from ._im2col import Geometry, backward, forward, weight_format
-
-_CONV_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, str activation, bool keep_aux, int[] stride, "
-                "int[] padding, int[] dilation) -> (Tensor, Tensor)")
-_BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor x, Tensor weight, Tensor? out, Tensor aux, str activation, "
-                    "bool bias_grad, int[] stride, int[] padding, int[] dilation, bool input_grad, "
-                    "bool weight_grad) -> (Tensor, Tensor, Tensor)")
-
-
-def geometry(weight: Tensor, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> Geometry:
-    kernel = (weight.shape[2], weight.shape[3])
-    return Geometry(kernel, (stride[0], stride[1]), (padding[0], padding[1]), (dilation[0], dilation[1]))
-
-
-# ---- the GEMMs: nvblaslt's linear ops on (M, K) cols ------------------------------------------------------
-
-
-def linear_gemm(cols: Tensor, weight_matrix: Tensor, bias: Tensor | None, activation: str,
-                keep_aux: bool) -> tuple[Tensor, Tensor]:
-    """act(cols Wᵀ + b) and its aux, through ``nvblaslt::linear`` (one cuBLASLt call with its epilog on CUDA)."""
-    out, aux = torch.ops.nvblaslt.linear(cols, weight_matrix, bias, activation, keep_aux, None, "none", None,
-                                         None)[:2]
-    return out, aux
-
-
-def linear_gemm_backward(dy: Tensor, cols: Tensor | None, weight_matrix: Tensor, out: Tensor | None, aux: Tensor,
-                         activation: str, bias_grad: bool, input_grad: bool,
-                         weight_grad: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """(dcols, dW, db) through ``nvblaslt::linear_backward``: dz = dy ⊙ act′, then dW = dzᵀ cols (BGRADB
-    for db) and dcols = dz W."""
-    if cols is None:  # no weight gradient: the op reads only cols' shape, so no im2col for it
-        cols = dy.new_zeros(()).expand(dy.shape[0], weight_matrix.shape[1])
-    dcols, dw, db, _ = torch.ops.nvblaslt.linear_backward(dy, None, cols, weight_matrix, out, aux, activation,
-                                                          bias_grad, None, "none", False, input_grad, weight_grad)
-    return (dcols if input_grad else None), (dw if weight_grad else None), (db if bias_grad else None)
-
-
-# ---- the custom ops ---------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("nvblaslt::conv2d", mutates_args=(), schema=_CONV_SCHEMA)
-def _conv2d_op(x, weight, bias, activation, keep_aux, stride, padding, dilation):
-    """(out (N, O, OH, OW) channels-last, aux) for x (N, C, H, W) channels-last."""
-    out, aux = forward(x, weight, bias, activation, keep_aux, geometry(weight, stride, padding, dilation),
-                       linear_gemm)
-    return own(out), aux
-
-
-def _channels_last(t: Tensor, shape: Sequence) -> Tensor:
-    return torch.empty(tuple(shape), dtype=t.dtype, device=t.device, memory_format=torch.channels_last)
-
-
-@_conv2d_op.register_fake
-def _conv2d_fake(x, weight, bias, activation, keep_aux, stride, padding, dilation):
-    n, _, h, w = x.shape
-    features = weight.shape[0]
-    oh, ow = geometry(weight, stride, padding, dilation).output_size(h, w)
-    shape, strides, bitmask = aux_layout(activation, keep_aux, n * oh * ow, features)
-    aux = x.new_empty_strided(shape, strides, dtype=torch.int8 if bitmask else x.dtype)
-    return _channels_last(x, (n, features, oh, ow)), aux
-
-
-@torch.library.custom_op("nvblaslt::conv2d_backward", mutates_args=(), schema=_BACKWARD_SCHEMA)
-def _conv2d_backward_op(grad_out, x, weight, out, aux, activation, bias_grad, stride, padding, dilation,
-                        input_grad, weight_grad):
-    """(grad_x channels-last, grad_weight in the weight's format, grad_bias); empty for what was not asked for."""
-    dx, dw, db = backward(grad_out, x, weight, out, aux, activation, bias_grad, input_grad, weight_grad,
-                          geometry(weight, stride, padding, dilation), linear_gemm_backward)
-    return tuple(unused(x) if t is None else own(t) for t in (dx, dw, db))
-
-
-@_conv2d_backward_op.register_fake
-def _conv2d_backward_fake(grad_out, x, weight, out, aux, activation, bias_grad, stride, padding, dilation,
-                          input_grad, weight_grad):
-    empty = unused(x)
-    return (_channels_last(x, x.shape) if input_grad else empty,
-            torch.empty_like(weight, memory_format=weight_format(weight)) if weight_grad else empty,
-            x.new_empty((weight.shape[0],)) if bias_grad else empty)
-
-
-_X, _WEIGHT, _BIAS = 0, 1, 2  # argument positions of nvblaslt::conv2d
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, activation, keep_aux, stride, padding, dilation = inputs
-    out, aux = output
-    ctx.set_materialize_grads(False)
-    ctx.mark_non_differentiable(aux)
-    ctx.save_for_backward(x, weight, out if activation == "relu" else None, aux)
-    ctx.activation, ctx.has_bias = activation, bias is not None
-    ctx.geometry = (stride, padding, dilation)
-
-
-def _conv2d_autograd(ctx, grad_out, grad_aux):
-    if grad_out is None:
-        return (None,) * 8
-    x, weight, out, aux = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    bias_grad = ctx.has_bias and needs[_BIAS]
-    dx, dw, db = torch.ops.nvblaslt.conv2d_backward(grad_out, x, weight, out, aux, ctx.activation, bias_grad,
-                                                    *ctx.geometry, needs[_X], needs[_WEIGHT])
-    return (dx if needs[_X] else None, dw if needs[_WEIGHT] else None, db if bias_grad else None,
-            None, None, None, None, None)
-
-
-_conv2d_op.register_autograd(_conv2d_autograd, setup_context=_setup_context)
-
+from ._im2col import Geometry
 
 # ---- arguments ---------------------------------------------------------------------------------------------
 
@@ -293,10 +189,7 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPai
     g = Geometry(kernel, *conv_arguments(kernel, stride, padding, dilation, groups))
     x, weight, bias = _autocast(x, weight, bias)
     _check(x, weight, bias, g)
-    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    out, _ = torch.ops.nvblaslt.conv2d(x, weight, bias, activation, wants_grad and activation == "gelu",
-                                       list(g.stride), list(g.padding), list(g.dilation))
-    return out
+    return fused_conv(x, weight, bias, activation, g)
 
 
 def _count(argument: str, value) -> int:
@@ -425,9 +318,27 @@ class FusedConv2d(nn.Module):
         return fused
 
     def forward(self, x: Tensor) -> Tensor:
+        """``activation(conv2d(x) + bias)``, as ``conv2d()`` computes it.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            (N, in_channels, H, W) in channels-last memory, of the parameters' dtype and device.
+
+        Returns
+        -------
+        torch.Tensor
+            (N, out_channels, OH, OW), channels-last.
+
+        Raises
+        ------
+        NvblasltTypeError, NvblasltValueError
+            As ``conv2d()`` raises them (a channels-first ``x`` among them).
+        """
         return conv2d(x, self.weight, self.bias, self.stride, self.resolved_padding, self.dilation, 1, self.activation)
 
     def extra_repr(self) -> str:
+        """The layer's sizes, as ``nn.Conv2d`` shows them, and its activation, for ``repr()``."""
         text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
         if self.padding != (0, 0):  # as nn.Conv2d shows it: "valid" and "same" too
             text += f", padding={self.padding}"
@@ -446,9 +357,14 @@ FUSED_KERNELS = {(1, 1)}
 
 def pays_to_fuse(conv: nn.Module) -> bool:
     """Whether ``fuse()`` should turn this ``nn.Conv2d`` (+ the activation after it) into a ``FusedConv2d``:
-    groups 1, zero padding mode, a kernel in ``FUSED_KERNELS``, stride 1 and no padding (no copy)."""
-    if not isinstance(conv, nn.Conv2d) or conv.groups != 1 or conv.padding_mode != "zeros":
+    a kernel in ``FUSED_KERNELS``, and for 1×1 the pointwise geometry (stride 1, no padding: no copy);
+    groups 1 and zero padding mode, as FusedConv2d takes."""
+    if not isinstance(conv, nn.Conv2d):
         return False
-    padding = (0, 0) if conv.padding == "valid" else conv.padding
-    return (tuple(conv.kernel_size) in FUSED_KERNELS and tuple(conv.stride) == (1, 1)
-            and tuple(padding) == (0, 0))
+    kernel = cast(tuple[int, int], tuple(conv.kernel_size))
+    try:
+        g = Geometry(kernel, *conv_arguments(kernel, conv.stride, conv.padding, conv.dilation, conv.groups,
+                                             conv.padding_mode))
+    except NvblasltError:
+        return False
+    return kernel in FUSED_KERNELS and (g.pointwise or kernel != (1, 1))

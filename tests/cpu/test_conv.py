@@ -507,6 +507,7 @@ def test_from_conv_shares_parameters_and_checkpoints_load():
 
 def test_pays_to_fuse_only_pointwise_convolutions_that_copy_nothing():
     assert _conv.pays_to_fuse(nn.Conv2d(8, 16, 1)) and _conv.pays_to_fuse(nn.Conv2d(8, 16, 1, padding="valid"))
+    assert _conv.pays_to_fuse(nn.Conv2d(8, 16, 1, padding="same", bias=False))
     for conv in (nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(8, 16, 1, stride=2), nn.Conv2d(8, 16, 1, groups=2),
                  nn.Conv2d(8, 16, 1, padding=1, padding_mode="reflect"), nn.Linear(8, 16)):
         assert not _conv.pays_to_fuse(conv), conv
