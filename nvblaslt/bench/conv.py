@@ -136,7 +136,7 @@ def _copies(torch, x, shape: Shape):
     return run
 
 
-def _measure_shape(torch, shape: Shape, options, device, dtype) -> dict[str, Any]:
+def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bool) -> dict[str, Any]:
     from nvblaslt.torch._conv import FusedConv2d
 
     nn = torch.nn
@@ -159,24 +159,33 @@ def _measure_shape(torch, shape: Shape, options, device, dtype) -> dict[str, Any
     check = max(_relative(t.grad, e) for t, e in zip((x, *reference.parameters()), expected))
 
     cases = [("eager", _step(reference, x, grad))]
-    if not options.no_compile:
+    if compile_rows:
         cases.append(("compile", _step(torch.compile(reference, dynamic=False), x, grad)))
     cases.append(("fused", _step(fused, x, grad)))
     if shape.kernel > 1:
         cases.append(("im2col", _copies(torch, x, shape)))
-    begin = time.perf_counter()
-    for name, run in cases:
-        for _ in range(options.warmup):
-            run()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    warm_s = time.perf_counter() - begin
+    warm_s, compile_error = {}, None
+    for name, run in list(cases):
+        begin = time.perf_counter()
+        try:
+            for _ in range(options.warmup):
+                run()
+        except Exception as error:  # torch.compile "if it works": a failure drops its row, said in the table
+            if name != "compile":
+                raise
+            compile_error = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            cases = [case for case in cases if case[0] != "compile"]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        warm_s[name] = time.perf_counter() - begin
     medians, host = _interleaved(torch, cases, options.rounds, device.type == "cuda")
     ms = {name: value for (name, _), value in zip(cases, medians)}
     row: dict[str, Any] = {"label": _label(shape), "shape": shape._asdict(), "family":
                            "pointwise" if shape.kernel == 1 else f"{shape.kernel}×{shape.kernel}",
                            "ms": ms, "host_ms": {name: value for (name, _), value in zip(cases, host)},
                            "check": check, "warmup_s": warm_s, "x_eager": ms["fused"] / ms["eager"]}
+    if compile_error:
+        row["compile_error"] = compile_error
     if "compile" in ms:
         row["x_compile"] = ms["fused"] / ms["compile"]
     if "im2col" in ms:
@@ -222,6 +231,9 @@ def main(args=None) -> dict:
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps per case (compilation included)")
     parser.add_argument("--quick", action="store_true", help="5 shapes, 7 rounds, 2 warm-up steps: about 90 s")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
+    parser.add_argument("--compile-budget", type=float,
+                        help="seconds of torch.compile warm-up (compilation) after which the remaining shapes go "
+                             "without the compile row, said in the table (default 150, quick 50)")
     parser.add_argument("--no-cudnn-benchmark", action="store_true", help="cuDNN's heuristics instead of its search")
     parser.add_argument("--search", action="store_true",
                         help="first run one fused step per shape under nvblaslt.torch.autotune() (slow; winners "
@@ -233,6 +245,8 @@ def main(args=None) -> dict:
     if options.quick:
         options.warmup = min(options.warmup, 2)
     options.rounds = options.rounds or (7 if options.quick else 20)
+    if options.compile_budget is None:
+        options.compile_budget = 50.0 if options.quick else 150.0
     shapes = SHAPES[options.shapes or ("quick" if options.quick else "full")]
 
     import torch
@@ -248,6 +262,7 @@ def main(args=None) -> dict:
     torch.backends.cudnn.benchmark = not options.no_cudnn_benchmark
     started = time.time()
     rows = []
+    compiling_s = 0.0
     for index, shape in enumerate(shapes):
         progress(f"conv {index + 1}/{len(shapes)}: {_label(shape)}")
         if options.search and cuda:
@@ -261,7 +276,9 @@ def main(args=None) -> dict:
             with autotune():
                 layer(x).sum().backward()
             del layer, x
-        rows.append(_measure_shape(torch, shape, options, device, dtype))
+        compile_rows = not options.no_compile and compiling_s < options.compile_budget
+        rows.append(_measure_shape(torch, shape, options, device, dtype, compile_rows))
+        compiling_s += rows[-1]["warmup_s"].get("compile", 0.0)
         if cuda:
             torch._dynamo.reset()
             torch.cuda.empty_cache()
@@ -288,6 +305,13 @@ def main(args=None) -> dict:
     print("columns: eager = " + ROWS["eager"] + "; compile = " + ROWS["compile"] + "; fused = " + ROWS["fused"]
           + " (RELU_BIAS; ReLU backward from y; BGRADB; dx GEMM; k×k through im2col/col2im); im2col = share of "
           "the fused step spent in " + ROWS["im2col"] + "; grad diff = fused vs eager gradients (relative)")
+    skipped = [r["label"] for r in rows if "compile" not in r["ms"] and "compile_error" not in r]
+    if skipped and not options.no_compile:
+        print(f"no torch.compile row for {len(skipped)} shape(s): the compile budget ({options.compile_budget:.0f} s "
+              f"of compilation) was spent")
+    for r in rows:
+        if "compile_error" in r:
+            print(f"torch.compile failed for {r['label']}: {r['compile_error']}")
     lines = summary(rows)
     for line in lines:
         print(line)

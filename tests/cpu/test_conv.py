@@ -601,3 +601,20 @@ def test_conv_bench_runs_as_a_smoke_test_on_cpu(capsys):
     assert [("im2col_share" in row) for row in results["rows"]] == [False, True]
     out = capsys.readouterr().out
     assert "FusedConv2d" in out and "×eager" in out
+
+
+def test_conv_bench_drops_a_failing_compile_row_and_says_so(monkeypatch, capsys):
+    from nvblaslt.bench import conv as bench
+
+    class Broken(nn.Module):  # what torch.compile returns, failing at its first call
+        def __init__(self, model, **kwargs):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            raise RuntimeError("inductor says no\nmore detail")
+    monkeypatch.setattr(torch, "compile", Broken)
+    results = bench.main(["--device", "cpu", "--quick", "--rounds", "1", "--shapes", "tiny"])
+    assert all(set(row["ms"]) >= {"eager", "fused"} and "compile" not in row["ms"] for row in results["rows"])
+    assert results["rows"][0]["compile_error"] == "RuntimeError: inductor says no"
+    assert "torch.compile failed for pointwise 8→16 @6², N 2: RuntimeError: inductor says no" in capsys.readouterr().out
