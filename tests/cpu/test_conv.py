@@ -617,4 +617,5 @@ def test_conv_bench_drops_a_failing_compile_row_and_says_so(monkeypatch, capsys)
     results = bench.main(["--device", "cpu", "--quick", "--rounds", "1", "--shapes", "tiny"])
     assert all(set(row["ms"]) >= {"eager", "fused"} and "compile" not in row["ms"] for row in results["rows"])
     assert results["rows"][0]["compile_error"] == "RuntimeError: inductor says no"
-    assert "torch.compile failed for pointwise 8→16 @6², N 2: RuntimeError: inductor says no" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "torch.compile failed for pointwise 8→16 @6², N 2: RuntimeError: inductor says no" in out
