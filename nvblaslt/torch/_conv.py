@@ -63,8 +63,14 @@ def _pair(argument: str, value, minimum: int) -> tuple[int, int]:
 def conv_arguments(kernel: tuple[int, int], stride: object, padding: object, dilation: object, groups: object,
                    padding_mode: object = "zeros") -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """(stride, padding, dilation) as pairs, checked; unsupported groups / padding modes refused by name."""
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups != 1:
-        raise NvblasltValueError(f"groups: only 1 is fused (a grouped convolution is no single GEMM), got {groups!r}")
+    try:
+        count = None if isinstance(groups, bool) else operator.index(groups)  # type: ignore[arg-type]
+    except TypeError:
+        count = None
+    if count is None:
+        raise NvblasltTypeError(f"groups: expected an int, got {groups!r}")
+    if count != 1:
+        raise NvblasltValueError(f"groups: only 1 is fused (a grouped convolution is no single GEMM), got {count}")
     if padding_mode != "zeros":
         raise NvblasltValueError(f"padding_mode: only 'zeros' is fused, got {padding_mode!r}")
     stride, dilation = _pair("stride", stride, 1), _pair("dilation", dilation, 1)

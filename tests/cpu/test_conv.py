@@ -528,6 +528,7 @@ def test_unsupported_arguments_are_refused_by_name():
     refused(NvblasltValueError, "groups: only 1", lambda: FusedConv2d(4, 6, 3, groups=2))
     refused(NvblasltValueError, "groups: only 1", lambda: conv2d(x, torch.randn(6, 2, 3, 3), groups=2))
     refused(NvblasltValueError, "groups: only 1", lambda: FusedConv2d.from_conv(nn.Conv2d(4, 6, 3, groups=2)))
+    refused(NvblasltTypeError, "groups: expected an int", lambda: FusedConv2d(4, 6, 3, groups=1.0))
     refused(NvblasltValueError, "padding_mode: only 'zeros'", lambda: FusedConv2d(4, 6, 3, padding_mode="reflect"))
     refused(NvblasltValueError, "padding_mode: only 'zeros'",
             lambda: FusedConv2d.from_conv(nn.Conv2d(4, 6, 3, padding_mode="circular")))
