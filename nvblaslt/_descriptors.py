@@ -91,17 +91,14 @@ class _Descriptor(_Owned):
 
         Raises
         ------
-        NvblasltValueError, NvblasltTypeError
-            An unknown name, another enum's member, or a value the C type cannot hold.
-        CublasLtError
-            The library refuses the value or does not know the attribute.
+        NvblasltValueError, NvblasltTypeError, CublasLtError
+            An unknown name, another enum's member, a value the C type cannot hold, or the library refuses.
 
         Examples
         --------
         >>> from nvblaslt import MatmulDesc, lt
         >>> desc = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
-        >>> desc.set("EPILOGUE_AUX_LD", 256)
-        >>> desc.get("epilogue_aux_ld")
+        >>> desc.set("EPILOGUE_AUX_LD", 256); desc.get("epilogue_aux_ld")
         256
         """
         set_attribute(self.lib, self.handle, self._member(attribute), value)
@@ -109,10 +106,6 @@ class _Descriptor(_Owned):
     def get(self, attribute: Attribute) -> Any:
         """An attribute's value (``attribute`` as for ``set``), unpacked from the header's C type.
 
-        Returns
-        -------
-        int, float or list
-            Pointers are ints, array attributes lists.
         """
         return get_attribute(self.lib, self.handle, self._member(attribute))
 
@@ -158,12 +151,9 @@ class MatmulDesc(_Descriptor):
 
     Parameters
     ----------
-    compute_type : int
-        A ``cublasComputeType_t`` (``lt.CUBLAS_COMPUTE_32F``, …).
-    scale_type : int
-        The ``cudaDataType`` of alpha and beta (``lt.CUDA_R_32F``, …).
+    compute_type, scale_type : int
+        A ``cublasComputeType_t`` (``lt.CUBLAS_COMPUTE_32F``, …); alpha's and beta's ``cudaDataType``.
     lib : Library, optional
-        Default: ``library()``.
 
     Raises
     ------
@@ -173,9 +163,8 @@ class MatmulDesc(_Descriptor):
     Examples
     --------
     >>> from nvblaslt import MatmulDesc, lt
-    >>> with MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F) as desc:
-    ...     desc.set("EPILOGUE", lt.CUBLASLT_EPILOGUE_RELU_BIAS)
-    ...     lt.cublasLtEpilogue_t(desc.get("EPILOGUE")).name
+    >>> desc = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
+    >>> desc.set("EPILOGUE", lt.CUBLASLT_EPILOGUE_RELU_BIAS); lt.cublasLtEpilogue_t(desc.get("EPILOGUE")).name
     'RELU_BIAS'
     """
 
@@ -198,12 +187,9 @@ class MatrixLayout(_Descriptor):
         The elements' ``cudaDataType`` (``lt.CUDA_R_16BF``, …).
     rows, cols, ld : int
         The extent, and the leading dimension in elements.
-    order : int, optional
-        A ``cublasLtOrder_t``; default: the library's (column-major).
-    batch_count, batch_stride : int, default 1, 0
-        Matrices in the batch, and elements from one to the next.
+    order, batch_count, batch_stride : int, optional
+        A ``cublasLtOrder_t`` (default: column-major); matrices in the batch (1), elements between them (0).
     lib : Library, optional
-        Default: ``library()``.
 
     Raises
     ------
@@ -213,8 +199,7 @@ class MatrixLayout(_Descriptor):
     Examples
     --------
     >>> from nvblaslt import MatrixLayout, lt
-    >>> layout = MatrixLayout(lt.CUDA_R_16F, 1024, 512, 512, order=lt.CUBLASLT_ORDER_ROW, batch_count=8,
-    ...                       batch_stride=1024 * 512)
+    >>> layout = MatrixLayout(lt.CUDA_R_16F, 1024, 512, 1024, batch_count=8, batch_stride=2**19)
     >>> layout.get("BATCH_COUNT"), layout.get("STRIDED_BATCH_OFFSET")
     (8, 524288)
     """
@@ -246,7 +231,6 @@ class MatmulPreference(_Descriptor):
     max_workspace_bytes : int, optional
         The most workspace an algorithm may use (``MAX_WORKSPACE_BYTES``; the library's default: 0).
     lib : Library, optional
-        Default: ``library()``.
 
     Examples
     --------
@@ -273,14 +257,11 @@ class Handle(_Owned):
     device : int
         The GPU ordinal the handle belongs to (current while it is made).
     lib : Library, optional
-        Default: ``library()``.
 
     Raises
     ------
-    NvblasltTypeError, NvblasltValueError
-        ``device`` is not an integer, or not the ordinal of a GPU this process sees.
-    CublasLtError
-        ``cublasLtCreate`` failed (``CUBLAS_STATUS_NOT_INITIALIZED``: no usable GPU or driver).
+    NvblasltTypeError, NvblasltValueError, CublasLtError
+        ``device`` is no ordinal of a GPU this process sees; ``cublasLtCreate`` failed (no usable GPU).
 
     Examples
     --------
@@ -321,10 +302,8 @@ class Algorithm:
 
     Parameters
     ----------
-    algo : lt.cublasLtMatmulAlgo_t
-        The C struct (from the heuristics or ``cublasLtMatmulAlgoInit``); kept as ``algo``.
-    lib : Library, optional
-        Default: ``library()``.
+    algo, lib : lt.cublasLtMatmulAlgo_t, Library, optional
+        The C struct (from the heuristics or ``cublasLtMatmulAlgoInit``), kept as ``algo``; ``library()``.
 
     Examples
     --------
@@ -391,6 +370,30 @@ def _config_property(attribute: str, convert=int):
     return property(get, set, doc=f"The algorithm's {attribute} config attribute (nvmath-python's name).")
 
 
+def _cluster_shape_property():
+    """CLUSTER_SHAPE_ID as nvmath-python has it: an (x, y, z) tuple (the id where it names no shape)."""
+    def members(self):
+        return self.algorithm.lib.api.cublasLtClusterShape_t
+
+    def get(self):
+        value = int(self.algorithm.get("CLUSTER_SHAPE_ID"))
+        try:
+            name = members(self)(value).name
+            return tuple(int(x) for x in name.removeprefix("SHAPE_").split("x"))
+        except ValueError:  # AUTO, or an id this release does not name
+            return value
+
+    def set(self, value) -> None:
+        if isinstance(value, (tuple, list)):
+            name = "SHAPE_" + "x".join(str(int(x)) for x in value)
+            if name not in members(self).__members__:
+                raise NvblasltValueError(f"cluster_shape: expected one of the loaded cuBLASLt's cluster shapes, got "
+                                         f"{tuple(value)}")
+            value = members(self)[name]
+        self.algorithm.set("CLUSTER_SHAPE_ID", int(value))
+    return property(get, set, doc="The algorithm's cluster shape, as an (x, y, z) tuple (nvmath-python's name).")
+
+
 class HeuristicResult:
     """One algorithm the heuristics proposed, with its workspace and estimated waves.
 
@@ -433,7 +436,7 @@ class HeuristicResult:
     cta_swizzling = _config_property("CTA_SWIZZLING", bool)
     custom_option = _config_property("CUSTOM_OPTION")
     inner_shape = _config_property("INNER_SHAPE_ID")
-    cluster_shape = _config_property("CLUSTER_SHAPE_ID")
+    cluster_shape = _cluster_shape_property()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -483,10 +486,8 @@ def heuristics(handle: Handle, desc: MatmulDesc, a: MatrixLayout, b: MatrixLayou
 
     Parameters
     ----------
-    handle : Handle
-        The handle of the device the multiplication runs on.
-    desc : MatmulDesc
-        The operation: compute and scale types, transposes, epilogue.
+    handle, desc : Handle, MatmulDesc
+        The device's handle; the operation (compute and scale types, transposes, epilogue).
     a, b, c, d : MatrixLayout
         The layouts of A, B, C and D.
     preference : MatmulPreference
@@ -497,7 +498,6 @@ def heuristics(handle: Handle, desc: MatmulDesc, a: MatrixLayout, b: MatrixLayou
     Returns
     -------
     list of HeuristicResult
-        Best first.
 
     Raises
     ------
@@ -508,9 +508,9 @@ def heuristics(handle: Handle, desc: MatmulDesc, a: MatrixLayout, b: MatrixLayou
     --------
     .. code-block:: python
 
-        desc = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
         a, b, d = (MatrixLayout(lt.CUDA_R_32F, m, n, m) for m, n in ((100, 784), (784, 256), (100, 256)))
-        found = heuristics(Handle.for_device(0), desc, a, b, d, d, MatmulPreference(max_workspace_bytes=1 << 25))
+        found = heuristics(Handle.for_device(0), MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F), a, b, d, d,
+                           MatmulPreference(max_workspace_bytes=1 << 25))
     """
     lib = handle.lib
     results = (lib.api.cublasLtMatmulHeuristicResult_t * count)()

@@ -45,7 +45,7 @@ class Library:
     this library does not export raises ``AttributeError`` naming both versions. Made by ``load()``;
     ``library()`` gives the process-wide one.
 
-    Attributes
+    Parameters
     ----------
     path : str
         The file loaded.
@@ -96,11 +96,33 @@ class Library:
         raise AttributeError(name)
 
     def status_name(self, status: int) -> str:
-        """The name of a ``cublasStatus_t`` value (``"CUBLAS_STATUS_NOT_SUPPORTED"``), from the library."""
+        """The name of a ``cublasStatus_t`` value, from the library.
+
+        Parameters
+        ----------
+        status : int
+            A status a cuBLASLt function returned.
+
+        Returns
+        -------
+        str
+            ``"CUBLAS_STATUS_NOT_SUPPORTED"`` for 15.
+        """
         return self.cublasLtGetStatusName(status).decode()
 
     def status_string(self, status: int) -> str:
-        """The library's own description of a ``cublasStatus_t`` value."""
+        """The library's own description of a ``cublasStatus_t`` value.
+
+        Parameters
+        ----------
+        status : int
+            A status a cuBLASLt function returned.
+
+        Returns
+        -------
+        str
+            What ``CublasLtError`` shows as the library's message.
+        """
         return self.cublasLtGetStatusString(status).decode()
 
 

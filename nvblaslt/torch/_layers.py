@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from typing import Any, cast, overload
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -231,14 +231,9 @@ class FusedSequential(nn.Sequential):
     nvblaslt.NvblasltValueError: backward: expected one of ('auto', 'unfused', 'bgradb', 'epilog'), got 'fastest'
     """
 
-    @overload
-    def __init__(self, *args: nn.Module, backward: str = "auto") -> None: ...
-
-    @overload
-    def __init__(self, arg: OrderedDict[str, nn.Module], /, *, backward: str = "auto") -> None: ...
-
-    def __init__(self, *args: Any, backward: str = "auto") -> None:
-        super().__init__(*args)
+    def __init__(self, *args: nn.Module | OrderedDict[str, nn.Module], backward: str = "auto") -> None:
+        modules: tuple[Any, ...] = args  # nn.Sequential takes modules, or one OrderedDict of them
+        super().__init__(*modules)
         self.backward = backward
 
     @property
