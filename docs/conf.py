@@ -1,0 +1,89 @@
+"""Sphinx configuration of nvblaslt's documentation site.
+
+    pip install -e ".[docs,cu13,torch]"
+    sphinx-build -W --keep-going -b html docs build/html     # the site, warnings as errors
+    sphinx-build -W -b doctest docs build/doctest           # its examples (none needs a GPU)
+
+The API reference imports the real package (and torch, for ``nvblaslt.torch``); the doctests build
+descriptors with the real libcublasLt, which needs no GPU. Examples that need a GPU are plain code
+blocks, never doctests.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout's nvblaslt, also without an editable install
+
+import nvblaslt  # noqa: E402
+
+project = "nvblaslt"
+author = "the nvblaslt authors"
+copyright = "the nvblaslt authors, Apache-2.0"  # noqa: A001 - Sphinx's name
+release = nvblaslt.__version__
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.doctest",
+    "sphinx.ext.viewcode",
+    "numpydoc",
+    "myst_parser",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "build", "Thumbs.db", ".DS_Store"]
+myst_enable_extensions = ["colon_fence"]
+myst_heading_anchors = 3
+
+# autodoc: the signatures as written (the public surface is annotated), members in source order
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_preserve_defaults = True
+autodoc_class_signature = "mixed"
+
+# numpydoc renders the sections; it does not validate docstrings, and the reference lists members itself
+numpydoc_show_class_members = False
+numpydoc_class_members_toctree = False
+numpydoc_validation_checks: set[str] = set()
+numpydoc_xref_param_type = False
+
+# doctests: no GPU. A docstring's or page's example that needs one is a code block, not a doctest.
+doctest_global_setup = "import nvblaslt"
+trim_doctest_flags = True
+
+html_theme = "alabaster"
+html_title = f"nvblaslt {release}"
+html_theme_options = {
+    "description": "Fused cuBLASLt GEMM epilogs from pure Python, on any GPU array",
+    "fixed_sidebar": True,
+    "page_width": "1180px",
+    "sidebar_width": "250px",
+}
+html_static_path: list[str] = []
+
+
+# Plain-text docstrings of the core modules write math as text: ``|D|`` (an absolute value, which reST
+# reads as a substitution) and ``*_BGRAD`` (a wildcard, which reST reads as the start of emphasis).
+# Escaped here, outside ``literals`` and doctest source, so that those docstrings render as written.
+_LITERAL = re.compile(r"(``.*?``)")
+_ABSOLUTE = re.compile(r"(?<![\\|`])\|([^|\s`][^|`]*?)\|(?![_|])")
+_WILDCARD = re.compile(r"(?<![\\*])\*(?=_)")
+
+
+def _escape_text_math(app, what, name, obj, options, lines: list[str]) -> None:
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith((">>>", "...")):  # doctest source stays as written
+            continue
+        parts = _LITERAL.split(line)
+        for i in range(0, len(parts), 2):
+            parts[i] = _WILDCARD.sub(r"\\*", _ABSOLUTE.sub(r"\\|\1\\|", parts[i]))
+        lines[index] = "".join(parts)
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", _escape_text_math)

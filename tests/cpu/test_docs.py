@@ -1,0 +1,187 @@
+"""The documentation site's promises, checked without building it (no Sphinx needed):
+
+- every public name (``nvblaslt.__all__``, ``nvblaslt.torch.__all__``) is in the API reference;
+- every function, class and method the reference documents has numpydoc sections: Parameters (where
+  it takes any), Returns (where it returns something) and Examples; ``MISSING_SECTIONS`` holds today's
+  exceptions, and may only shrink;
+- the README's and the pages' relative links point at files that exist.
+
+``sphinx-build -W`` (CI's documentation step) checks the rest: that the site builds and its doctests pass.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+API = DOCS / "api.rst"
+
+# "object: section" for each documented callable still without that numpydoc section. Remove an
+# entry when you add its section; a new public name or method must come with its sections.
+MISSING_SECTIONS: set[str] = {
+    # the core (matmul, Matmul, the options, the epilog enum, DeviceArray, set_log_level)
+    "nvblaslt.DeviceArray: Examples",
+    "nvblaslt.DeviceArray: Parameters",
+    "nvblaslt.Matmul.applicable_algorithm_ids: Parameters",
+    "nvblaslt.Matmul.applicable_algorithm_ids: Returns",
+    "nvblaslt.Matmul.autotune: Parameters",
+    "nvblaslt.Matmul.autotune: Returns",
+    "nvblaslt.Matmul.execute: Parameters",
+    "nvblaslt.Matmul.execute: Returns",
+    "nvblaslt.Matmul.plan: Parameters",
+    "nvblaslt.Matmul.plan: Returns",
+    "nvblaslt.Matmul.reset_operands: Parameters",
+    "nvblaslt.Matmul.reset_operands_unchecked: Parameters",
+    "nvblaslt.Matmul: Examples",
+    "nvblaslt.Matmul: Parameters",
+    "nvblaslt.MatmulEpilog: Examples",
+    "nvblaslt.MatmulEpilog: Parameters",
+    "nvblaslt.MatmulEpilogPreferences: Examples",
+    "nvblaslt.MatmulEpilogPreferences: Parameters",
+    "nvblaslt.MatmulOptions: Examples",
+    "nvblaslt.MatmulOptions: Parameters",
+    "nvblaslt.MatmulPlanPreferences: Examples",
+    "nvblaslt.MatmulPlanPreferences: Parameters",
+    "nvblaslt.MatmulQuantizationScales: Examples",
+    "nvblaslt.MatmulQuantizationScales: Parameters",
+    "nvblaslt.clear_plan_cache: Examples",
+    "nvblaslt.matmul: Examples",
+    "nvblaslt.matmul: Parameters",
+    "nvblaslt.matmul: Returns",
+    "nvblaslt.set_log_level: Examples",
+    "nvblaslt.set_log_level: Parameters",
+    # the descriptors' methods: one-line docstrings keep _descriptors.py within the 500-line module limit
+    "nvblaslt.Algorithm.capability: Parameters",
+    "nvblaslt.Algorithm.capability: Returns",
+    "nvblaslt.Algorithm.config: Returns",
+    "nvblaslt.Algorithm.get: Parameters",
+    "nvblaslt.Algorithm.get: Returns",
+    "nvblaslt.Algorithm.set: Parameters",
+    "nvblaslt.Handle.for_device: Parameters",
+    "nvblaslt.Handle.for_device: Returns",
+    "nvblaslt.HeuristicResult.as_bytes: Returns",
+    "nvblaslt.MatmulDesc.attributes: Returns",
+    "nvblaslt.MatmulDesc.get: Parameters",
+    "nvblaslt.MatmulDesc.get: Returns",
+    "nvblaslt.MatmulDesc.size: Parameters",
+    "nvblaslt.MatmulDesc.size: Returns",
+}
+
+_DIRECTIVE = re.compile(r"^\.\. (auto(?:function|class|exception|data|module)|data|currentmodule):: (\S+)")
+_MEMBERS = re.compile(r"^\s+:members:(.*)$")
+
+
+def documented() -> dict[str, list[str]]:
+    """{qualified name: [documented members]} for each object api.rst documents."""
+    found: dict[str, list[str]] = {}
+    module = "nvblaslt"
+    last = None
+    lines = API.read_text().splitlines()
+    for index, line in enumerate(lines):
+        match = _DIRECTIVE.match(line)
+        if match:
+            kind, name = match.groups()
+            if kind == "currentmodule":
+                module = name
+                continue
+            qualified = name if name.startswith("nvblaslt") else f"{module}.{name}"
+            found[qualified] = []
+            last = qualified
+            continue
+        members = _MEMBERS.match(line)
+        if members and last is not None:
+            text = members.group(1)
+            following = index + 1
+            while following < len(lines) and lines[following].startswith(" " * 13) and \
+                    not lines[following].lstrip().startswith(":"):
+                text += lines[following]
+                following += 1
+            found[last] = [m.strip() for m in text.split(",") if m.strip()]
+    return found
+
+
+def resolve(qualified: str) -> object:
+    module_name, _, attribute = qualified.rpartition(".")
+    try:
+        return importlib.import_module(qualified)
+    except ImportError:
+        pass
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def test_every_public_name_is_in_the_reference():
+    names = documented()
+    public = [f"nvblaslt.{n}" for n in importlib.import_module("nvblaslt").__all__]
+    try:
+        public += [f"nvblaslt.torch.{n}" for n in importlib.import_module("nvblaslt.torch").__all__]
+    except ImportError:  # torch is optional: its names are checked where it is installed
+        pass
+    missing = [name for name in public if name not in names]
+    assert not missing, f"public names missing from docs/api.rst: {missing}"
+
+
+def _sections(doc: str) -> set[str]:
+    return set(re.findall(r"^\s*(\w[\w ]*)\n\s*-{3,}\s*$", doc, re.MULTILINE))
+
+
+def _needs(obj: object, owner: type | None) -> set[str]:
+    """The numpydoc sections a callable's docstring must have."""
+    if isinstance(obj, property) or isinstance(obj, type) and issubclass(obj, BaseException):
+        return set()
+    function = obj.__init__ if isinstance(obj, type) else obj  # type: ignore[misc]
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return {"Examples"}
+    parameters = [p for p in signature.parameters.values() if p.name not in ("self", "cls")]
+    needs = {"Examples"} if owner is None else set()  # methods: an example on the class covers them
+    if parameters:
+        needs.add("Parameters")
+    if not isinstance(obj, type) and signature.return_annotation not in (None, "None", inspect.Signature.empty):
+        needs.add("Returns")
+    return needs
+
+
+def missing_sections() -> set[str]:
+    found = set()
+    for qualified, members in documented().items():
+        try:
+            obj = resolve(qualified)
+        except ImportError:
+            continue  # nvblaslt.torch without torch
+        if inspect.ismodule(obj) or not callable(obj):
+            continue
+        checks: list[tuple[str, object, type | None]] = [(qualified, obj, None)]
+        for member in members:
+            checks.append((f"{qualified}.{member}", inspect.getattr_static(obj, member), obj))  # type: ignore[arg-type]
+        for name, target, owner in checks:
+            if isinstance(target, (staticmethod, classmethod)):
+                target = target.__func__
+            doc = inspect.getdoc(target) or ""
+            for section in sorted(_needs(target, owner) - _sections(doc)):
+                found.add(f"{name}: {section}")
+    return found
+
+
+def test_documented_callables_have_numpydoc_sections():
+    found = missing_sections()
+    new = sorted(found - MISSING_SECTIONS)
+    stale = sorted(MISSING_SECTIONS - found)
+    assert not new, f"documented callables without numpydoc sections (add them): {new}"
+    assert not stale, f"sections now present: remove these from MISSING_SECTIONS: {stale}"
+
+
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))], ids=lambda p: p.name)
+def test_relative_links_point_at_files(page: Path):
+    broken = [target for target in _LINK.findall(page.read_text())
+              if "://" not in target and not (page.parent / target).exists()]
+    assert not broken, f"{page.relative_to(ROOT)}: links to missing files: {broken}"
