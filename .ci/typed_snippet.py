@@ -1,12 +1,20 @@
 """A user's code, checked with ``mypy --strict`` (CI's type-check step): nvblaslt's public surface is
-typed, so calls type-check and results have the types the signatures promise."""
+typed, so calls type-check and results have the types the signatures promise.
+
+For ``nvblaslt.torch``, with torch installed (CI installs its CPU build for this check) the tensors are
+torch's own types and ``assert_type`` checks that return types are inferred, not ``Any``. Without torch
+they are ``Any``, and the calls still check against nvblaslt.torch's own annotations."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+from torch import nn
+from typing_extensions import assert_type
 
 import nvblaslt
 from nvblaslt import HeuristicResult, Matmul, MatmulEpilog, MatmulOptions
+from nvblaslt.torch import AUTO_BACKWARD, BACKWARDS, FusedLinear, FusedSequential, autotune, fuse, linear
 
 
 def fused_layer(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> tuple[object, float, HeuristicResult]:
@@ -18,3 +26,18 @@ def fused_layer(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> tuple[object,
         mm.execute(stream=0)
         mm.reset_operands(a=w, alpha=2.0)
     return y, milliseconds, algorithms[0]
+
+
+def fused_model(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    y = assert_type(linear(x, weight, bias, activation="relu"), torch.Tensor)
+    layer = FusedLinear(16, 32, activation="gelu", device="cpu", dtype=torch.float32)
+    assert_type(layer.forward(y), torch.Tensor)
+    assert_type(FusedLinear.from_linear(nn.Linear(16, 32), "relu"), FusedLinear)
+    width: int = layer.in_features
+    stack = FusedSequential(layer, FusedLinear(32, width), backward="epilog")
+    backward: str = stack.backward
+    model = assert_type(fuse(nn.Sequential(nn.Linear(16, 32), nn.ReLU()), backward=BACKWARDS[0]), nn.Module)
+    picked: str | None = AUTO_BACKWARD[backward]
+    with autotune(iterations=3):
+        out: torch.Tensor = stack.forward(y) if picked is None else model(y)
+    return out
