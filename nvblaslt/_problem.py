@@ -110,7 +110,7 @@ class Operands:
             which, op = ("a", a) if len(a.shape) < 1 else ("b", b)
             raise NvblasltValueError(f"{which}: expected at least 1 dimension, got shape {op.shape}")
         if c is not None and len(c.shape) < 2:
-            raise NvblasltValueError(f"c: `c` must be at least 2-D: (M, N), (M, 1) or batched, got shape {c.shape}; "
+            raise NvblasltValueError(f"c: `c` must be at least 2-D. Expected (M, N), (M, 1) or batched, got shape {c.shape}; "
                                      f"add a dimension to make a column")
         if inplace and c is None:
             raise NvblasltValueError("options.inplace: the result is written into c, but no c was given")

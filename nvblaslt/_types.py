@@ -197,8 +197,8 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
         real, cplx = _SCALE_OF_COMPUTE[compute]
         scale = cplx if complex_ else real
     if scale is None or not _admits(a, b, compute, scale):
-        raise NvblasltValueError(f"compute_type, scale_type: cuBLASLt does not multiply {a.name} × {b.name} with "
-                                 f"{compute} and scale type {scale}")
+        raise NvblasltValueError(f"compute_type, scale_type: not supported: cuBLASLt does not multiply {a.name} × "
+                                 f"{b.name} with {compute} and scale type {scale}")
     allowed = result_types(a, b, compute)
     if inplace:
         d = c
