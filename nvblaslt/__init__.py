@@ -3,7 +3,10 @@
 High level: ``matmul``, ``Matmul`` and ``MatmulEpilog`` work on any GPU array (DLPack or
 ``__cuda_array_interface__``). Low level: ``nvblaslt.lt`` is the whole generated C API,
 and ``Handle``/``MatmulDesc``/``MatrixLayout``/``MatmulPreference`` own descriptors with
-typed attributes. libcublasLt is loaded on first use.
+typed attributes. libcublasLt is loaded on first use. PyTorch users: ``nvblaslt.torch``.
+
+The documentation site (``docs/``, built with Sphinx) has the user guide and an API reference of
+every name in ``__all__``.
 """
 
 from ._descriptors import (

@@ -93,13 +93,6 @@ class _Descriptor(_Owned):
         ------
         NvblasltValueError, NvblasltTypeError, CublasLtError
             An unknown name, another enum's member, a value the C type cannot hold, or the library refuses.
-
-        Examples
-        --------
-        >>> from nvblaslt import MatmulDesc, lt
-        >>> desc = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
-        >>> desc.set("EPILOGUE_AUX_LD", 256); desc.get("epilogue_aux_ld")
-        256
         """
         set_attribute(self.lib, self.handle, self._member(attribute), value)
 
@@ -228,9 +221,8 @@ class MatmulPreference(_Descriptor):
 
     Parameters
     ----------
-    max_workspace_bytes : int, optional
+    max_workspace_bytes, lib : int, Library (optional)
         The most workspace an algorithm may use (``MAX_WORKSPACE_BYTES``; the library's default: 0).
-    lib : Library, optional
 
     Examples
     --------
@@ -254,9 +246,8 @@ class Handle(_Owned):
 
     Parameters
     ----------
-    device : int
-        The GPU ordinal the handle belongs to (current while it is made).
-    lib : Library, optional
+    device, lib : int, Library (optional)
+        The GPU ordinal the handle belongs to (current while it is made); default: ``library()``.
 
     Raises
     ------
@@ -265,10 +256,7 @@ class Handle(_Owned):
 
     Examples
     --------
-    .. code-block:: python
-
-        with Handle(0) as own:     # the caller's own, destroyed on exit; matmul uses Handle.for_device()
-            y = nvblaslt.matmul(a, b, options={"handle": own.handle})
+    On a GPU, a handle of the caller's: ``nvblaslt.matmul(a, b, options={"handle": Handle(0).handle})``.
     """
 
     _destroy_name = "cublasLtDestroy"
@@ -307,10 +295,7 @@ class Algorithm:
 
     Examples
     --------
-    .. code-block:: python
-
-        algorithm = mm.algorithms[0].algorithm     # (a Matmul's plan) → id, tile, stages: 66, '128x128', '64x3'
-        algorithm.set("SPLITK_NUM", 2); algorithm.capability("EPILOGUE_MASK")
+    On a GPU, of a plan's first algorithm: ``mm.algorithms[0].algorithm.set("SPLITK_NUM", 2)``.
     """
 
     def __init__(self, algo: Any, lib: Library | None = None):
@@ -407,10 +392,7 @@ class HeuristicResult:
 
     Examples
     --------
-    .. code-block:: python
-
-        found = mm.plan(preferences={"limit": 4})   # [<HeuristicResult id=66 tile=128x128 stages=64x3 …>, …]
-        mm.plan(algorithms=[found[0].as_bytes()])   # the same algorithm later, without the heuristics
+    On a GPU, a plan's first algorithm again later: ``mm.plan(algorithms=[found[0].as_bytes()])``.
     """
 
     def __init__(self, result: Any, lib: Library):
@@ -490,10 +472,8 @@ def heuristics(handle: Handle, desc: MatmulDesc, a: MatrixLayout, b: MatrixLayou
         The device's handle; the operation (compute and scale types, transposes, epilogue).
     a, b, c, d : MatrixLayout
         The layouts of A, B, C and D.
-    preference : MatmulPreference
-        What the algorithms may need (workspace, alignment).
-    count : int, default 8
-        The most algorithms to return.
+    preference, count : MatmulPreference, int (default 8)
+        What the algorithms may need (workspace, alignment); the most algorithms to return.
 
     Returns
     -------
@@ -506,11 +486,7 @@ def heuristics(handle: Handle, desc: MatmulDesc, a: MatrixLayout, b: MatrixLayou
 
     Examples
     --------
-    .. code-block:: python
-
-        a, b, d = (MatrixLayout(lt.CUDA_R_32F, m, n, m) for m, n in ((100, 784), (784, 256), (100, 256)))
-        found = heuristics(Handle.for_device(0), MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F), a, b, d, d,
-                           MatmulPreference(max_workspace_bytes=1 << 25))
+    On a GPU: ``heuristics(Handle.for_device(0), desc, a, b, d, d, MatmulPreference(max_workspace_bytes=2**25))``.
     """
     lib = handle.lib
     results = (lib.api.cublasLtMatmulHeuristicResult_t * count)()

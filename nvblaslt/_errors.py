@@ -14,7 +14,20 @@ LOG_HINT = "For the library's own log set CUBLASLT_LOG_LEVEL=5 (or call nvblaslt
 
 
 class NvblasltError(Exception):
-    """Base class of every error nvblaslt raises."""
+    """Base class of every error nvblaslt raises.
+
+    Bad arguments raise subclasses that are also the standard ``ValueError`` / ``TypeError``, naming
+    the argument, what was given and what was expected, before any GPU work.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> try:
+    ...     nvblaslt.MatmulOptions(blocking=False)
+    ... except nvblaslt.NvblasltError as error:
+    ...     print(type(error).__name__, isinstance(error, ValueError))
+    NvblasltValueError True
+    """
 
 
 class NvblasltValueError(NvblasltError, ValueError):
@@ -53,8 +66,30 @@ class CudaError(NvblasltError, RuntimeError):
 class CublasLtError(NvblasltError, RuntimeError):
     """A cuBLASLt call returned a status other than CUBLAS_STATUS_SUCCESS.
 
-    ``status`` is the numeric status, ``status_name`` its name (``CUBLAS_STATUS_…``),
-    ``library_message`` the library's own description and ``function`` the C function.
+    The message names the function, the status and the library's own description, adds why such a
+    status usually comes back, and says how to see the library's log.
+
+    Parameters
+    ----------
+    function : str
+        The C function (kept as ``function``).
+    status : int
+        The numeric ``cublasStatus_t`` (kept as ``status``).
+    status_name : str
+        Its name, ``CUBLAS_STATUS_…`` (kept as ``status_name``).
+    library_message : str
+        The library's own description (kept as ``library_message``).
+    hint : str, optional
+        What to do, in place of the usual reason for the status.
+
+    Examples
+    --------
+    >>> from nvblaslt import CublasLtError, lt
+    >>> try:
+    ...     lt.cublasLtMatmulDescCreate(None, lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
+    ... except CublasLtError as error:
+    ...     print(error.function, error.status_name, error.status)
+    cublasLtMatmulDescCreate CUBLAS_STATUS_INVALID_VALUE 7
     """
 
     def __init__(self, function: str, status: int, status_name: str, library_message: str, hint: str = ""):
