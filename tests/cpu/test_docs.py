@@ -73,7 +73,7 @@ MISSING_SECTIONS: set[str] = {
     "nvblaslt.MatmulDesc.size: Returns",
 }
 
-_DIRECTIVE = re.compile(r"^\.\. (auto(?:function|class|exception|data|module)|data|currentmodule):: (\S+)")
+_DIRECTIVE = re.compile(r"^\.\. (auto(?:function|class|exception|data|module)|data|currentmodule):: ([\w.]+)")
 _MEMBERS = re.compile(r"^\s+:members:(.*)$")
 
 
