@@ -10,6 +10,8 @@ Four rules, each with an allow-list that holds exactly today's violations:
 - no handwritten module over 500 lines;
 - ``Matmul`` at most 450 lines.
 
+Sizes count code and comments, not docstrings (the API reference is built from those).
+
 A violation missing from its allow-list fails, and so does an allow-listed violation that no
 longer occurs: the lists can only shrink. Remove an entry when you remove its violation.
 """
@@ -275,16 +277,31 @@ def private_reaches(source: Source, modules: set[str]) -> list[Reach]:
 # ----------------------------------------------------------------------------------------------
 # Rules 3 and 4: sizes
 
+def docstring_lines(source: Source) -> set[int]:
+    """The lines of the module's, classes' and functions' docstrings: documentation is not the size
+    of a concern, and the API reference is built from them (numpydoc sections run long)."""
+    found: set[int] = set()
+    for node in ast.walk(parsed(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                found.update(range(first.lineno, first.end_lineno + 1))
+    return found
+
+
 def line_count(source: Source) -> int:
-    return len(source.text.splitlines())
+    return len(source.text.splitlines()) - len(docstring_lines(source))
 
 
 def class_lengths(source: Source) -> dict[str, int]:
     lengths = {}
+    documentation = docstring_lines(source)
     for node in ast.walk(parsed(source)):
         if isinstance(node, ast.ClassDef):
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            lengths[node.name] = node.end_lineno - first + 1
+            lines = set(range(first, node.end_lineno + 1))
+            lengths[node.name] = len(lines - documentation)
     return lengths
 
 
