@@ -370,8 +370,8 @@ def _cluster_shape_property():
 
     def set(self, value) -> None:
         if isinstance(value, (tuple, list)):
-            name = "SHAPE_" + "x".join(str(int(x)) for x in value)
-            if name not in members(self).__members__:
+            name = "SHAPE_" + "x".join(str(x) for x in value)
+            if not all(type(x) is int for x in value) or name not in members(self).__members__:
                 raise NvblasltValueError(f"cluster_shape: expected one of the loaded cuBLASLt's cluster shapes, got "
                                          f"{tuple(value)}")
             value = members(self)[name]

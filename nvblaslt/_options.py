@@ -79,7 +79,7 @@ class MatmulOptions:
     def __post_init__(self):
         if self.compute_type is not None:  # as nvmath-python's ComputeType(value) does, here and not at first use
             check_compute_type(self.compute_type, "options.compute_type")
-        if self.blocking not in (True, "auto"):
+        if self.blocking is not True and not (isinstance(self.blocking, str) and self.blocking == "auto"):
             raise NvblasltValueError(f"options.blocking: The value specified for blocking must be either True or "
                                      f"'auto'. Got {self.blocking!r}")
         if self.device_id is None:
@@ -145,7 +145,8 @@ class MatmulPlanPreferences:
             self.max_waves_count = 0.0
         # 0 is passed on, as nvmath-python passes it: cuBLASLt's heuristics refuse it (INVALID_VALUE)
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 0 <= self.limit <= 1024:
-            raise NvblasltValueError(f"preferences.limit: expected an int from 1 to 1024, got {self.limit!r}")
+            raise NvblasltValueError(f"preferences.limit: expected an int from 0 to 1024 (0 goes to cuBLASLt, which "
+                                     f"refuses it), got {self.limit!r}")
         if isinstance(self.workspace_limit, bool) or not isinstance(self.workspace_limit, int) \
                 or not 0 <= self.workspace_limit < 1 << 40:
             raise NvblasltValueError(f"preferences.workspace_limit: expected bytes (an int ≥ 0), got "

@@ -87,7 +87,7 @@ def read_reset(new: dict, current: dict, host_originals: dict, released, framewo
         if old is None:
             raise NvblasltValueError(f"{name}: the plan was made without {name}; make a new Matmul")
         op = _operands.read(array, name, stream)
-        if not checked and not host:
+        if not checked and not host and not op.host:  # only GPU arrays for a GPU plan are taken on trust
             found[name] = op
             continue
         if framework_of(array) is not framework or op.host != host:

@@ -80,6 +80,8 @@ class OperandResets:
         operands = _reading.read_reset(new, self._operands, self._host_operands, self._released, self._framework,
                                        self._host, stream_h, checked)
         given, aux_scale = _epilogs.split_aux_scale(epilog_inputs)
+        if (given or aux_scale is not None) and not self._planned:
+            raise NvblasltValueError("epilog_inputs: call plan() before resetting epilog inputs")
         inputs = _reading.read_reset_inputs(given, self._planned, self.epilog, self._prepared.inputs,
                                             self._input_operands, self.problem, self._framework, self._host,
                                             stream_h) if given else {}

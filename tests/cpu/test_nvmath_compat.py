@@ -372,11 +372,11 @@ def test_fp8_scales_on_reset_may_change_any_fp8_key_and_only_those(fake_gpu):
     assert len(fake_gpu) == 3  # the refused resets wrote nothing
 
 
-def test_aux_quantization_scale_on_reset_needs_a_plan_with_an_fp8_aux(fake_gpu):
+def test_epilog_inputs_on_reset_need_a_plan(fake_gpu):
     mm = Matmul(*fp8_operands(), options={"result_type": "bfloat16"}, quantization_scales=ONES)
-    with pytest.raises(NvblasltValueError, match=r"^epilog_inputs\['aux_quantization_scale'\]: the plan has no fp8 "
-                                                 r"epilog aux to scale"):
-        mm.reset_operands(epilog_inputs={"aux_quantization_scale": 2.0})
+    for inputs in ({"aux_quantization_scale": 2.0}, {"bias": 1.0}):
+        with pytest.raises(NvblasltValueError, match=r"^epilog_inputs: call plan\(\) before resetting epilog inputs"):
+            mm.reset_operands(epilog_inputs=inputs)
     assert len(fake_gpu) == 1
 
 
@@ -572,6 +572,18 @@ def test_reset_operands_unchecked_takes_the_callers_gpu_arrays_without_comparing
         mm.reset_operands_unchecked(a=like)  # what must be given again still is
     mm.reset_operands_unchecked(a=like, b=FakeDLPack((4, 6), ptr=B_PTR))
     assert mm._released is None and mm._operands["b"].ptr == B_PTR
+
+
+def test_reset_operands_unchecked_refuses_a_host_array_for_a_gpu_plan(fake_gpu, monkeypatch):
+    """Only GPU arrays for a GPU plan are taken on trust: a host array would otherwise be copied into the
+    caller's previous GPU array (past its end, for a larger one)."""
+    refreshed: list = []
+    monkeypatch.setattr(_host, "refresh", lambda *args: refreshed.append(args))
+    mm = fake_mm()
+    before = mm._operands["a"].ptr
+    with pytest.raises(TypeError, match=r"^a: Library package mismatch"):
+        mm.reset_operands_unchecked(a=np.ones((9, 5)))
+    assert refreshed == [] and mm._operands["a"].ptr == before
 
 
 class _FakeBuffer:
