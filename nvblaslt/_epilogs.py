@@ -317,6 +317,16 @@ def aux_output_type(spec: EpilogSpec, types, epilog_preferences, scale, type_nam
 def input_keys(epilog: MatmulEpilog, given: dict, problem) -> tuple[str, ...]:
     """The inputs ``epilog`` reads, all of which must be ``given``, and nothing else (a key it does not
     take is a mistake to report, not to drop: nvmath-python refuses it too)."""
+    spec = check_input_names(epilog, given)
+    if spec.aux_input and problem.k == 1:
+        raise NvblasltValueError(f"a, b: K=1 is not supported for {epilog.name} epilog (cuBLASLt reads out of "
+                                 f"bounds there); got K=1")
+    return spec.inputs
+
+
+def check_input_names(epilog: MatmulEpilog, given) -> EpilogSpec:
+    """``epilog``'s spec, once ``given`` (the epilog inputs' names, the fp8 aux scale left out) names
+    exactly its inputs: a check with no arrays read, which the function form runs before staging any."""
     spec = SPECS[epilog]
     missing = [k for k in spec.inputs if k not in given]
     if missing:
@@ -326,10 +336,7 @@ def input_keys(epilog: MatmulEpilog, given: dict, problem) -> tuple[str, ...]:
     if unknown:
         raise NvblasltValueError(f"epilog_inputs: {epilog.name} takes {list(spec.inputs) or 'no inputs'}; got also "
                                  f"{unknown}")
-    if spec.aux_input and problem.k == 1:
-        raise NvblasltValueError(f"a, b: K=1 is not supported for {epilog.name} epilog (cuBLASLt reads out of "
-                                 f"bounds there); got K=1")
-    return spec.inputs
+    return spec
 
 
 def check_input(key: str, op, problem) -> EpilogInput:

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 from collections import OrderedDict
 
-from . import _cuda, _operands
+from . import _cuda, _epilogs, _operands
 from ._epilogs import as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options, with_shortcuts
@@ -152,6 +152,8 @@ def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epil
                 "stream: a CUDA graph is being captured on it, and planning allocates device memory, which "
                 "capture forbids; call matmul() once with operands like these before capturing (the cached plan "
                 "is then replayed), or capture Matmul.execute()")
+        # the epilog's input names are checked before the constructor stages host operands to the GPU
+        _epilogs.check_input_names(epilog, [k for k in inputs if k != "aux_quantization_scale"])
         plan = Matmul.from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
                                      quantization_scales=quantization_scales, qualifiers=qualifiers)
         try:
