@@ -21,12 +21,14 @@ mapping documented there) → ``_composite`` (the same math as torch ops; the la
 
 from __future__ import annotations
 
+from ._conv import FusedConv2d, conv2d
 from ._functional import linear
 from ._layers import FusedLinear, FusedSequential, fuse
 from ._tuning import AUTO_BACKWARD, BACKWARDS, autotune
 
-__all__ = ["AUTO_BACKWARD", "BACKWARDS", "FusedLinear", "FusedSequential", "autotune", "fuse", "linear"]
+__all__ = ["AUTO_BACKWARD", "BACKWARDS", "FusedConv2d", "FusedLinear", "FusedSequential", "autotune", "conv2d", "fuse",
+           "linear"]
 
-for _public in (FusedLinear, FusedSequential, autotune, fuse, linear):
+for _public in (FusedConv2d, FusedLinear, FusedSequential, autotune, conv2d, fuse, linear):
     _public.__module__ = __name__  # as before the split: reprs, and pickles of whole models, name nvblaslt.torch
 del _public

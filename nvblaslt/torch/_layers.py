@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import NvblasltTypeError, NvblasltValueError
+from ._conv import FusedConv2d, pays_to_fuse
 from ._functional import EXACT_GELU_HINT, activation_name, linear, linked_layer
 from ._tuning import check_backward
 
@@ -288,7 +289,7 @@ def _activation_of(module: nn.Module, where: str) -> str | None:
     return None
 
 
-def fuse(module: nn.Module, *, backward: str = "auto") -> nn.Module:
+def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = False) -> nn.Module:
     """Fused layers in place of ``nn.Linear`` (+ ``nn.ReLU`` / ``nn.GELU(approximate="tanh")``).
 
     An ``nn.Sequential`` becomes a ``FusedSequential``: each Linear followed by an activation becomes
@@ -302,6 +303,10 @@ def fuse(module: nn.Module, *, backward: str = "auto") -> nn.Module:
         The model: an ``nn.Linear``, an ``nn.Sequential`` or any module holding them.
     backward : {"auto", "unfused", "bgradb", "epilog"}, default "auto"
         As ``FusedSequential``'s, for every one made.
+    convolutions : bool, default False
+        Also turn each pointwise (1×1) ``nn.Conv2d`` followed by ``nn.ReLU`` / tanh-GELU in an
+        ``nn.Sequential`` into a ``FusedConv2d`` (k×k convolutions stay: see
+        ``nvblaslt.torch._conv.FUSED_KERNELS``). The model must then run channels-last.
 
     Returns
     -------
@@ -338,7 +343,9 @@ def fuse(module: nn.Module, *, backward: str = "auto") -> nn.Module:
     if not isinstance(module, nn.Module):
         raise NvblasltTypeError(f"module: expected a torch.nn.Module, got {type(module).__module__}."
                                 f"{type(module).__qualname__}")
-    return _fuse(module, check_backward(backward), "module")
+    if not isinstance(convolutions, bool):
+        raise NvblasltTypeError(f"convolutions: expected a bool, got {convolutions!r}")
+    return _fuse(module, check_backward(backward), "module", convolutions)
 
 
 def _slots(sequential: nn.Sequential) -> list[tuple[str, nn.Module]]:
@@ -348,8 +355,8 @@ def _slots(sequential: nn.Sequential) -> list[tuple[str, nn.Module]]:
             if name and "." not in name]
 
 
-def _fuse(module: nn.Module, backward: str, where: str) -> nn.Module:
-    if isinstance(module, (FusedLinear, FusedSequential)):
+def _fuse(module: nn.Module, backward: str, where: str, convolutions: bool = False) -> nn.Module:
+    if isinstance(module, (FusedLinear, FusedSequential, FusedConv2d)):
         return module
     if isinstance(module, nn.Linear):
         return FusedLinear.from_linear(module)
@@ -368,12 +375,17 @@ def _fuse(module: nn.Module, backward: str, where: str) -> nn.Module:
                 if activation is not None:
                     converted[next_name] = nn.Identity()
                     index += 1
+            elif convolutions and pays_to_fuse(child) and index + 1 < len(items) and (
+                    activation := _activation_of(items[index + 1][1], f"{where}[{items[index + 1][0]}]")):
+                converted[name] = FusedConv2d.from_conv(cast(nn.Conv2d, child), activation)
+                converted[items[index + 1][0]] = nn.Identity()
+                index += 1
             else:
-                converted[name] = _fuse(child, backward, f"{where}[{name}]")
+                converted[name] = _fuse(child, backward, f"{where}[{name}]", convolutions)
             index += 1
         fused = FusedSequential(converted, backward=backward)
         fused.train(module.training)
         return fused
     for name, child in list(module.named_children()):
-        setattr(module, name, _fuse(child, backward, f"{where}.{name}"))
+        setattr(module, name, _fuse(child, backward, f"{where}.{name}", convolutions))
     return module

@@ -620,3 +620,23 @@ def test_conv_bench_drops_a_failing_compile_row_and_says_so(monkeypatch, capsys)
     assert results["rows"][0]["compile_error"] == "RuntimeError: inductor says no"
     out = capsys.readouterr().out
     assert "torch.compile failed for pointwise 8→16 @6², N 2: RuntimeError: inductor says no" in out
+
+
+def test_fuse_converts_pointwise_conv_and_activation_pairs_only_when_asked():
+    from nvblaslt.torch import FusedConv2d, fuse
+
+    def model():
+        return nn.Sequential(nn.Conv2d(8, 16, 1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(16, 4, 1), nn.GELU(approximate="tanh"), nn.Conv2d(4, 4, 1))
+    plain = model()
+    keys = list(plain.state_dict())
+    untouched = fuse(model())
+    assert not any(isinstance(m, FusedConv2d) for m in untouched.modules())  # opt-in: NCHW models keep working
+    fused = fuse(plain, convolutions=True)
+    kinds = [type(m).__name__ for m in fused]
+    assert kinds == ["FusedConv2d", "Identity", "Conv2d", "ReLU", "FusedConv2d", "Identity", "Conv2d"]
+    assert fused[0].activation == "relu" and fused[4].activation == "gelu"
+    assert list(fused.state_dict()) == keys
+    assert fused[0].weight is plain[0].weight  # shared, not copied
+    with pytest.raises(TypeError, match="convolutions"):
+        fuse(model(), convolutions="yes")
