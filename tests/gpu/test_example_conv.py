@@ -25,7 +25,7 @@ def test_conv_bias_relu_example_on_the_gpu():
                  "dy = ones: [[0.0, 1.0, 1.0], [2.0, 6.0, 4.0], [2.0, 5.0, 3.0]]",
                  "the backward keeps x, w, y and nothing else (no other tensor): True",
                  "DRELU_BGRAD: layer 1's ReLU backward and bias gradient in layer 2's input-gradient GEMM",
-                 "torch.float64: y and every gradient (9) within 1e-10 of float64",
+                 "torch.float64: y and every gradient (9) within 1e-09 of float64",
                  "torch.bfloat16: y and every gradient within", "falls: True", "all checks passed: True"):
         assert line in out, out
     assert ": False" not in out, out

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 E = MatmulEpilog
 RNG = np.random.default_rng()
 M, K, N = 64, 48, 80
-TOL = {"float32": 2e-5, "bfloat16": 3e-2, "fp8": 1e-4}  # fp8: exact operands, float32 accumulation
+TOL = {"float32": 2e-5, "bfloat16": 3e-2, "fp8": 5e-4}  # fp8: exact operands; Hopper fp8 kernels accumulate in stages (1.0e-4 seen)
 ONES = {"a": 1.0, "b": 1.0}  # fp8 operands always take scales (nvmath-python's rule)
 NOT_PLANNED = r"^execute: algorithm: Algorithm passed to execute\(\) has to be included in the plan\(\) algorithms"
 
