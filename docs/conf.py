@@ -11,7 +11,6 @@ blocks, never doctests.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -66,24 +65,3 @@ html_theme_options = {
 }
 html_static_path: list[str] = []
 
-
-# Plain-text docstrings of the core modules write math as text: ``|D|`` (an absolute value, which reST
-# reads as a substitution) and ``*_BGRAD`` (a wildcard, which reST reads as the start of emphasis).
-# Escaped here, outside ``literals`` and doctest source, so that those docstrings render as written.
-_LITERAL = re.compile(r"(``.*?``)")
-_ABSOLUTE = re.compile(r"(?<![\\|`])\|([^|\s`][^|`]*?)\|(?![_|])")
-_WILDCARD = re.compile(r"(?<![\\*])\*(?=_)")
-
-
-def _escape_text_math(app, what, name, obj, options, lines: list[str]) -> None:
-    for index, line in enumerate(lines):
-        if line.lstrip().startswith((">>>", "...")):  # doctest source stays as written
-            continue
-        parts = _LITERAL.split(line)
-        for i in range(0, len(parts), 2):
-            parts[i] = _WILDCARD.sub(r"\\*", _ABSOLUTE.sub(r"\\|\1\\|", parts[i]))
-        lines[index] = "".join(parts)
-
-
-def setup(app):
-    app.connect("autodoc-process-docstring", _escape_text_math)

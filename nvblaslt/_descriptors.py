@@ -97,17 +97,91 @@ class _Descriptor(_Owned):
         set_attribute(self.lib, self.handle, self._member(attribute), value)
 
     def get(self, attribute: Attribute) -> Any:
-        """An attribute's value (``attribute`` as for ``set``), unpacked from the header's C type.
+        """An attribute's value, unpacked from the C type the header states.
 
+        Parameters
+        ----------
+        attribute : enum member or str
+            A member of the descriptor's attribute enum, or its name without the prefix, in any
+            case (as for ``set``).
+
+        Returns
+        -------
+        int, float, list or None
+            The value: an int for integers, enums and pointers (None for a NULL pointer), a float
+            for floating point, a list for array attributes.
+
+        Raises
+        ------
+        NvblasltValueError, NvblasltTypeError, CublasLtError
+            An unknown name, another enum's member, an attribute the loaded library does not know,
+            or the library refuses; the descriptor was closed (``NvblasltValueError``).
+
+        Examples
+        --------
+        >>> from nvblaslt import MatmulDesc, lt
+        >>> desc = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
+        >>> desc.get("transa"), desc.get(lt.CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) == lt.CUBLAS_COMPUTE_32F
+        (0, True)
         """
         return get_attribute(self.lib, self.handle, self._member(attribute))
 
     def size(self, attribute: Attribute) -> int:
-        """Bytes the library reports for the attribute's value (``attribute`` as for ``set``)."""
+        """The size in bytes of an attribute's value, as the library reports it.
+
+        A zero-size ``…GetAttribute`` query: for an array attribute, it tells how many elements
+        ``get`` will return.
+
+        Parameters
+        ----------
+        attribute : enum member or str
+            A member of the descriptor's attribute enum, or its name without the prefix (as for
+            ``set``).
+
+        Returns
+        -------
+        int
+            The bytes the value takes.
+
+        Raises
+        ------
+        NvblasltValueError, NvblasltTypeError, CublasLtError
+            As ``get`` raises them.
+
+        Examples
+        --------
+        >>> from nvblaslt import MatmulDesc, lt
+        >>> desc = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F)
+        >>> desc.size("TRANSA"), desc.size("BIAS_POINTER")
+        (4, 8)
+        """
         return attribute_size(self.lib, self.handle, self._member(attribute))
 
     def attributes(self) -> dict[str, object]:
-        """Every attribute the loaded library knows, with its current value, by name (a debugging aid)."""
+        """Every attribute the loaded library knows, with its current value, by name (a debugging aid).
+
+        The bindings come from the newest cuBLAS headers; attributes an older loaded library does
+        not know are left out.
+
+        Returns
+        -------
+        dict of str to object
+            ``{name without prefix: value}``, in the enum's order.
+
+        Raises
+        ------
+        NvblasltValueError
+            The descriptor was closed.
+        CublasLtError
+            The library refuses a query.
+
+        Examples
+        --------
+        >>> from nvblaslt import MatmulDesc, lt
+        >>> values = MatmulDesc(lt.CUBLAS_COMPUTE_32F, lt.CUDA_R_32F).attributes()
+        >>> values["EPILOGUE"] == lt.CUBLASLT_EPILOGUE_DEFAULT, values["BIAS_POINTER"]
+        (True, None)
+        """
         enum_type = getattr(self.lib.api, self._attribute_enum)
         return {m.name: self.get(m) for m in supported(self.lib, enum_type)}
 
@@ -275,7 +349,38 @@ class Handle(_Owned):
 
     @classmethod
     def for_device(cls, device: int | None = None) -> Handle:
-        """This thread's handle for ``device`` (default: the current device), created once."""
+        """This thread's handle for ``device``, created on first use and kept (needs a GPU).
+
+        cuBLASLt handles are best not shared between threads; nvblaslt keeps one per (thread,
+        device), and so does this. The handle lives as long as the thread's storage.
+
+        Parameters
+        ----------
+        device : int, optional
+            The GPU ordinal; default the current device.
+
+        Returns
+        -------
+        Handle
+            The same object on every call from this thread for this device.
+
+        Raises
+        ------
+        NvblasltTypeError, NvblasltValueError
+            ``device`` is not an ordinal of a GPU this process sees.
+        CublasLtError
+            ``cublasLtCreate`` failed (no usable GPU).
+        CudaError
+            The current device could not be read.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            handle = Handle.for_device(0)
+            assert Handle.for_device(0) is handle                # one per thread and device
+            nvblaslt.matmul(a, b, options={"handle": handle.handle})
+        """
         if device is None:
             device = _cuda.current_device()
         handles = cls._per_thread.__dict__.setdefault("handles", {})
@@ -308,17 +413,103 @@ class Algorithm:
         return enum_type[attribute.upper()] if isinstance(attribute, str) else attribute
 
     def get(self, attribute: Attribute) -> Any:
-        """A config attribute (``ID``, ``TILE_ID``, ``SPLITK_NUM``, …), by member or name without prefix."""
+        """A config attribute of this algorithm (``ID``, ``TILE_ID``, ``SPLITK_NUM``, …).
+
+        Parameters
+        ----------
+        attribute : enum member or str
+            A ``cublasLtMatmulAlgoConfigAttributes_t`` member, or its name without the
+            ``CUBLASLT_ALGO_CONFIG_`` prefix, in any case.
+
+        Returns
+        -------
+        int
+            The value (tile and stages ids are ``cublasLtMatmulTile_t`` / ``cublasLtMatmulStages_t``
+            values; the ``tile`` and ``stages`` properties name them).
+
+        Raises
+        ------
+        KeyError
+            ``attribute`` is a name that is not a member.
+        NvblasltValueError, NvblasltTypeError, CublasLtError
+            A member the loaded library does not know, a member of another enum, or the library
+            refuses.
+
+        Examples
+        --------
+        >>> from nvblaslt import Algorithm, lt
+        >>> algorithm = Algorithm(lt.cublasLtMatmulAlgo_t())   # zeroed; on a GPU, from the heuristics
+        >>> algorithm.get("ID"), algorithm.get(lt.CUBLASLT_ALGO_CONFIG_SPLITK_NUM)
+        (0, 0)
+        """
         member = self._member(attribute, "cublasLtMatmulAlgoConfigAttributes_t")
         return get_attribute(self.lib, ctypes.byref(self.algo), member)
 
     def set(self, attribute: Attribute, value: Any) -> None:
-        """Set a config attribute (of an algorithm from cublasLtMatmulAlgoInit or the heuristics)."""
+        """Set a config attribute of this algorithm, in place.
+
+        For an algorithm from ``cublasLtMatmulAlgoInit`` or the heuristics: a plan checks it again
+        (``cublasLtMatmulAlgoCheck``) when it is given as ``plan(algorithms=[…])``.
+
+        Parameters
+        ----------
+        attribute : enum member or str
+            A ``cublasLtMatmulAlgoConfigAttributes_t`` member, or its name without the prefix.
+        value : int
+            The value, packed as the C type the header states.
+
+        Raises
+        ------
+        KeyError
+            ``attribute`` is a name that is not a member.
+        NvblasltValueError, NvblasltTypeError, CublasLtError
+            A value the C type cannot hold, an attribute the loaded library does not know, or the
+            library refuses.
+
+        Examples
+        --------
+        >>> from nvblaslt import Algorithm, lt
+        >>> algorithm = Algorithm(lt.cublasLtMatmulAlgo_t())
+        >>> algorithm.set("SPLITK_NUM", 4)
+        >>> algorithm.get("SPLITK_NUM")
+        4
+        """
         member = self._member(attribute, "cublasLtMatmulAlgoConfigAttributes_t")
         set_attribute(self.lib, ctypes.byref(self.algo), member, value)
 
     def capability(self, attribute: Attribute) -> Any:
-        """A capability of this algorithm id (``TILE_IDS``, ``STAGES_IDS``, ``EPILOGUE_MASK``, …)."""
+        """A capability of this algorithm's id (``TILE_IDS``, ``STAGES_IDS``, ``EPILOGUE_MASK``, …).
+
+        cuBLASLt answers only for an algorithm ``cublasLtMatmulAlgoInit`` made or the heuristics
+        returned, which needs a GPU.
+
+        Parameters
+        ----------
+        attribute : enum member or str
+            A ``cublasLtMatmulAlgoCapAttributes_t`` member, or its name without the
+            ``CUBLASLT_ALGO_CAP_`` prefix, in any case.
+
+        Returns
+        -------
+        int or list of int
+            The value; array capabilities (``TILE_IDS``, ``STAGES_IDS``) as lists.
+
+        Raises
+        ------
+        KeyError
+            ``attribute`` is a name that is not a member.
+        NvblasltValueError, NvblasltTypeError, CublasLtError
+            A member the loaded library does not know, or the library refuses (an algorithm it
+            did not make).
+
+        Examples
+        --------
+        .. code-block:: python
+
+            algorithm = mm.algorithms[0].algorithm             # a plan's first algorithm
+            algorithm.capability("TILE_IDS")                   # the tiles this id supports
+            algorithm.capability("EPILOGUE_MASK") & lt.CUBLASLT_EPILOGUE_RELU_BIAS
+        """
         member = self._member(attribute, "cublasLtMatmulAlgoCapAttributes_t")
         return get_attribute(self.lib, ctypes.byref(self.algo), member)
 
@@ -338,7 +529,20 @@ class Algorithm:
         return self.lib.api.cublasLtMatmulStages_t(self.get("STAGES_ID")).name.removeprefix("STAGES_")
 
     def config(self) -> dict[str, object]:
-        """Every config attribute the loaded library knows, with its value, by name."""
+        """Every config attribute the loaded library knows, with its value, by name.
+
+        Returns
+        -------
+        dict of str to int
+            ``{name without prefix: value}``, in the enum's order.
+
+        Examples
+        --------
+        >>> from nvblaslt import Algorithm, lt
+        >>> config = Algorithm(lt.cublasLtMatmulAlgo_t()).config()
+        >>> config["ID"], config["SPLITK_NUM"]
+        (0, 0)
+        """
         enum_type = self.lib.api.cublasLtMatmulAlgoConfigAttributes_t
         return {m.name: self.get(m) for m in supported(self.lib, enum_type)}
 
@@ -433,7 +637,26 @@ class HeuristicResult:
         return found
 
     def as_bytes(self) -> bytes:
-        """The algorithm's 64 bytes, to store and give back later as ``plan(algorithms=[…])``."""
+        """The algorithm's 64 bytes (its ``cublasLtMatmulAlgo_t``), to store and give back later.
+
+        ``Matmul.plan(algorithms=[…])``, ``Matmul.execute(algorithm=…)`` and
+        ``matmul(algorithm=…)`` take them back, on any process with the same cuBLASLt and GPU
+        (cuBLASLt checks them again for the problem). Pickling a ``HeuristicResult`` stores these
+        bytes too.
+
+        Returns
+        -------
+        bytes
+            64 bytes.
+
+        Examples
+        --------
+        >>> import nvblaslt
+        >>> from nvblaslt import HeuristicResult, lt
+        >>> result = HeuristicResult(lt.cublasLtMatmulHeuristicResult_t(), nvblaslt.library())
+        >>> len(result.as_bytes())                              # on a GPU: mm.algorithms[0].as_bytes()
+        64
+        """
         return bytes(memoryview(self.algorithm.algo))
 
     def __repr__(self) -> str:

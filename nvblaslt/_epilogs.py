@@ -24,7 +24,58 @@ if TYPE_CHECKING:
     MatmulEpilog = cublasLtEpilogue_t
 else:
     MatmulEpilog = enum.IntEnum("MatmulEpilog", [(e.name, e.value) for e in cublasLtEpilogue_t], module=__name__)
-    MatmulEpilog.__doc__ = "The fusable epilogs; values are cuBLASLt's ``cublasLtEpilogue_t``."
+    MatmulEpilog.__doc__ = """The epilogs cuBLASLt fuses after a multiplication (nvmath-python's ``MatmulEpilog``).
+
+    An ``IntEnum`` whose 16 members are cuBLASLt's ``cublasLtEpilogue_t``, with the same names
+    and values (the same in cuBLAS 12.x and 13.x). Wherever an epilog is taken (``matmul``,
+    ``Matmul.plan``), a member's name (any case) or its integer value is accepted too.
+
+    With ``z = alpha * a @ b + beta * c``, D is:
+
+    - ``DEFAULT``: ``z``; ``RELU``, ``GELU``: ``act(z)``;
+    - ``BIAS``, ``RELU_BIAS``, ``GELU_BIAS``: ``act(z + bias)``, with ``epilog_inputs["bias"]``
+      one value per row of D;
+    - ``RELU_AUX``, ``RELU_AUX_BIAS``: ``relu(z [+ bias])``, also returning ``aux["relu_aux"]``,
+      the bitmask of where the input was positive;
+    - ``GELU_AUX``, ``GELU_AUX_BIAS``: ``gelu(z [+ bias])``, also returning ``aux["gelu_aux"]``,
+      GELU's input;
+    - ``DRELU``, ``DGELU``: ``z * act'(pre-activation)``, reading ``epilog_inputs["relu_aux"]`` /
+      ``["gelu_aux"]`` as the forward epilog returned them (the backward pass through the
+      activation);
+    - ``DRELU_BGRAD``, ``DGELU_BGRAD``: the same, also returning the bias gradient (D's rows
+      summed) as ``aux["drelu_bgrad"]`` / ``aux["dgelu_bgrad"]``;
+    - ``BGRADA``, ``BGRADB``: ``z``, also returning ``aux["bgrada"]`` (A summed over K, one value
+      per row of D) or ``aux["bgradb"]`` (B summed over K, one value per column of D).
+
+    Parameters
+    ----------
+    value : int
+        A ``cublasLtEpilogue_t`` value; ``MatmulEpilog(value)`` is its member. By name:
+        ``MatmulEpilog["RELU_BIAS"]``.
+
+    Raises
+    ------
+    ValueError
+        ``value`` is not one of the 16 values.
+
+    Notes
+    -----
+    cuBLASLt's GELU is the tanh approximation ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``, not
+    the exact erf form. The epilogs that read or write a bias, an aux or a bias gradient run along
+    D's rows: nvblaslt makes D column-major for them (a row-major ``c`` is refused there).
+
+    Examples
+    --------
+    >>> from nvblaslt import MatmulEpilog
+    >>> MatmulEpilog.RELU_AUX_BIAS.value
+    134
+    >>> MatmulEpilog(134)
+    <MatmulEpilog.RELU_AUX_BIAS: 134>
+    >>> MatmulEpilog["dgelu_bgrad".upper()]
+    <MatmulEpilog.DGELU_BGRAD: 208>
+    >>> [e.name for e in MatmulEpilog if e.name.endswith("BGRAD")]
+    ['DRELU_BGRAD', 'DGELU_BGRAD']
+    """
 
 
 @dataclass(frozen=True)

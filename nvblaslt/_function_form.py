@@ -63,13 +63,186 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
            quantization_scales: QuantizationScales = None, options: Options = None, preferences: Preferences = None,
            algorithm: Any = None, stream: Stream | None = None, out: Array | None = None, compute_type: Any = None,
            result_type: Any = None) -> Result:
-    """D = epilog(alpha · a @ b + beta · c) in one call; returns D, or ``(D, aux)`` when the epilog
-    has outputs. nvmath-python's ``matmul`` with the same arguments and semantics (NumPy matmul
-    rules for 1-D and batched operands, C as (M, N) or a broadcast (M, 1), host operands staged),
-    plus nvblaslt's ``out=`` and the ``compute_type=`` / ``result_type=`` shortcuts.
+    """Compute ``D = epilog(alpha * a @ b + beta * c)`` in one call, with a cached plan.
 
-    Plans are cached per thread, keyed on shapes, strides, dtypes, alignment, device, package
-    and epilog, so repeated calls with like operands do not re-plan."""
+    nvmath-python's ``matmul`` with the same arguments and semantics: NumPy ``matmul`` rules for
+    1-D and batched operands, ``c`` as (M, N) or a column (M, 1) broadcast over N, host operands
+    staged to the GPU. nvblaslt adds ``out=`` and the ``compute_type=`` / ``result_type=``
+    shortcuts, and reads operands of any package that exports DLPack or
+    ``__cuda_array_interface__``.
+
+    Plans are cached per thread, keyed on the operands' shapes, strides, dtypes, pointer
+    alignment, device and package, the epilog and the options, so repeated calls with like
+    operands do not re-plan (see Notes).
+
+    Parameters
+    ----------
+    a : array
+        A, (…, M, K), or (K,) for a row: a GPU array of any package (CuPy, PyTorch, JAX, Numba,
+        anything with ``__dlpack__`` or ``__cuda_array_interface__``), or a host array (NumPy, a
+        CPU torch tensor), staged to the GPU ``options.device_id``. Positional only.
+    b : array
+        B, (…, K, N), or (K,) for a column; from the same package and memory space as ``a``.
+        Positional only. Batch dimensions must match ``a``'s, or one of the two is a single
+        matrix broadcast over the other's batch.
+    c : array, optional
+        C, (…, M, N), or a column (…, M, 1) broadcast over N; a 2-D ``c`` serves every batch.
+        Requires ``beta``. With ``options={"inplace": True}`` the result is written into ``c``.
+    alpha : number or one-element array, optional
+        Scales ``a @ b``; default 1. A one-element array is read as a number (a GPU one is copied
+        back, which waits for it). Complex only with complex operands.
+    beta : number or one-element array, optional
+        Scales ``c``: required with ``c``, refused without it (as in nvmath-python).
+    epilog : MatmulEpilog, str or int, optional
+        What to fuse after the multiplication: a ``MatmulEpilog`` member, its name (any case) or
+        its cuBLASLt value; None is ``MatmulEpilog.DEFAULT`` (no epilog).
+    epilog_inputs : dict, optional
+        The arrays the epilog reads, by key: ``"bias"`` (one value per row of D: (M,), (M, 1),
+        or batched (…, M, 1) / (…, M)), ``"relu_aux"`` / ``"gelu_aux"`` (as the forward epilog
+        returned them, for ``DRELU*`` / ``DGELU*``), and ``"aux_quantization_scale"`` (a number,
+        the scale of an fp8 GELU aux output). Exactly the keys the epilog reads are accepted.
+    qualifiers : numpy.ndarray, optional
+        nvmath-python's length-3 array of ``nvblaslt.matrix_qualifiers_dtype`` (A, B, C): its
+        ``is_conjugate`` fields conjugate ``a`` and/or ``b`` (complex operands; conjugating C is
+        refused).
+    quantization_scales : MatmulQuantizationScales or dict, optional
+        Scales for fp8 operands and results, keys ``"a"``, ``"b"``, ``"c"``, ``"d"``: required
+        for every fp8 operand and an fp8 result, refused for any other.
+    options : MatmulOptions or dict, optional
+        How the multiplication is set up (compute and result types, ``inplace``, ``blocking``,
+        ``handle``, ``memory_limit``, …); a dict takes the same keys, and nvmath-python's own
+        ``MatmulOptions`` is accepted too.
+    preferences : MatmulPlanPreferences or dict, optional
+        What the heuristics may return (``limit``, ``workspace_limit``, ``epilog`` preferences…).
+    algorithm : HeuristicResult, optional
+        Run this algorithm instead of asking the heuristics: one that ``Matmul.plan()`` or
+        ``Matmul.autotune()`` returned, nvmath-python's ``Algorithm``, or the 64 bytes of
+        ``HeuristicResult.as_bytes()``. cuBLASLt checks it for this problem first.
+    stream : int or stream object, optional
+        Where the work is queued: a ``cudaStream_t`` as an int (0, 1 and 2 are CUDA's legacy,
+        explicit legacy and per-thread default streams), a CuPy or PyTorch stream, a cuda.bindings
+        stream, or anything with ``__cuda_stream__``. Default: the operands' package's current
+        stream (the legacy default stream for host operands).
+    out : array, optional
+        nvblaslt's addition: write D into this array of the operands' package instead of a new
+        one. It must be laid out as D would be (shape, dtype and element strides), on the plan's
+        GPU, writable, 256-byte aligned (as the plan's algorithms assume), and apart from ``a``,
+        ``b`` and the epilog inputs (it may be ``c`` itself). Not available with host operands or
+        ``options.inplace``.
+    compute_type : str or int, optional
+        Shortcut for ``options.compute_type`` (a name such as ``"tf32"`` or
+        ``"COMPUTE_32F_FAST_TF32"``, or a ``cublasComputeType_t`` value).
+    result_type : str, dtype or int, optional
+        Shortcut for ``options.result_type`` (a dtype name, a NumPy / CuPy / PyTorch dtype, or a
+        ``cudaDataType`` value).
+
+    Returns
+    -------
+    array or tuple of (array, dict)
+        D, as an array of the operands' package (CuPy, PyTorch, JAX, Numba; NumPy or a CPU
+        tensor for host operands, already copied back; a ``DeviceArray`` for every other
+        package) and memory space; it is ``c`` itself with ``options.inplace``. Its memory order
+        is ``c``'s, else column-major for epilogs with a bias, an aux or a bias gradient, else
+        ``a``'s. An epilog with outputs, or ``options.result_amax``, returns ``(D, aux)``, with
+        ``aux`` a dict of arrays of the same package:
+
+        - ``"relu_aux"``: the ReLU bitmask of ``RELU_AUX`` / ``RELU_AUX_BIAS``, uint8, (…, ⌈M/128⌉·16, N)
+          column-major, to give back to ``DRELU`` / ``DRELU_BGRAD``;
+        - ``"gelu_aux"``: the GELU input of ``GELU_AUX`` / ``GELU_AUX_BIAS``, (…, M rounded up to 8,
+          N) column-major, in D's type (or ``preferences.epilog.aux_type``);
+        - ``"drelu_bgrad"``, ``"dgelu_bgrad"``, ``"bgrada"``: bias gradients, (M,), or (…, M, 1)
+          for a batch; ``"bgradb"``: (N,), or (…, N, 1);
+        - ``"gelu_aux_amax"`` (with ``preferences.epilog.aux_amax``) and ``"result_amax"`` (with
+          ``options.result_amax``): float32 arrays of shape (1,).
+
+    Raises
+    ------
+    NvblasltTypeError
+        An argument of a type nvblaslt cannot use: ``epilog_inputs`` that is not a dict, an
+        epilog that is neither a member, a name nor a value, ``options`` / ``preferences`` that
+        are neither a dict nor their class, an object that is no array, operands from different
+        packages, an unreadable ``stream``, an ``out`` of another dtype.
+    NvblasltValueError
+        Shapes that do not multiply (K, batch, ``c``'s shape), ``beta`` missing with ``c`` or
+        given without it, an unknown epilog name, missing or unexpected epilog inputs, an invalid
+        option value, an ``out`` laid out otherwise than D, or a plan needed while a CUDA graph is
+        being captured on ``stream`` (planning allocates device memory, which capture forbids).
+    NvblasltArgumentError
+        A dtype or combination of dtypes cuBLASLt cannot multiply, operands or epilog inputs in
+        different memory spaces (host and GPU), a bias or aux of the wrong dtype. Both a
+        ``TypeError`` and a ``ValueError``.
+    NvblasltAlgorithmError
+        ``algorithm`` is not an algorithm (also an ``AssertionError``, as nvmath-python raises).
+    CublasLtError
+        cuBLASLt has no algorithm for the problem (``CUBLAS_STATUS_NOT_SUPPORTED``, with what is
+        known of why), or refuses the launch.
+    CudaError
+        A CUDA runtime call failed: device memory, a copy, or no usable GPU and driver.
+
+    See Also
+    --------
+    Matmul : the stateful form: plan once, autotune, execute many times.
+    clear_plan_cache : frees this thread's cached plans.
+
+    Notes
+    -----
+    A call nvmath-python accepts runs with only the import changed, and where nvmath-python
+    refuses, nvblaslt refuses too, naming the argument; every check that needs no GPU runs before
+    any GPU work (host operands are not copied before their shapes and dtypes are checked).
+
+    The work is queued on ``stream`` and the call returns without waiting, unless the operands
+    are host arrays (the result is copied back, which waits) or ``options.blocking`` is True.
+
+    The plan cache is per thread and bounded (the least recently used plans are freed first);
+    a cached plan keeps no reference to the caller's arrays. Calls with host operands,
+    ``quantization_scales``, ``qualifiers``, ``algorithm``, ``options.inplace``,
+    ``options.handle``, ``options.logger`` or an fp8 aux scale are not cached: their plan is made,
+    run and freed (stream-ordered) in the call. CuPy and PyTorch arrays on their package's current
+    stream, with none of ``stream``, ``out``, ``options``, ``preferences``, ``qualifiers``,
+    ``algorithm`` or ``quantization_scales``, take a faster path that reads each array's layout
+    directly. A call that would plan inside a CUDA graph capture is refused; one whose plan is
+    cached can be captured.
+
+    cuBLASLt's GELU is the tanh approximation, not the exact erf form.
+
+    Examples
+    --------
+    On a GPU, a fused layer and its backward pass, with CuPy arrays (the results are CuPy arrays):
+
+    .. code-block:: python
+
+        import cupy
+        from nvblaslt import matmul, MatmulEpilog
+
+        a = cupy.random.rand(100, 784, dtype=cupy.float32)
+        b = cupy.random.rand(784, 256, dtype=cupy.float32)
+        bias = cupy.random.rand(100, dtype=cupy.float32)
+
+        y, aux = matmul(a, b, epilog=MatmulEpilog.RELU_AUX_BIAS, epilog_inputs={"bias": bias})
+        # y = relu(a @ b + bias[:, None]); aux["relu_aux"] is the ReLU bitmask for the backward pass
+        dy = cupy.ones_like(y)
+        dz, grads = matmul(cupy.eye(100, dtype=cupy.float32), dy, epilog="DRELU_BGRAD",
+                           epilog_inputs={"relu_aux": aux["relu_aux"]})
+        db = grads["drelu_bgrad"]                             # (100,): the rows of dz summed
+
+        z = matmul(a, b, c=y, beta=0.5, compute_type="tf32")  # a @ b + 0.5 * y in TF32
+        d = matmul(a, b)
+        matmul(a, b, out=d)                                   # into d again: no allocation
+
+    Arguments are checked before any GPU work, so this refusal needs no GPU:
+
+    >>> import numpy as np
+    >>> import nvblaslt
+    >>> a, b = np.ones((4, 3), np.float32), np.ones((5, 2), np.float32)
+    >>> nvblaslt.matmul(a, b)
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltValueError: a, b: The 'K' extent must match for the operands: K=3 in operand A ...
+    >>> nvblaslt.matmul(a, a.T, epilog_inputs=[1.0])
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltTypeError: epilog_inputs: expected a dict, got list
+    """
     try:
         cache = _local.plans
     except AttributeError:
@@ -206,7 +379,25 @@ def _remember(cache: _Plans, key, plan: Matmul) -> None:
 
 
 def clear_plan_cache() -> None:
-    """Free this thread's cached plans (the function form's)."""
+    """Free the plans ``matmul()`` has cached in the calling thread.
+
+    Each plan's descriptors, workspace and other device memory are released, stream-ordered after
+    the work already queued with them; the next ``matmul()`` call plans again. Other threads'
+    caches are left as they are. Calling it with nothing cached does nothing.
+
+    Use it to give back device memory held by plans no longer needed, or so that the next calls
+    plan afresh, for example to start from what a later ``Matmul.autotune(search=True)`` remembered
+    for the same problem.
+
+    See Also
+    --------
+    matmul : the function form, whose plans these are.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> nvblaslt.clear_plan_cache()   # nothing cached in this thread yet: nothing to free
+    """
     cache = getattr(_local, "plans", None)
     if cache is not None:
         cache.last_key = cache.last_plan = None

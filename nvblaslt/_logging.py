@@ -21,7 +21,49 @@ def _forward(level: int, function: bytes, message: bytes) -> None:
 
 
 def set_log_level(level: int) -> None:
-    """Send cuBLASLt's log (0 off, 1 errors … 5 API trace) to the ``nvblaslt`` logger, and only there."""
+    """Set cuBLASLt's log level, and send its log to the ``nvblaslt`` logger, and only there.
+
+    The first call installs a logger callback in the loaded libcublasLt that forwards each message
+    to Python's ``logging.getLogger("nvblaslt")`` (level 1's errors at ``ERROR``, levels 2 and 3
+    at ``INFO``, levels 4 and 5 at ``DEBUG``), and turns off the library's own printing. The logger
+    shows nothing until it has a handler and a level that let the messages through
+    (``logging.basicConfig(level=logging.DEBUG)``, for example). The level applies to the whole
+    process. ``CUBLASLT_LOG_LEVEL=5`` in the environment is the same without Python's logging.
+
+    Parameters
+    ----------
+    level : int
+        cuBLASLt's log levels: 0 off, 1 errors, 2 a trace of the calls that launch kernels,
+        3 performance hints, 4 general information (the heuristics' status), 5 a trace of every
+        API call. NumPy integers are accepted; bools are not.
+
+    Raises
+    ------
+    NvblasltTypeError
+        ``level`` is not an int (or is a bool).
+    NvblasltValueError
+        ``level`` is not from 0 to 5.
+    LibraryNotFoundError
+        libcublasLt could not be loaded.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> nvblaslt.set_log_level(0)           # off (loads libcublasLt; no GPU needed)
+    >>> nvblaslt.set_log_level("trace")
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltTypeError: level: expected an int from 0 (off) to 5 (API trace), got str 'trace'
+
+    To see every cuBLASLt call of a program:
+
+    .. code-block:: python
+
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG)
+        nvblaslt.set_log_level(5)
+    """
     global _callback
     if isinstance(level, bool):
         raise argument_error(NvblasltTypeError, "level", repr(level), "an int from 0 (off) to 5 (API trace)")

@@ -51,7 +51,79 @@ class DeviceBuffer:
 
 
 class DeviceArray:
-    """nvblaslt's own GPU array: a strided view of a DeviceBuffer, exporting DLPack and CAI."""
+    """nvblaslt's own GPU array, in which results come back where no package allocates them.
+
+    ``matmul`` and ``Matmul.execute`` return their results in the operands' package. CuPy and
+    PyTorch results come from those packages' own memory pools; JAX and Numba results are made
+    here and handed over zero-copy; for any other package (objects that only export DLPack or
+    ``__cuda_array_interface__``, such as cuda.core's), and for a dtype a package's pool does not
+    have, the result is a ``DeviceArray``. Any package that reads DLPack or the CUDA array
+    interface can take it zero-copy.
+
+    Its memory comes from the CUDA stream-ordered allocator (``cudaMallocAsync``) on the stream
+    the work ran on, and is freed when the last reference to it goes: stream-ordered where that
+    stream is the legacy default stream, and otherwise after ``cudaDeviceSynchronize`` (the stream
+    may no longer exist by then), which waits for the whole GPU. A consumer that passes its own
+    stream to ``__dlpack__`` is ordered after the work that wrote the array; the CUDA array
+    interface names that stream (``"stream"``).
+
+    Parameters
+    ----------
+    buffer : DeviceBuffer
+        The device memory (nvblaslt's internal owner of one ``cudaMallocAsync`` allocation);
+        kept alive by the array.
+    shape : tuple of int
+        The array's shape.
+    strides : tuple of int
+        Its strides, in elements (not bytes).
+    dtype : DType
+        Its element type (nvblaslt's internal description of a dtype: ``dtype.name`` is
+        ``"float32"``, ``"bfloat16"``, …).
+    device : int
+        The GPU the memory is on.
+    stream : int, default 0
+        The ``cudaStream_t`` whose work writes the array.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        The shape.
+    strides_elements : tuple of int
+        The strides in elements.
+    dtype : DType
+        The element type.
+    device : int
+        The GPU.
+    ptr : int
+        The address of the first element.
+    ndim, size : int
+        The number of dimensions and of elements.
+
+    Notes
+    -----
+    nvblaslt makes these itself; a caller has no need to construct one. It implements
+    ``__dlpack__`` / ``__dlpack_device__`` (DLPack, with the ``stream=`` handshake) and
+    ``__cuda_array_interface__`` (version 3), and has no arithmetic of its own.
+
+    Examples
+    --------
+    On a GPU, with operands that only export the CUDA array interface:
+
+    .. code-block:: python
+
+        import cupy
+        import nvblaslt
+
+        class Exported:                        # an array of no package nvblaslt knows
+            def __init__(self, array):
+                self.__cuda_array_interface__ = array.__cuda_array_interface__
+
+        x = cupy.random.rand(64, 32, dtype=cupy.float32)
+        w = cupy.random.rand(32, 16, dtype=cupy.float32)
+        d = nvblaslt.matmul(Exported(x), Exported(w))   # x and w stay alive while d is computed
+        d                                      # <nvblaslt.DeviceArray shape=(64, 16) dtype=float32 device=0>
+        cupy.from_dlpack(d)                    # zero-copy, into any package that reads DLPack
+    """
 
     def __init__(self, buffer: DeviceBuffer, shape, strides, dtype: DType, device: int, stream: int = 0):
         self.buffer = buffer

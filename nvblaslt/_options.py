@@ -45,21 +45,101 @@ def memory_limit_bytes(limit: int | float | str, total: int) -> int:
 
 @dataclass
 class MatmulOptions:
-    """How the multiplication is set up (nvmath-python's ``MatmulOptions`` fields).
+    """How the multiplication is set up (nvmath-python's ``MatmulOptions``, with its field names).
 
-    ``compute_type`` / ``scale_type``: a name (``"tf32"``, ``"COMPUTE_32F_FAST_TF32"``) or the
-    cuBLAS enum value; ``result_type``: a dtype (name, NumPy/CuPy/PyTorch dtype) or a
-    ``cudaDataType`` value; ``result_amax``: also return amax(|D|) (fp8 results);
-    ``inplace``: write the result into ``c``; ``device_id``: the GPU for host (NumPy / CPU
-    torch) operands; ``blocking``: ``True`` waits for the result, ``"auto"`` only for host
-    operands; ``handle``: a ``cublasLtHandle_t`` to use; ``logger``: where decisions are
-    logged; ``fast_accumulation``: cuBLASLt's fast fp8 accumulation (fewer promotions to fp32;
-    fp8 operands only); ``memory_limit``: the most workspace an algorithm may use (bytes, a
-    size such as "1 GiB", or a share of the GPU's memory such as "10%"; it lowers
-    ``preferences.workspace_limit``, never raises it); ``sm_count_target``: SMs the kernels may
-    assume. ``allocator`` is accepted as nvmath-python's is (nvblaslt allocates results from the
-    operands' own framework); ``block_scaling`` only at its default (block-scaled fp8/fp4 is not
-    exposed yet)."""
+    The ``options`` argument of ``matmul`` and ``Matmul`` takes one of these, a dict with the
+    same keys, or nvmath-python's own ``MatmulOptions``. Every field is checked where the object
+    is made (a dict: where it is given), before any GPU work.
+
+    Parameters
+    ----------
+    compute_type : str or int, optional
+        cuBLAS's compute type: a name (``"COMPUTE_32F_FAST_TF32"``, ``"CUBLAS_COMPUTE_32F"``), a
+        short name (``"tf32"``), a ``cublasComputeType_t`` value, or nvmath-python's enum member.
+        None: the usual one for the operand types. ``compute_type=`` of ``matmul`` and ``Matmul``
+        is a shortcut for it.
+    scale_type : str, dtype or int, optional
+        The type of alpha and beta: a dtype or ``cudaDataType`` name (``"float32"``,
+        ``"CUDA_R_32F"``) or value. None: the one that goes with the compute type.
+    result_type : str, dtype or int, optional
+        D's dtype: a name (``"bfloat16"``, ``"float8_e4m3fn"``), a NumPy / CuPy / PyTorch dtype,
+        or a ``cudaDataType`` value. None: ``c``'s dtype, else ``a``'s.
+    result_amax : bool, default False
+        Also return ``amax(|D|)``, the largest absolute value of the result, as
+        ``aux["result_amax"]``, a float32 array of shape (1,); fp8 results only.
+    inplace : bool, default False
+        Write D into ``c``, which must be given and hold the whole result (every batch, no
+        broadcast column); D's dtype is then ``c``'s, and the result returned is ``c`` itself.
+    block_scaling : bool, default False
+        Block-scaled (MXFP8 / NVFP4) multiplication: not supported yet, only False is accepted.
+    sm_count_target : int, default 0
+        How many SMs the kernels may assume they have (cuBLASLt's ``SM_COUNT_TARGET``), to leave
+        the others to concurrent work; 0 (or None): all of them.
+    fast_accumulation : bool, default False
+        cuBLASLt's fast fp8 accumulation (``FAST_ACCUM``: fewer promotions to fp32). It acts on
+        fp8 operands only; for others it is accepted, as nvmath-python accepts it, with a warning
+        at ``plan()``.
+    device_id : int, default 0
+        The GPU that host (NumPy, CPU torch) operands are staged to and multiplied on; GPU
+        operands run on their own device. None is 0; a negative id is refused where the options
+        are used.
+    handle : int, optional
+        A ``cublasLtHandle_t`` of the caller's, as an int, for the operands' device; the caller
+        keeps ownership (nvblaslt never destroys it). None: nvblaslt's handle for this thread and
+        device.
+    logger : logging.Logger, optional
+        Where nvblaslt logs its decisions (plans, tuning); default the ``nvblaslt`` logger.
+    memory_limit : int, float or str, default "80%"
+        The most workspace an algorithm may use: bytes (an int, or a float above 1), a share of
+        the GPU's memory (a float up to 1.0, or ``"10%"``), or a size with a unit (``"512 MB"``,
+        ``"1 GiB"``). It lowers ``preferences.workspace_limit``, never raises it. None is the
+        default.
+    blocking : True or "auto", default "auto"
+        True: each call waits for its result on the GPU. ``"auto"``: only calls with host
+        operands wait (their results are copied back); GPU calls return at once.
+    allocator : object, optional
+        Accepted as nvmath-python's memory manager (an object with ``memalloc_async`` or
+        ``memalloc``) but not used: nvblaslt allocates results from the operands' own package.
+
+    Raises
+    ------
+    NvblasltValueError
+        ``compute_type`` is not a compute type of any cuBLAS release nvblaslt knows; ``blocking``
+        is neither True nor ``"auto"``; ``block_scaling`` is True; ``sm_count_target`` is not an
+        int ≥ 0; ``memory_limit`` is not a size nvblaslt can read.
+    NvblasltTypeError
+        ``device_id`` is not an int; ``result_amax``, ``inplace``, ``block_scaling`` or
+        ``fast_accumulation`` is not a bool; ``handle`` is not an int; ``logger`` is not a
+        ``logging.Logger``; ``allocator`` has neither ``memalloc_async`` nor ``memalloc``.
+
+    See Also
+    --------
+    MatmulPlanPreferences : what the heuristics may return.
+
+    Notes
+    -----
+    ``compute_type`` is checked against every compute type nvblaslt knows when the options are
+    made, and against the loaded cuBLASLt when they are used. ``scale_type`` and ``result_type``
+    are checked where the operands' types are known (``Matmul(…)``, ``matmul(…)``). Calls with a
+    ``handle`` or a ``logger`` are not cached by ``matmul()``.
+
+    Examples
+    --------
+    >>> from nvblaslt import MatmulOptions
+    >>> options = MatmulOptions(compute_type="tf32", memory_limit="1 GiB", blocking=True)
+    >>> options.compute_type, options.memory_limit, options.blocking
+    ('tf32', '1 GiB', True)
+    >>> MatmulOptions(device_id=None, sm_count_target=None).device_id
+    0
+    >>> MatmulOptions(blocking=False)
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltValueError: options.blocking: The value specified for blocking must be either True or 'auto'. ...
+    >>> MatmulOptions(inplace="yes")
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltTypeError: options.inplace: expected a bool, got 'yes'
+    """
 
     compute_type: Any = None
     scale_type: Any = None
@@ -122,7 +202,44 @@ class MatmulOptions:
 
 @dataclass
 class MatmulEpilogPreferences:
-    """Epilog preferences: ``aux_type`` (an fp8 type for the GELU aux output) and ``aux_amax``."""
+    """Preferences for the epilog's aux output (nvmath-python's ``MatmulEpilogPreferences``).
+
+    Given as ``MatmulPlanPreferences(epilog=…)``, or as the ``"epilog"`` key of a preferences
+    dict (itself a dict or one of these). The values are checked at ``plan()``, against the epilog
+    and the operand types.
+
+    Parameters
+    ----------
+    aux_type : str or dtype, optional
+        The dtype of the GELU aux output of ``GELU_AUX`` / ``GELU_AUX_BIAS``: an fp8 type
+        (``"float8_e4m3fn"``, ``"float8_e5m2"``, or a package's dtype), which then needs
+        ``epilog_inputs["aux_quantization_scale"]``, or the default type itself. None: D's type
+        (``c``'s where D is fp8). Only GELU aux epilogs take one (the ReLU aux is a bitmask).
+    aux_amax : bool, default False
+        Also return the fp8 aux's largest absolute value as ``aux["gelu_aux_amax"]``, a float32
+        array of shape (1,); only with an fp8 ``aux_type``.
+
+    See Also
+    --------
+    MatmulPlanPreferences : where these go.
+
+    Examples
+    --------
+    >>> from nvblaslt import MatmulEpilogPreferences, MatmulPlanPreferences
+    >>> MatmulEpilogPreferences(aux_type="float8_e4m3fn", aux_amax=True)
+    MatmulEpilogPreferences(aux_type='float8_e4m3fn', aux_amax=True)
+    >>> MatmulPlanPreferences(epilog={"aux_type": "float8_e5m2"}).epilog.aux_type
+    'float8_e5m2'
+
+    On a GPU, a GELU aux in fp8 with its scale and amax:
+
+    .. code-block:: python
+
+        y, aux = nvblaslt.matmul(a, b, epilog="GELU_AUX_BIAS",
+                                 epilog_inputs={"bias": bias, "aux_quantization_scale": 1.0},
+                                 preferences={"epilog": {"aux_type": "float8_e4m3fn", "aux_amax": True}})
+        aux["gelu_aux"], aux["gelu_aux_amax"]
+    """
 
     aux_type: Any = None
     aux_amax: bool = False
@@ -130,8 +247,65 @@ class MatmulEpilogPreferences:
 
 @dataclass
 class MatmulPlanPreferences:
-    """What the heuristics may return. ``limit``: how many algorithms to ask for (autotune times
-    them); ``workspace_limit``: bytes of workspace an algorithm may use (an nvblaslt addition)."""
+    """What cuBLASLt's heuristics may return (nvmath-python's ``MatmulPlanPreferences``).
+
+    The ``preferences`` argument of ``matmul`` and ``Matmul.plan`` takes one of these, a dict
+    with the same keys, or nvmath-python's own ``MatmulPlanPreferences``. The values are checked
+    where the object is made.
+
+    Parameters
+    ----------
+    reduction_scheme_mask : int, optional
+        The split-K reduction schemes allowed (a bit mask of ``cublasLtReductionScheme_t``, the
+        preference's ``REDUCTION_SCHEME_MASK``). None: for results of 16 bits or fewer, nvblaslt
+        passes ``INPLACE | COMPUTE_TYPE``, leaving out ``OUTPUT_TYPE`` (whose partial sums,
+        kept in the narrow result type, lose digits); for others, cuBLASLt's default (any).
+    max_waves_count : float, default 0.0
+        The most waves an algorithm may take (``MAX_WAVES_COUNT``); 0 (or None): no limit.
+    numerical_impl_mask : int, optional
+        The numerical implementations allowed (a bit mask, the preference's ``IMPL_MASK``);
+        None: any.
+    limit : int, default 8
+        How many algorithms to ask the heuristics for (up to 1024); ``autotune()`` times them.
+        0 is passed on as nvmath-python passes it, and cuBLASLt refuses it.
+    epilog : MatmulEpilogPreferences or dict, optional
+        Preferences for the epilog's aux output (``aux_type``, ``aux_amax``).
+    workspace_limit : int, default 33554432
+        The most workspace in bytes an algorithm may use (32 MiB, what cuBLASLt's documentation
+        suggests for Hopper); ``options.memory_limit`` may lower it. nvblaslt's addition.
+
+    Raises
+    ------
+    NvblasltValueError
+        ``limit`` is not an int from 0 to 1024; ``workspace_limit`` is not an int ≥ 0;
+        ``max_waves_count`` is not a number ≥ 0; a mask is not an int ≥ 0; ``epilog`` is a dict
+        with unknown keys.
+    NvblasltTypeError
+        ``epilog`` is neither a dict nor ``MatmulEpilogPreferences``.
+
+    See Also
+    --------
+    MatmulEpilogPreferences : the ``epilog`` field.
+    MatmulOptions : how the multiplication is set up.
+
+    Examples
+    --------
+    >>> from nvblaslt import MatmulPlanPreferences
+    >>> preferences = MatmulPlanPreferences(limit=16, workspace_limit=64 << 20)
+    >>> preferences.limit, preferences.workspace_limit, preferences.epilog.aux_type
+    (16, 67108864, None)
+    >>> MatmulPlanPreferences(limit=2048)
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltValueError: preferences.limit: expected an int from 0 to 1024 (0 goes to cuBLASLt, ...), got 2048
+
+    On a GPU, ask for more algorithms to time:
+
+    .. code-block:: python
+
+        mm.plan(preferences={"limit": 32})
+        mm.autotune()
+    """
 
     reduction_scheme_mask: int | None = None
     max_waves_count: float | None = 0.0
@@ -165,8 +339,42 @@ class MatmulPlanPreferences:
 
 @dataclass
 class MatmulQuantizationScales:
-    """fp8 scales for A, B, C and D: Python numbers, NumPy scalars or float32 device arrays of
-    shape () or (1,) (read by the GPU at execution, so they may change between executions)."""
+    """The scales of fp8 operands and results (nvmath-python's ``MatmulQuantizationScales``).
+
+    The ``quantization_scales`` argument of ``matmul``, ``Matmul`` and
+    ``Matmul.reset_operands`` takes one of these, a dict with keys among ``"a"``, ``"b"``,
+    ``"c"``, ``"d"``, or nvmath-python's own ``MatmulQuantizationScales``. cuBLASLt computes
+    ``D = scale_d * (alpha * (scale_a * A) @ (scale_b * B) + beta * (scale_c * C))``. Every fp8
+    operand and an fp8 result must have a scale, and only those may have one; the values are
+    checked where they are used, not here.
+
+    Parameters
+    ----------
+    a, b, c, d : number or array, optional
+        Each a Python number or NumPy scalar (a finite float32 value, copied to the GPU), or a
+        float32 GPU array of shape () or (1,) on the plan's device, read by the GPU at each
+        execution (so its value may change between executions without a reset). With host
+        operands, a one-element float32 host array is read once, as a number. None: no scale.
+
+    See Also
+    --------
+    MatmulOptions : ``result_amax`` for fp8 results.
+
+    Examples
+    --------
+    >>> from nvblaslt import MatmulQuantizationScales
+    >>> MatmulQuantizationScales(a=0.5, b=2.0, d=1.0)
+    MatmulQuantizationScales(a=0.5, b=2.0, c=None, d=1.0)
+
+    On a GPU, with PyTorch fp8 operands (``a`` row-major, ``b`` column-major):
+
+    .. code-block:: python
+
+        a8 = torch.randn(64, 128, device="cuda").to(torch.float8_e4m3fn)
+        b8 = torch.randn(32, 128, device="cuda").to(torch.float8_e4m3fn).T
+        d = nvblaslt.matmul(a8, b8, quantization_scales={"a": 0.5, "b": 2.0},
+                            options={"result_type": "bfloat16"})
+    """
 
     a: Any = None
     b: Any = None

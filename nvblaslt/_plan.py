@@ -41,15 +41,136 @@ _NUMBERS = (float, int)  # alpha/beta types the function form's rebinding compar
 
 
 class Matmul(OperandResets):
-    """A planned matrix multiplication, executed as often as needed (nvmath-python's ``Matmul``).
+    """A matrix multiplication ``D = epilog(alpha * a @ b + beta * c)``, planned once and executed
+    as often as needed (nvmath-python's ``Matmul``).
 
-    ``Matmul(a, b, c=None, *, alpha=None, beta=None, qualifiers=None, quantization_scales=None,
-    options=None, stream=None)``, then ``plan(epilog=…, epilog_inputs=…)``, optionally
-    ``autotune()``, then ``execute()``, which returns D, or ``(D, aux)`` when the epilog has
-    outputs (or ``result_amax`` is set). Operands are GPU arrays of any package (DLPack or
-    ``__cuda_array_interface__``) or host arrays (NumPy, CPU torch), staged to the GPU; results
-    come back in the operands' package and memory space. ``compute_type`` and ``result_type``
-    may also be given directly as keywords. Use as a context manager or call ``free()``."""
+    The constructor reads the operands and checks their shapes, dtypes and memory space; host
+    operands are then staged to the GPU. ``plan()`` builds the cuBLASLt descriptors for an epilog
+    and asks the heuristics for algorithms; ``autotune()`` optionally times them; ``execute()``
+    then launches with every argument prebuilt, returning D, or ``(D, aux)`` when the epilog has
+    outputs (or ``options.result_amax`` is set). ``reset_operands()`` points the plan at new
+    arrays of the same layout. Results come back in the operands' package and memory space.
+    Use it as a context manager, or call ``free()`` when done.
+
+    Parameters
+    ----------
+    a : array
+        A, (…, M, K), or (K,) for a row: a GPU array of any package (CuPy, PyTorch, JAX, Numba,
+        anything with ``__dlpack__`` or ``__cuda_array_interface__``), or a host array (NumPy, a
+        CPU torch tensor), staged to the GPU ``options.device_id``. Positional only.
+    b : array
+        B, (…, K, N), or (K,) for a column; from the same package and memory space as ``a``.
+        Positional only. Batch dimensions must match ``a``'s, or one of the two is a single
+        matrix broadcast over the other's batch.
+    c : array, optional
+        C, (…, M, N), or a column (…, M, 1) broadcast over N; a 2-D ``c`` serves every batch.
+        Requires ``beta``. With ``options={"inplace": True}`` the result is written into ``c``.
+    alpha : number or one-element array, optional
+        Scales ``a @ b``; default 1. Read once, as a number (a GPU array is copied back, which
+        waits for it); ``reset_operands(alpha=…)`` changes it. Complex only with complex operands.
+    beta : number or one-element array, optional
+        Scales ``c``: required with ``c``, refused without it (as in nvmath-python).
+    qualifiers : numpy.ndarray, optional
+        nvmath-python's length-3 array of ``nvblaslt.matrix_qualifiers_dtype`` (A, B, C): its
+        ``is_conjugate`` fields conjugate ``a`` and/or ``b`` (complex operands; conjugating C is
+        refused). A lazily conjugated PyTorch view flips its operand's flag too.
+    quantization_scales : MatmulQuantizationScales or dict, optional
+        Scales for fp8 operands and results, keys ``"a"``, ``"b"``, ``"c"``, ``"d"``: numbers,
+        or float32 GPU arrays of shape () or (1,) read at each execution. Required for every fp8
+        operand and an fp8 result, refused for any other.
+    options : MatmulOptions or dict, optional
+        How the multiplication is set up (compute and result types, ``inplace``, ``blocking``,
+        ``device_id``, ``handle``, ``memory_limit``, …); a dict takes the same keys, and
+        nvmath-python's own ``MatmulOptions`` is accepted too.
+    stream : int or stream object, optional
+        The plan's stream: operands are read (the DLPack / CUDA array interface handshake) and
+        staged on it, and ``plan()``, ``autotune()`` and ``execute()`` use it unless given another.
+        An int ``cudaStream_t`` (0, 1 and 2 are CUDA's legacy, explicit legacy and per-thread
+        default streams), a CuPy or PyTorch stream, a cuda.bindings stream, or anything with
+        ``__cuda_stream__``. Default: the operands' package's current stream on their device, as
+        it is now (the legacy default stream for host operands).
+    compute_type : str or int, optional
+        Shortcut for ``options.compute_type``; refused if ``options`` sets it too.
+    result_type : str, dtype or int, optional
+        Shortcut for ``options.result_type``; refused if ``options`` sets it too.
+
+    Attributes
+    ----------
+    tuning_report : TuningReport
+        Set by ``autotune()``: what it chose and how sure it is (``print`` it).
+    device : int
+        The GPU the plan runs on.
+    stream : int
+        The plan's stream, as a ``cudaStream_t``.
+
+    Raises
+    ------
+    NvblasltTypeError
+        ``a`` or ``b`` is None or no array, the operands come from different packages,
+        ``options`` is neither a dict nor ``MatmulOptions``, or ``stream`` cannot be read.
+    NvblasltValueError
+        Shapes that do not multiply (K, batch, ``c``'s shape), operands on different GPUs,
+        ``beta`` missing with ``c`` or given without it, an fp8 operand in the wrong order, scales
+        missing or given where none is taken, an invalid option value (``compute_type`` given
+        twice, ``result_amax`` for a result that is not fp8, a negative ``device_id``…).
+    NvblasltArgumentError
+        A dtype or combination of dtypes cuBLASLt cannot multiply, or operands in different
+        memory spaces (host and GPU). Both a ``TypeError`` and a ``ValueError``.
+    CudaError
+        Staging host operands or writing the scales failed (no usable GPU and driver, memory).
+
+    See Also
+    --------
+    matmul : the function form, with a per-thread cache of these plans.
+    MatmulEpilog : the epilogs ``plan()`` takes.
+
+    Notes
+    -----
+    The methods follow nvmath-python's ``Matmul``: ``plan``, ``autotune``, ``execute``,
+    ``reset_operands``, ``release_operands``, ``free``, ``applicable_algorithm_ids``,
+    ``algorithms`` and ``algorithm``. nvblaslt adds ``execute(out=…)``,
+    ``reset_operands_unchecked``, ``autotune(search=True)`` and the ``compute_type`` /
+    ``result_type`` keywords. Every check that needs no GPU runs before any GPU work.
+
+    One plan may be used from several threads: its launches are serialized, and a new stream is
+    ordered after the work queued on the previous one (the workspace is shared).
+
+    Examples
+    --------
+    On a GPU, with CuPy arrays (the results are CuPy arrays):
+
+    .. code-block:: python
+
+        import cupy
+        from nvblaslt import Matmul
+
+        w = cupy.random.rand(256, 784, dtype=cupy.float32)
+        x = cupy.random.rand(784, 100, dtype=cupy.float32)
+        bias = cupy.random.rand(256, dtype=cupy.float32)
+
+        with Matmul(w, x) as mm:                      # freed on leaving the block
+            algorithms = mm.plan(epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias},
+                                 preferences={"limit": 8})
+            timings = mm.autotune(iterations=5)       # [(algorithm, ms)], the selected one first
+            y, aux = mm.execute()                     # y = relu(w @ x + bias[:, None]); aux["relu_aux"]
+            mm.execute(out=y)                         # D into y again (aux is a new array)
+            mm.reset_operands(b=cupy.random.rand(784, 100, dtype=cupy.float32))
+            y2, aux2 = mm.execute()
+
+    The operands are checked where the plan is made, before any GPU work:
+
+    >>> import numpy as np
+    >>> import nvblaslt
+    >>> a, b, c = np.ones((4, 3)), np.ones((3, 2)), np.ones((4, 2))
+    >>> nvblaslt.Matmul(a, b, c)
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltValueError: beta: a value for beta must be given with c (as in nvmath-python)
+    >>> nvblaslt.Matmul(a, b, options={"blocking": False})
+    Traceback (most recent call last):
+        ...
+    nvblaslt.NvblasltValueError: options.blocking: The value specified for blocking must be either True or 'auto'. ...
+    """
 
     def __init__(self, a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike | None = None,
                  beta: ScalarLike | None = None, qualifiers: Any = None, quantization_scales: QuantizationScales = None,
@@ -139,20 +260,97 @@ class Matmul(OperandResets):
     # ---- planning ----------------------------------------------------------------------------------
     @property
     def algorithms(self) -> list[HeuristicResult]:  # the planned algorithms, best first
+        """The planned algorithms, best first: ``plan()``'s list, in ``autotune()``'s timed order
+        once it has run (less what ``prune`` dropped); ``[]`` before ``plan()``. The first is
+        selected unless ``execute(algorithm=…)`` chose another."""
         return self.launch.algorithms if self.launch is not None else []
 
     @property
     def algorithm(self) -> HeuristicResult | None:  # the selected one
+        """The algorithm ``execute()`` runs (a ``HeuristicResult``); None before ``plan()``."""
         return self.launch.algorithm if self.launch is not None else None
 
     def plan(self, *, epilog: EpilogLike = None, epilog_inputs: dict[str, Any] | None = None,
              preferences: Preferences = None, algorithms: Sequence[Any] | None = None,
              stream: Stream | None = None) -> list[HeuristicResult]:
-        """Build the descriptors for ``epilog`` and ask the heuristics for algorithms (best first).
+        """Build the cuBLASLt descriptors for ``epilog`` and ask the heuristics for algorithms.
 
-        ``epilog_inputs``: ``bias`` ((M,), (M, 1) or batched), ``relu_aux`` / ``gelu_aux`` (as
-        the forward epilog returned them). ``preferences``: a dict or ``MatmulPlanPreferences``.
-        ``algorithms``: algorithms to use instead of asking the heuristics."""
+        The epilog inputs are read and checked against the problem, the matmul descriptor, the
+        matrix layouts and the preference are built, and the heuristics (or the caller's
+        ``algorithms``) give the list of algorithms, best first; the first is selected and its
+        workspace allocated. ``plan()`` may be called again, with another epilog for example: the
+        new plan replaces the old once it is whole (a refused ``plan()`` leaves the old one).
+
+        Parameters
+        ----------
+        epilog : MatmulEpilog, str or int, optional
+            What to fuse after the multiplication: a ``MatmulEpilog`` member, its name (any case)
+            or its cuBLASLt value; None is ``MatmulEpilog.DEFAULT``. It must be an epilogue of the
+            loaded cuBLASLt.
+        epilog_inputs : dict, optional
+            Exactly the arrays the epilog reads, by key, in the operands' memory space:
+            ``"bias"`` for the ``*BIAS`` epilogs (one value per row of D: (M,), (M, 1), or
+            batched (…, M, 1) / (…, M); in D's dtype, with fp8 operands also bfloat16 or
+            float16, and only those for an fp8 D),
+            ``"relu_aux"`` for ``DRELU`` / ``DRELU_BGRAD`` and ``"gelu_aux"`` for ``DGELU`` /
+            ``DGELU_BGRAD`` (as the forward epilog returned them), and
+            ``"aux_quantization_scale"`` (a number) with an fp8 GELU aux
+            (``preferences.epilog.aux_type``). The plan reads these arrays at every
+            ``execute()``: keep them alive, or replace them with ``reset_operands(epilog_inputs=…)``.
+        preferences : MatmulPlanPreferences or dict, optional
+            What the heuristics may return; default ``MatmulPlanPreferences()`` (up to 8
+            algorithms, 32 MiB of workspace).
+        algorithms : sequence, optional
+            Algorithms to use instead of asking the heuristics: ``HeuristicResult`` objects from
+            an earlier ``plan()`` or ``autotune()``, nvmath-python's ``Algorithm`` objects, or the
+            64 bytes of ``HeuristicResult.as_bytes()``. cuBLASLt checks each for this plan.
+        stream : int or stream object, optional
+            Becomes the plan's stream, for this call and those after it (as in the constructor).
+
+        Returns
+        -------
+        list of HeuristicResult
+            The algorithms, best first; the first is selected. Without ``algorithms``, one an
+            earlier ``autotune(search=True)`` remembered for this problem comes first.
+
+        Raises
+        ------
+        NvblasltStateError
+            The plan was freed.
+        NvblasltTypeError
+            ``epilog`` is neither a member, a name nor a value; ``epilog_inputs`` is not a dict;
+            ``preferences`` is neither a dict nor ``MatmulPlanPreferences``; ``algorithms`` is
+            not a non-empty list or tuple; ``stream`` cannot be read.
+        NvblasltValueError
+            An unknown epilog, or one the loaded cuBLASLt lacks; epilog inputs missing, unexpected,
+            or of the wrong shape, strides or batch; K = 1 with a ``DRELU*`` / ``DGELU*`` epilog;
+            an epilog that needs a column-major D with a row-major ``c``; an algorithm cuBLASLt's
+            check refuses for this plan; an invalid preference.
+        NvblasltArgumentError
+            A bias or aux of the wrong dtype, or in the other memory space than the operands.
+        NvblasltAlgorithmError
+            An item of ``algorithms`` is not an algorithm.
+        CublasLtError
+            cuBLASLt has no algorithm for the problem (``CUBLAS_STATUS_NOT_SUPPORTED``, with what
+            is known of why).
+        CudaError
+            The workspace could not be allocated.
+
+        Warns
+        -----
+        UserWarning
+            ``options.fast_accumulation`` is set for operands that are not fp8 (it does nothing
+            there; nvmath-python accepts it too).
+
+        Examples
+        --------
+        .. code-block:: python
+
+            found = mm.plan(epilog="GELU_AUX_BIAS", epilog_inputs={"bias": bias})
+            print(found[0])                            # <HeuristicResult id=… tile=… stages=… …>
+            saved = found[0].as_bytes()                # 64 bytes, kept as long as you like
+            mm.plan(epilog="GELU_AUX_BIAS", epilog_inputs={"bias": bias}, algorithms=[saved])
+        """
         self._check_alive()
         if stream is not None:
             self.stream = stream_handle(stream)
@@ -221,15 +419,76 @@ class Matmul(OperandResets):
 
     def autotune(self, *, iterations: int = 5, prune: int | None = None, search: bool = False,
                  remember: bool = True, stream: Stream | None = None) -> list[tuple[HeuristicResult, float]]:
-        """Time the planned algorithms (median of ``iterations``, L2 flushed before each run) and
-        keep the fastest. Returns ``[(algorithm, milliseconds)]``, the selected one first, the rest
-        fastest first; sets ``tuning_report`` (and ``bias_gradient_form`` for *_BGRAD searches).
-        ``algorithms`` takes the timed order; ``prune`` keeps only the first ``prune`` of them.
+        """Time the planned algorithms on this plan's operands and select the fastest.
 
-        ``search=True`` also times configurations the heuristics do not return, keeps a
-        challenger only when it beats the incumbent beyond the measured noise, and with
-        ``remember`` stores the winner on disk (``NVBLASLT_CACHE_DIR``, default
-        ``~/.cache/nvblaslt``) so later plans of the same problem start from it."""
+        Each algorithm of ``algorithms`` runs once to warm up, then ``iterations`` times in
+        shuffled interleaved rounds, timed with CUDA events with the L2 cache flushed before each
+        run; the one with the lowest median is selected. The timed launches write D and the
+        epilog's outputs to the plan's own scratch memory, never to the caller's arrays (an
+        in-place ``c`` is read, not written). The call waits for the GPU.
+
+        With ``search=True`` it also times configurations the heuristics do not return (their
+        ranking further down, their picks for other epilogs, cluster-shape and swizzle variants,
+        then other algorithm ids and tiles, as far as the time allows) and switches to a
+        challenger only when it is faster than autotune's pick beyond the measured noise (a sign
+        test over paired interleaved rounds); for ``DRELU_BGRAD`` / ``DGELU_BGRAD`` it also
+        times the two-call form (the masking epilog, then the bias gradient as a GEMV) against the
+        fused kernel, and keeps the faster. A search takes about 10 seconds at most.
+
+        Parameters
+        ----------
+        iterations : int, default 5
+            Timed runs of each algorithm (values below 1 count as 1); the median is compared.
+        prune : int, optional
+            Keep only the first ``prune`` algorithms of the timed order in ``algorithms``; None
+            keeps them all.
+        search : bool, default False
+            Also search beyond the heuristics' list, as described above (nvblaslt's addition).
+        remember : bool, default True
+            After a search, store the choice in the tuning cache on disk
+            (``tuning.json`` in ``$NVBLASLT_CACHE_DIR``, default ``$XDG_CACHE_HOME/nvblaslt`` or
+            ``~/.cache/nvblaslt``),
+            keyed by GPU, cuBLASLt version and the plan's descriptors, so that later plans of the
+            same problem, in this process or another, start from it. Without ``search``, nothing
+            is stored.
+        stream : int or stream object, optional
+            The stream the timing runs on; default the plan's stream.
+
+        Returns
+        -------
+        list of tuple of (HeuristicResult, float)
+            ``(algorithm, milliseconds)``: the selected algorithm first, then every other one
+            timed, fastest first. ``algorithms`` takes this order (less what ``prune`` drops).
+            Also sets ``tuning_report`` (what was chosen, over what, how sure; ``print`` it), and
+            after a search of a ``DRELU_BGRAD`` / ``DGELU_BGRAD`` plan ``bias_gradient_form``, a
+            tuple ``(form, its ms, the other form's ms)`` with form ``"fused"`` or ``"split"``.
+
+        Raises
+        ------
+        NvblasltStateError
+            ``plan()`` was not called (or must be called again after
+            ``execute(release_workspace=True)``), the operands were released, or the plan was
+            freed.
+        NvblasltValueError
+            ``prune`` is not a positive int or None.
+        NvblasltTypeError
+            ``stream`` cannot be read.
+        CublasLtError
+            A timed launch failed for another reason than cuBLASLt refusing the algorithm
+            (algorithms it refuses at launch are left out), or it refused every one.
+        CudaError
+            A CUDA runtime call failed (events, scratch memory).
+
+        Examples
+        --------
+        .. code-block:: python
+
+            mm.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": relu_aux})
+            timings = mm.autotune(iterations=10, prune=4)   # keep the four fastest
+            best, ms = timings[0]
+            mm.autotune(search=True)                        # look beyond them; remembered on disk
+            print(mm.tuning_report)                         # what was chosen, and how sure
+        """
         self._check_planned()
         if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int) or prune < 1):
             raise NvblasltValueError(f"prune: expected a positive int (how many algorithms to keep) or None, got "
@@ -242,8 +501,38 @@ class Matmul(OperandResets):
         return timings
 
     def applicable_algorithm_ids(self, limit: int = 8) -> list[int]:
-        """The ids of the algorithms cuBLASLt has for these operand, compute and scale types
-        (``cublasLtMatmulAlgoGetIds``), at most ``limit``; no plan needed."""
+        """The ids of the algorithms cuBLASLt has for this plan's types (nvmath-python's method).
+
+        Asks ``cublasLtMatmulAlgoGetIds`` for the compute type, the scale type and the A, B, C
+        and D data types; shapes, layouts and the epilog play no part, so no ``plan()`` is needed.
+        An id names a family of kernels (``Algorithm.capability`` tells its tiles, stages, …), not
+        one that necessarily suits this problem.
+
+        Parameters
+        ----------
+        limit : int, default 8
+            The most ids to return, a positive int.
+
+        Returns
+        -------
+        list of int
+            At most ``limit`` algorithm ids, in cuBLASLt's order.
+
+        Raises
+        ------
+        NvblasltStateError
+            The plan was freed.
+        NvblasltValueError
+            ``limit`` is not a positive int.
+        CublasLtError
+            The library refuses the types, or has no handle for the GPU.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            ids = mm.applicable_algorithm_ids(limit=16)    # a list of up to 16 ints
+        """
         self._check_alive()
         with _cuda.on_device(self.device):
             return algorithm_ids(self._lib, self.operands.types, self.options, self.device, limit)
@@ -251,10 +540,87 @@ class Matmul(OperandResets):
     # ---- execution ---------------------------------------------------------------------------------
     def execute(self, *, algorithm: HeuristicResult | None = None, release_workspace: bool = False,
                 stream: Stream | None = None, out: Array | None = None) -> Result:
-        """Run the planned multiplication. Returns D, or ``(D, aux)`` when the epilog has outputs
-        (``relu_aux``, ``gelu_aux``, ``drelu_bgrad``, ``dgelu_bgrad``, ``bgrada``, ``bgradb``) or
-        ``result_amax`` is set. ``out=`` (nvblaslt): write D into this array (its layout must be
-        the one D would have). ``release_workspace``: free the workspace after this call."""
+        """Run the planned multiplication on the current operands.
+
+        Every argument of the ``cublasLtMatmul`` call is prebuilt: a call allocates D (unless
+        ``out`` is given or the plan is in place) and the epilog's outputs, and launches. The
+        work is queued on the stream and the call returns without waiting, unless the operands
+        are host arrays (the results are copied back, which waits) or ``options.blocking`` is
+        True. Where cuBLASLt refuses the selected algorithm at launch, the next planned one is
+        tried.
+
+        Parameters
+        ----------
+        algorithm : HeuristicResult, optional
+            Run this one of the planned algorithms (``algorithms``), from this call on: one that
+            ``plan()`` or ``autotune()`` returned, nvmath-python's ``Algorithm``, or its 64 bytes
+            (``HeuristicResult.as_bytes()``). An algorithm that was not planned is refused
+            (``plan(algorithms=[…])`` takes it).
+        release_workspace : bool, default False
+            Free the plan's workspace after this call (stream-ordered). The plan then needs
+            ``plan()`` again before the next ``execute()`` or ``autotune()``.
+        stream : int or stream object, optional
+            Where to launch this time; default the plan's stream. A stream other than the one
+            used last is first ordered after the work queued there (the workspace is shared).
+        out : array, optional
+            nvblaslt's addition: write D into this array instead of a new one. It must be of the
+            operands' package, laid out as D would be (shape, dtype, element strides), on the
+            plan's GPU, writable, 256-byte aligned, and apart from ``a``, ``b`` and the epilog
+            inputs (it may be ``c`` itself). Not available with host operands or in-place plans.
+            Checked once per array: the same unchanged array is not checked again.
+
+        Returns
+        -------
+        array or tuple of (array, dict)
+            D, as an array of the operands' package and memory space (``out`` itself if given,
+            ``c`` itself in place). An epilog with outputs, or ``options.result_amax``, returns
+            ``(D, aux)``, with ``aux`` a dict of new arrays of the same package, by key:
+            ``"relu_aux"`` (the uint8 ReLU bitmask, (…, ⌈M/128⌉·16, N) column-major),
+            ``"gelu_aux"`` ((…, M rounded up to 8, N) column-major), the bias gradients
+            ``"drelu_bgrad"``, ``"dgelu_bgrad"``, ``"bgrada"`` ((M,), or (…, M, 1) for a batch)
+            and ``"bgradb"`` ((N,), or (…, N, 1)), ``"gelu_aux_amax"`` (with
+            ``preferences.epilog.aux_amax``) and ``"result_amax"`` (with
+            ``options.result_amax``), float32 of shape (1,).
+
+        Raises
+        ------
+        NvblasltStateError
+            ``plan()`` was not called, or must be called again after
+            ``execute(release_workspace=True)``; the operands were released by
+            ``release_operands()`` and not reset; the plan was freed. Also a ``RuntimeError``.
+        NvblasltValueError
+            ``algorithm`` is not one of the planned algorithms; ``out`` is laid out otherwise
+            than D, overlaps an input, is read-only, misaligned or on another GPU, or is given for
+            host operands or an in-place plan.
+        NvblasltTypeError
+            ``out`` is of another package or dtype; ``stream`` cannot be read.
+        NvblasltAlgorithmError
+            ``algorithm`` is not an algorithm.
+        CublasLtError
+            The launch failed (``cublasLtMatmul`` returned an error status).
+        CudaError
+            Allocating a result, copying results back to the host, or waiting for the stream
+            failed.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            # mm planned with an epilog without outputs (RELU_BIAS, say): execute() returns D
+            y = mm.execute()
+            mm.execute(out=y)                          # into y: no allocation
+            mm.execute(algorithm=mm.algorithms[1])     # another planned algorithm, from now on
+            side = cupy.cuda.Stream(non_blocking=True)
+            mm.execute(stream=side)                    # on another stream, ordered after the last
+
+            # a CUDA graph: one run outside the capture, then capture execute(out=…)
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                stream.begin_capture()
+                mm.execute(out=y, stream=stream)
+                graph = stream.end_capture()
+            graph.launch(stream)
+        """
         if not self._planned or self._released:
             self._check_planned()
         if self.several_devices and _cuda.current_device() != self.device:
@@ -411,7 +777,26 @@ class Matmul(OperandResets):
             self._results.release()
 
     def free(self) -> None:
-        """Release descriptors and device memory, stream-ordered after the work already queued."""
+        """Release the plan's descriptors and device memory (nvmath-python's ``free``).
+
+        The workspace, the scratch memory, the scale buffer and the device copies of host
+        operands are released stream-ordered, after the work already queued with them, so
+        ``free()`` does not wait for the GPU. The references to the caller's arrays are dropped;
+        results already returned stay valid. Calling it again does nothing; ``plan()``,
+        ``autotune()``, ``execute()``, the operand resets and ``applicable_algorithm_ids()`` then
+        raise ``NvblasltStateError``. Leaving a ``with Matmul(…)`` block calls it.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            mm = Matmul(a, b)
+            try:
+                mm.plan()
+                y = mm.execute()
+            finally:
+                mm.free()                              # or: with Matmul(a, b) as mm: …
+        """
         if not self._freed:
             with self._lock:
                 self._release_plan()

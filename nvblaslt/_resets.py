@@ -53,18 +53,130 @@ class OperandResets:
                        alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
                        epilog_inputs: dict[str, Any] | None = None, quantization_scales: QuantizationScales = None,
                        stream: Stream | None = None) -> None:
-        """Point the plan at new arrays of the same shapes, dtypes, strides, device and alignment
-        (nvmath-python's ``reset_operands``); new alpha, beta or fp8 scale values (the fp8 aux's
-        as ``epilog_inputs['aux_quantization_scale']``)."""
+        """Point the plan at new operands, or give it new alpha, beta, epilog inputs or scales.
+
+        nvmath-python's ``reset_operands``: the plan, its algorithms and its workspace stay, and
+        the next ``execute()`` reads the new arrays. Each new GPU array is compared with the one
+        it replaces; a new host array is copied into the plan's device copy of that operand. The
+        reset is all or nothing: everything given is read and checked before the plan changes, so
+        a refused reset leaves the plan as it was.
+
+        Parameters
+        ----------
+        a, b, c : array, optional
+            New operands; None keeps the current one. Each must be of the same package and memory
+            space as the one it replaces, with the same shape, strides, dtype, device and lazy
+            conjugation, and a pointer aligned at least as well (the algorithms were chosen for
+            that alignment). A host operand needs the same shape and dtype only (it is copied).
+            After ``release_operands()``, every operand the plan had must be given. GPU arrays are
+            read in place at each ``execute()``: keep them alive while the plan uses them.
+        alpha : number or one-element array, optional
+            A new alpha, checked against the plan's scale type.
+        beta : number or one-element array, optional
+            A new beta; only for a plan with ``c``.
+        epilog_inputs : dict, optional
+            New arrays for any of the inputs the planned epilog reads (``"bias"``, ``"relu_aux"``,
+            ``"gelu_aux"``), each laid out as the one it replaces (dtype, leading dimension,
+            batch stride, alignment at least as good); and ``"aux_quantization_scale"``, a new
+            scale for an fp8 GELU aux. Needs ``plan()`` first.
+        quantization_scales : MatmulQuantizationScales or dict, optional
+            New fp8 scales for any of the keys the plan has (``"a"``, ``"b"``, ``"c"``, ``"d"``):
+            numbers, or float32 GPU arrays of shape () or (1,).
+        stream : int or stream object, optional
+            The stream the new arrays are read on and host operands copied on, ordered after the
+            work the plan queued last; default the plan's stream. The plan's stream is unchanged.
+
+        Raises
+        ------
+        NvblasltStateError
+            The plan was freed.
+        NvblasltValueError
+            A new operand differs from the one it replaces (shape, strides, dtype, device,
+            conjugation) or is less aligned; ``c`` or ``beta`` for a plan without ``c``; operands
+            missing after ``release_operands()``; epilog inputs before ``plan()``, unknown to the
+            epilog, or laid out otherwise; scales for keys the plan has none of, or invalid values.
+        NvblasltTypeError
+            A new operand of another package or memory space, a new epilog input of another
+            package, or a value that is not a number (alpha, beta, scales).
+        NvblasltArgumentError
+            A new epilog input in the other memory space than the plan's operands.
+        CudaError
+            Copying a host operand to the GPU failed.
+
+        See Also
+        --------
+        reset_operands_unchecked : the same without comparing new GPU arrays.
+        release_operands : drops the references to the operands.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            with Matmul(x, w) as mm:
+                mm.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+                for batch in batches:                  # arrays shaped and laid out as x
+                    mm.reset_operands(a=batch)
+                    y = mm.execute()
+                mm.reset_operands(alpha=0.5, epilog_inputs={"bias": other_bias})
+        """
         self._reset(dict(a=a, b=b, c=c), alpha, beta, epilog_inputs, quantization_scales, stream, True)
 
     def reset_operands_unchecked(self, a: Array | None = None, b: Array | None = None, c: Array | None = None, *,
                                  alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
                                  epilog_inputs: dict[str, Any] | None = None,
                                  quantization_scales: QuantizationScales = None, stream: Stream | None = None) -> None:
-        """``reset_operands`` for callers who guarantee that each new GPU array is like the one it
-        replaces (package, shape, strides, dtype, device, alignment): those comparisons are skipped.
-        Host operands, copied into the plan's device copies, are checked as by ``reset_operands``."""
+        """``reset_operands`` without comparing the new GPU operands with the old (nvblaslt's addition).
+
+        For hot loops whose caller guarantees that each new GPU array ``a``, ``b``, ``c`` is like
+        the one it replaces: same package, memory space, shape, strides, dtype, device and
+        lazy conjugation, and a pointer aligned at least as well. Those comparisons are skipped;
+        the array is only read for its pointer. Host operands (copied into the plan's device
+        copies), a host array given to a GPU plan (refused), epilog inputs, alpha, beta and scales
+        are checked as by ``reset_operands``.
+
+        Parameters
+        ----------
+        a, b, c : array, optional
+            New operands, each like the one it replaces (unchecked for GPU operands); None keeps
+            the current one. After ``release_operands()``, every operand the plan had must be
+            given.
+        alpha, beta : number or one-element array, optional
+            New scalars, as for ``reset_operands``.
+        epilog_inputs : dict, optional
+            New epilog inputs or fp8 aux scale, checked as by ``reset_operands``.
+        quantization_scales : MatmulQuantizationScales or dict, optional
+            New fp8 scales, checked as by ``reset_operands``.
+        stream : int or stream object, optional
+            As for ``reset_operands``.
+
+        Raises
+        ------
+        NvblasltStateError
+            The plan was freed.
+        NvblasltValueError, NvblasltTypeError
+            As ``reset_operands`` raises them, less the comparisons of new GPU operands; an
+            object that is no array.
+
+        Warnings
+        --------
+        A GPU operand that is not like the one it replaces is not detected: the next
+        ``execute()`` reads (and writes) memory as the plan's layout says, which gives wrong
+        results or faults. Use ``reset_operands`` unless the arrays are known to match.
+
+        See Also
+        --------
+        reset_operands : the checked form.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            buffers = [cupy.empty_like(x) for _ in range(2)]   # like x: same layout and alignment
+            for i, batch in enumerate(batches):
+                buffers[i % 2][...] = batch
+                mm.reset_operands_unchecked(a=buffers[i % 2])
+                y = mm.execute()
+        """
         self._reset(dict(a=a, b=b, c=c), alpha, beta, epilog_inputs, quantization_scales, stream, False)
 
     def _reset(self, new: dict, alpha, beta, epilog_inputs, quantization_scales, stream, checked: bool) -> None:
@@ -136,8 +248,34 @@ class OperandResets:
             self._bind()
 
     def release_operands(self) -> None:
-        """Drop the references to the operands (nvmath-python's ``release_operands``): the plan
-        stays; ``reset_operands`` must give new operands before the next ``execute``."""
+        """Drop the plan's references to the caller's arrays (nvmath-python's ``release_operands``).
+
+        The operands, their host originals, the epilog inputs and any scale arrays are no longer
+        kept alive by the plan, so their memory can be freed while the plan (descriptors,
+        algorithms, workspace) stays. ``execute()`` and ``autotune()`` then raise
+        ``NvblasltStateError`` until ``reset_operands()`` (or ``reset_operands_unchecked()``)
+        gives every operand the plan had (``a``, ``b`` and ``c`` if it has one) again.
+
+        Raises
+        ------
+        NvblasltStateError
+            The plan was freed.
+
+        Notes
+        -----
+        Only ``a``, ``b`` and ``c`` must be given again: the epilog inputs and scale arrays the
+        plan was given stay bound by address. If their memory is freed after this call, give new
+        ones with ``reset_operands(epilog_inputs=…, quantization_scales=…)`` before executing.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            mm.release_operands()                      # x and w may be freed now
+            del x, w
+            mm.reset_operands(a=new_x, b=new_w)        # every operand again
+            y = mm.execute()
+        """
         self._check_alive()
         self.forget_arrays()
         self._released = {name for name, op in self._operands.items() if op is not None}
