@@ -74,8 +74,8 @@ def read_reset(new: dict, current: dict, host_originals: dict, released, framewo
     """{name: Operand} for the new a, b, c given (None: keep), each like the one it replaces; with
     ``checked=False`` (``reset_operands_unchecked``) the caller promises that, and GPU operands are
     only read."""
-    if released:
-        missing = sorted(n for n in released if new.get(n) is None)
+    if released:  # the a, b, c of the names dropped (the epilog inputs' are checked with them)
+        missing = sorted(n for n in released if n in new and new.get(n) is None)
         if missing:
             raise NvblasltValueError(f"{', '.join(missing)}: release_operands() dropped the operands; give all "
                                      f"of them again")

@@ -194,6 +194,11 @@ class OperandResets:
         given, aux_scale = _epilogs.split_aux_scale(epilog_inputs)
         if (given or aux_scale is not None) and not self._planned:
             raise NvblasltValueError("epilog_inputs: call plan() before resetting epilog inputs")
+        dropped = sorted(key for key in self._input_operands if f"epilog_inputs['{key}']" in (self._released or ())
+                         and key not in given)
+        if dropped:  # their pointers are still bound: the arrays they point to may be gone
+            raise NvblasltValueError(f"epilog_inputs: release_operands() dropped the epilog inputs {dropped} too; give "
+                                     f"them again with the operands")
         inputs = _reading.read_reset_inputs(given, self._planned, self.epilog, self._prepared.inputs,
                                             self._input_operands, self.problem, self._framework, self._host,
                                             stream_h) if given else {}
@@ -279,6 +284,7 @@ class OperandResets:
         self._check_alive()
         self.forget_arrays()
         self._released = {name for name, op in self._operands.items() if op is not None}
+        self._released.update(f"epilog_inputs['{key}']" for key in self._input_operands)
 
 
 __all__ = ["OperandResets"]

@@ -300,3 +300,18 @@ def test_an_extra_epilog_input_is_refused_on_plan_reset_and_the_function_form():
         with pytest.raises(ValueError, match=r"^epilog_inputs: RELU_BIAS takes \['bias'\]; got also \['gelu_aux'\]"):
             matmul(a, b, epilog=E.RELU_BIAS, epilog_inputs={"bias": bias, "gelu_aux": extra})
     _function_form.clear_plan_cache()
+
+
+def test_after_release_operands_a_reset_must_give_the_epilog_inputs_again():
+    """nvmath-python refuses a reset after release_operands() that leaves out an epilog input: its pointer
+    is still bound, and the array it points to may be gone."""
+    a, b, bias = rand((24, 16)), rand((16, 40)), rand((24,))
+    with Matmul(a, b) as mm:
+        mm.plan(epilog=E.BIAS, epilog_inputs={"bias": bias})
+        mm.release_operands()
+        a2, b2, bias2 = rand((24, 16)), rand((16, 40)), rand((24,))
+        for reset in (mm.reset_operands, mm.reset_operands_unchecked):
+            with pytest.raises(ValueError, match=r"^epilog_inputs: release_operands\(\) dropped the epilog inputs"):
+                reset(a=a2, b=b2)
+        mm.reset_operands(a=a2, b=b2, epilog_inputs={"bias": bias2})
+        check(mm.execute(), host(a2) @ host(b2) + host(bias2)[:, None])
