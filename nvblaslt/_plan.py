@@ -489,10 +489,12 @@ class Matmul(OperandResets):
             mm.autotune(search=True)                        # look beyond them; remembered on disk
             print(mm.tuning_report)                         # what was chosen, and how sure
         """
-        self._check_planned()
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise NvblasltValueError(f"iterations: expected a positive int (timed rounds), got {iterations!r}")
         if prune is not None and (isinstance(prune, bool) or not isinstance(prune, int) or prune < 1):
             raise NvblasltValueError(f"prune: expected a positive int (how many algorithms to keep) or None, got "
                                      f"{prune!r}")
+        self._check_planned()
         with _cuda.on_device(self.device):
             stream_h = stream_handle(stream) if stream is not None else self.stream
             timings = _autotune.autotune(self, iterations=iterations, search=search, remember=remember,

@@ -663,3 +663,9 @@ def test_planned_algorithm_finds_the_plans_own_or_refuses(default_lib):
         launch.planned_algorithm(r1)
     with pytest.raises(NvblasltAlgorithmError):
         launch.planned_algorithm("algo")
+
+
+@pytest.mark.parametrize("iterations", [0, -1, True, 2.0, "3"])
+def test_autotune_refuses_iterations_that_time_nothing(fake_gpu, iterations):
+    with pytest.raises(NvblasltValueError, match=r"^iterations: expected a positive int"):
+        fake_mm().autotune(iterations=iterations)
