@@ -12,7 +12,7 @@ import threading
 from typing import Any
 from collections import OrderedDict
 
-from . import _cuda, _epilogs, _operands
+from . import _cuda, _epilogs, _operands, _tuning_cache
 from ._epilogs import as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options, with_shortcuts
@@ -37,6 +37,7 @@ class _Plans(OrderedDict):
 
     last_key: tuple | None = None
     last_plan: Matmul | None = None
+    generation = -1  # the tuning cache's generation the plans were made at
 
 
 def _signature(op) -> tuple | None:
@@ -247,6 +248,9 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
         cache = _local.plans
     except AttributeError:
         cache = _local.plans = _Plans()
+    if cache.generation != _tuning_cache.generation:  # a search stored a choice since: plan again, recalling it
+        _free_plans(cache)
+        cache.generation = _tuning_cache.generation
     if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
         raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
     fast_key = None
@@ -400,7 +404,11 @@ def clear_plan_cache() -> None:
     """
     cache = getattr(_local, "plans", None)
     if cache is not None:
-        cache.last_key = cache.last_plan = None
+        _free_plans(cache)
+
+
+def _free_plans(cache: _Plans) -> None:
+    cache.last_key = cache.last_plan = None
     while cache:
         plan = cache.popitem()[1]
         if plan not in cache.values():

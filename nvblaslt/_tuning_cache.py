@@ -41,6 +41,10 @@ from ._descriptors import HeuristicResult
 
 logger = logging.getLogger("nvblaslt")
 
+# Counts the choices remember() has stored in this process. Plans made before a choice may hold what the
+# tuning cache now answers better: the function form's per-thread caches start afresh on a new value.
+generation = 0
+
 ENV_CACHE_DIR = "NVBLASLT_CACHE_DIR"
 FORMAT = "nvblaslt-tuning-cache"
 VERSION = 1
@@ -447,6 +451,8 @@ def remember(launch, result, milliseconds: float, **facts) -> bool:
              "config": {k: int(v) for k, v in result.algorithm.config().items()},
              "problem": problem_summary(description, launch.lib.api)}
     stored = cache_at(cache_path()).store(problem_key(description), entry)
+    global generation
+    generation += 1
     logger.info("tuning cache: remembered %s for %s%s", describe_algorithm(result), entry["problem"],
                 "" if stored else " (in memory only)")
     return stored

@@ -48,8 +48,9 @@ def autotune(*, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
     from them. Each distinct problem is searched once per context (layers of one shape share the winner).
 
     Run one training step inside it before the first ordinary step: the GEMMs run as usual, only
-    slower. Plans that ``nvblaslt.matmul`` has already cached (per thread, the autograd engine's
-    included) are not revisited; a new process picks the winners up. It matters: on the bench's MLP
+    slower. Plans that ``nvblaslt.matmul`` cached before (a warm-up step's, in any thread, the autograd
+    engine's included) are made again on their next call and recall the winners; a new process picks
+    them up from the disk. It matters: on the bench's MLP
     (H200, bf16, 8192 tokens) the heuristics' first picks leave the fused step 1.05× (ReLU) / 1.09×
     (GELU) the GEMM-only floor, searched plans 1.01× / 1.03× (``python -m nvblaslt.bench.mlp --search``).
     Outside CUDA (CPU tensors run as torch ops) the context changes nothing.

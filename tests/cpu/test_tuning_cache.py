@@ -465,3 +465,31 @@ def test_recall_survives_a_plan_it_cannot_describe(path, plans):
     plan.layouts = None
     with pytest.warns(TuningCacheWarning, match="could not be described"):
         assert _tuning_cache.recall(plan) == (None, {})
+
+
+def test_a_remembered_choice_makes_the_function_forms_cached_plans_plan_again(path, plans, lib):
+    """Issue 23: a search that stores a choice (torch's autotune() after a warm-up step, or
+    Matmul.autotune(search=True)) reaches plans matmul() cached before it: each thread's cache starts
+    afresh on its next call, and its plans recall the choice."""
+    import nvblaslt
+    from nvblaslt import _function_form
+
+    class CachedPlan:
+        freed = 0
+
+        def free(self):
+            CachedPlan.freed += 1
+
+    nvblaslt.clear_plan_cache()
+    _function_form._local.plans = cache = _function_form._Plans()
+    cache.generation = _tuning_cache.generation
+    cache["key"] = CachedPlan()
+    with pytest.raises(nvblaslt.NvblasltTypeError):  # refused after the cache check, before any GPU work
+        nvblaslt.matmul(None, None, epilog_inputs="not a dict")
+    assert CachedPlan.freed == 0 and len(cache) == 1  # nothing stored since: the plans stay
+    before = _tuning_cache.generation
+    _tuning_cache.remember(plans(), fake_result(lib), 1.0)
+    assert _tuning_cache.generation == before + 1
+    with pytest.raises(nvblaslt.NvblasltTypeError):
+        nvblaslt.matmul(None, None, epilog_inputs="not a dict")
+    assert CachedPlan.freed == 1 and len(cache) == 0 and cache.generation == _tuning_cache.generation
