@@ -64,8 +64,9 @@ def resolve(qualified: str) -> object:
     module_name, _, attribute = qualified.rpartition(".")
     try:
         return importlib.import_module(qualified)
-    except ImportError:
-        pass
+    except ModuleNotFoundError as error:
+        if error.name != qualified:  # a module that is there but needs what is not (nvblaslt.torch without torch)
+            raise
     return getattr(importlib.import_module(module_name), attribute)
 
 
