@@ -31,11 +31,10 @@ import sys
 import time
 from typing import Any, NamedTuple
 
-from nvblaslt._timing import shuffled_rounds
 
 from .common import progress
+from .timing import step_rounds
 
-SPIN_CYCLES = 4_000_000  # ~2 ms of GPU clock queued before each timed step: the host's head start
 
 
 class Shape(NamedTuple):
@@ -83,26 +82,7 @@ def _label(shape: Shape) -> str:
 
 def _interleaved(torch, cases: list, rounds: int, cuda: bool) -> tuple[list[float], list[float]]:
     """(median ms, median host ms) of each (name, run) case, every case once per round in a fresh order."""
-    host: list[list[float]] = [[] for _ in cases]
-
-    def measure(index: int) -> float:
-        run = cases[index][1]
-        if not cuda:
-            begin = time.perf_counter()
-            run()
-            host[index].append((time.perf_counter() - begin) * 1e3)
-            return host[index][-1]
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SPIN_CYCLES)
-        start.record()
-        begin = time.perf_counter()
-        run()
-        host[index].append((time.perf_counter() - begin) * 1e3)
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop)
-    samples = shuffled_rounds(range(len(cases)), rounds, measure)
-    return [statistics.median(s) for s in samples], [statistics.median(h) for h in host]
+    return step_rounds(torch, cases, rounds, cuda)
 
 
 def _step(model, x, grad):

@@ -27,17 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from typing import Any
 
-from nvblaslt._timing import shuffled_rounds
 
 from .common import progress
+from .timing import step_rounds
 
 MODES = ("auto", "unfused", "bgradb", "epilog")
-SPIN_CYCLES = 4_000_000  # ~2 ms of GPU clock queued before each timed step: the host's head start
 NAMES = {"relu": "ReLU", "gelu": "tanh-GELU"}
 # what each FusedSequential.backward mode runs, per activation (forward; activation backward; bias gradient)
 EPILOGS = {
@@ -86,26 +84,7 @@ def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> tu
             run()
     if cuda:
         torch.cuda.synchronize()
-    host: list[list[float]] = [[] for _ in cases]
-
-    def measure(index: int) -> float:
-        run = cases[index][1]
-        if not cuda:
-            begin = time.perf_counter()
-            run()
-            host[index].append((time.perf_counter() - begin) * 1e3)
-            return host[index][-1]
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SPIN_CYCLES)
-        start.record()
-        begin = time.perf_counter()
-        run()
-        host[index].append((time.perf_counter() - begin) * 1e3)
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop)
-    samples = shuffled_rounds(range(len(cases)), rounds, measure)
-    return [statistics.median(s) for s in samples], [statistics.median(h) for h in host]
+    return step_rounds(torch, cases, rounds, cuda)
 
 
 def _relative(a, b) -> float:

@@ -79,3 +79,34 @@ def queued_gpu_us(torch, launch: Callable, calls: int) -> float | None:
         stop.synchronize()
         values.append(start.elapsed_time(stop) / calls * 1000)
     return statistics.median(values)
+
+
+SPIN_CYCLES = 4_000_000  # ~2 ms of GPU clock queued before each timed step: the host's head start
+
+
+def step_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, cuda: bool) -> tuple[list[float], list[float]]:
+    """(median ms, median host ms) of each (name, run) training-step case, every case once per round in
+    a fresh order (``shuffled_rounds``). On CUDA a step is timed with events queued behind a short spin
+    kernel, so that the host is ahead of the GPU as in a training loop: the time is the GPU's (host
+    stalls inside the step still show). Host ms is the host's time to issue the step (on the CPU, the
+    wall clock, where both are the same)."""
+    host: list[list[float]] = [[] for _ in cases]
+
+    def measure(index: int) -> float:
+        run = cases[index][1]
+        if not cuda:
+            begin = time.perf_counter()
+            run()
+            host[index].append((time.perf_counter() - begin) * 1e3)
+            return host[index][-1]
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SPIN_CYCLES)
+        start.record()
+        begin = time.perf_counter()
+        run()
+        host[index].append((time.perf_counter() - begin) * 1e3)
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop)
+    samples = shuffled_rounds(range(len(cases)), rounds, measure)
+    return [statistics.median(s) for s in samples], [statistics.median(h) for h in host]

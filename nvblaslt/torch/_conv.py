@@ -34,12 +34,11 @@ from torch import Tensor, nn
 
 from .. import NvblasltError, NvblasltTypeError, NvblasltValueError
 from ._conv_ops import fused_conv
-from ._functional import activation_name
+from ._functional import activation_name, check_like_x
 from ._im2col import Geometry
 
 # ---- arguments ---------------------------------------------------------------------------------------------
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CHANNELS_LAST_HINT = ("convert it once with x.contiguous(memory_format=torch.channels_last) (one copy of x) and "
                       "keep the model channels-last (model.to(memory_format=torch.channels_last)); FusedConv2d "
                       "does not copy it on every call")
@@ -96,17 +95,7 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, g: Geometry) -> None:
     if x.dim() != 4 or x.shape[1] != weight.shape[1]:
         raise NvblasltValueError(f"x: expected a 4-D (N, {weight.shape[1]}, H, W) tensor to match weight's "
                                  f"in_channels, got shape {tuple(x.shape)}")
-    if x.dtype not in _FLOATS:
-        raise NvblasltTypeError(f"x: expected float16, bfloat16, float32 or float64, got {x.dtype}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is None:
-            continue
-        if t.dtype != x.dtype:
-            raise NvblasltTypeError(f"{name}: expected dtype {x.dtype} (x's), got {t.dtype}")
-        if t.device != x.device:
-            raise NvblasltValueError(f"{name}: on {t.device}, but x is on {x.device}")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise NvblasltValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    check_like_x(x, weight, bias)
     if min(g.output_size(x.shape[2], x.shape[3])) < 1:
         raise NvblasltValueError(f"x: its {tuple(x.shape[2:])} pixels are smaller than the kernel's reach "
                                  f"(kernel {g.kernel}, padding {g.padding}, dilation {g.dilation})")

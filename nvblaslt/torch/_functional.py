@@ -51,6 +51,12 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
         raise NvblasltValueError(f"x: expected shape (…, {weight.shape[1]}) to match weight's in_features, "
                                  f"got {tuple(x.shape)}")
+    check_like_x(x, weight, bias)
+
+
+def check_like_x(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """x a float tensor, weight and bias of its dtype and device, bias one value per output: the
+    checks a Linear and a Conv2d layer share."""
     if x.dtype not in _FLOATS:
         raise NvblasltTypeError(f"x: expected float16, bfloat16, float32 or float64, got {x.dtype}")
     for name, t in (("weight", weight), ("bias", bias)):
