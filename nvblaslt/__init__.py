@@ -27,6 +27,7 @@ from ._errors import (
     NvblasltError,
     NvblasltStateError,
     NvblasltTypeError,
+    NvblasltUnsupportedError,
     NvblasltValueError,
 )
 from ._epilogs import MatmulEpilog
@@ -45,7 +46,7 @@ __all__ = [
     "LibraryNotFoundError", "Matmul", "MatmulDesc", "MatmulEpilog", "MatmulEpilogPreferences", "MatmulOptions",
     "MatmulPlanPreferences", "MatmulPreference", "MatmulQuantizationScales",
     "MatrixLayout", "NvblasltAlgorithmError", "NvblasltArgumentError", "NvblasltError", "NvblasltStateError",
-    "NvblasltTypeError", "NvblasltValueError", "clear_plan_cache", "heuristics",
+    "NvblasltTypeError", "NvblasltUnsupportedError", "NvblasltValueError", "clear_plan_cache", "heuristics",
     "library", "load", "lt", "matmul", "set_log_level",
 ]
 

@@ -105,6 +105,31 @@ class CublasLtError(NvblasltError, RuntimeError):
         super().__init__(f"{text}. {LOG_HINT}")
 
 
+class NvblasltUnsupportedError(CublasLtError, NvblasltValueError):
+    """A call cuBLASLt answers ``CUBLAS_STATUS_NOT_SUPPORTED`` for (measured), refused before it is
+    made, with what to do instead. A ``CublasLtError`` with that status, as nvmath-python's users see
+    for the same call (it passes the call on), and a ``ValueError`` naming the argument.
+
+    Parameters
+    ----------
+    message : str
+        The argument, what was given and what would run.
+
+    Examples
+    --------
+    >>> from nvblaslt import CublasLtError, NvblasltUnsupportedError
+    >>> error = NvblasltUnsupportedError("c: RELU_BIAS needs a column-major result")
+    >>> isinstance(error, CublasLtError) and isinstance(error, ValueError), error.status_name
+    (True, 'CUBLAS_STATUS_NOT_SUPPORTED')
+    """
+
+    def __init__(self, message: str):
+        self.function, self.status, self.status_name = "(refused before the call)", 15, "CUBLAS_STATUS_NOT_SUPPORTED"
+        self.library_message = "the requested functionality is not supported"
+        Exception.__init__(self, f"{message} (cuBLASLt answers {self.status_name} for it: "
+                                 f"{self.library_message})")
+
+
 def argument_error(cls: type[NvblasltError], argument: str, given: object, expected: str) -> NvblasltError:
     """An error naming the argument, what was given and what was expected."""
     return cls(f"{argument}: expected {expected}, got {given}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from . import _types
 from ._dtypes import DType
 from ._epilogs import SPECS, MatmulEpilog, transposed_epilog
-from ._errors import NvblasltValueError
+from ._errors import NvblasltUnsupportedError, NvblasltValueError
 from ._generated.cublaslt_13 import cublasLtOrder_t, cublasOperation_t
 from ._strides import batch_stride, c_strides
 from ._operands import Operand
@@ -288,9 +288,9 @@ def _chosen(operands: Operands, epilog: MatmulEpilog) -> Problem:
     order = result_order(operands, epilog)
     if order == ROW and spec.needs_column_major:
         c_strides_given = operands.c.op.strides if operands.c is not None else ()
-        raise NvblasltValueError(f"c: {epilog.name} needs a column-major (Fortran-order) result, and the result "
-                                 f"takes c's order; got a row-major c (strides {c_strides_given}); pass c "
-                                 f"in column-major order")
+        raise NvblasltUnsupportedError(f"c: {epilog.name} needs a column-major (Fortran-order) result, and the "
+                                       f"result takes c's order; got a row-major c (strides {c_strides_given}); "
+                                       f"pass c in column-major order")
     preferred = _variant(operands, epilog, transposed=order == ROW)
     fixed = operands.c is not None or spec.needs_column_major
     if not fixed and any(side.layout.order != COL for side in (preferred.a, preferred.b)):

@@ -669,3 +669,18 @@ def test_planned_algorithm_finds_the_plans_own_or_refuses(default_lib):
 def test_autotune_refuses_iterations_that_time_nothing(fake_gpu, iterations):
     with pytest.raises(NvblasltValueError, match=r"^iterations: expected a positive int"):
         fake_mm().autotune(iterations=iterations)
+
+
+def test_an_aux_epilog_with_a_row_major_c_is_refused_as_cublaslt_refuses_it(fake_gpu):
+    """nvmath-python passes it on and cuBLASLt answers NOT_SUPPORTED (measured on an H100 for RELU_BIAS,
+    RELU_AUX, RELU_AUX_BIAS and GELU_AUX_BIAS): nvblaslt refuses it first, as that same CublasLtError
+    and a ValueError that names c, before any GPU work."""
+    from nvblaslt import CublasLtError, NvblasltUnsupportedError
+
+    c = FakeDLPack((8, 6), ptr=NEW_PTR)  # row-major: the result would be too
+    mm = Matmul(FakeDLPack((8, 4), ptr=A_PTR), FakeDLPack((4, 6), ptr=B_PTR), c, beta=0.5)
+    with pytest.raises(NvblasltUnsupportedError, match=r"^c: RELU_AUX needs a column-major") as caught:
+        mm.plan(epilog="RELU_AUX")
+    error = caught.value
+    assert isinstance(error, CublasLtError) and isinstance(error, ValueError)
+    assert error.status_name == "CUBLAS_STATUS_NOT_SUPPORTED" and "NOT_SUPPORTED" in str(error)
