@@ -37,7 +37,11 @@ class _Plans(OrderedDict):
 
     last_key: tuple | None = None
     last_plan: Matmul | None = None
-    generation = -1  # the tuning cache's generation the plans were made at
+    generation = 0  # how many of the tuning cache's stored choices the plans have been checked against
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retired: list[Matmul] = []  # plans a stored choice replaced: kept, not freed (see _retire_tuned)
 
 
 def _signature(op) -> tuple | None:
@@ -248,9 +252,8 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
         cache = _local.plans
     except AttributeError:
         cache = _local.plans = _Plans()
-    if cache.generation != _tuning_cache.generation:  # a search stored a choice since: plan again, recalling it
-        _free_plans(cache)
-        cache.generation = _tuning_cache.generation
+    if cache.generation != _tuning_cache.generation:  # a search stored a choice since
+        _retire_tuned(cache, a, stream)
     if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
         raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
     fast_key = None
@@ -413,3 +416,28 @@ def _free_plans(cache: _Plans) -> None:
         plan = cache.popitem()[1]
         if plan not in cache.values():
             plan.free()
+    for plan in cache.retired:
+        plan.free()
+    cache.retired = []
+
+
+def _retire_tuned(cache: _Plans, a, stream) -> None:
+    """The plans of problems a search stored a choice for since they were made leave the cache: the next
+    call plans again and recalls the choice (nvblaslt.torch.autotune() after a warm-up step). They are
+    kept, not freed, for a CUDA graph may have captured them (``clear_plan_cache()`` frees them), and
+    nothing changes while the call's stream is being captured (planning would break the capture)."""
+    try:
+        stream_h = stream_handle(stream) if stream is not None else \
+            (0 if _operands.is_host_array(a) else framework_of(a).stream_of(a))
+        if _cuda.is_capturing(stream_h):
+            return
+    except Exception:  # noqa: BLE001 - an odd argument: the call itself says what is wrong with it
+        pass
+    stored = set(_tuning_cache.stored_keys[cache.generation:])
+    cache.generation = _tuning_cache.generation
+    retired = [key for key, plan in cache.items() if _tuning_cache.key_of(plan.launch) in stored]
+    for key in retired:
+        plan = cache.pop(key)
+        if all(plan is not kept for kept in cache.retired):
+            cache.retired.append(plan)
+    cache.last_key = cache.last_plan = None

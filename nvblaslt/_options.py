@@ -159,7 +159,13 @@ class MatmulOptions:
     def __post_init__(self):
         if self.compute_type is not None:  # as nvmath-python's ComputeType(value) does, here and not at first use
             check_compute_type(self.compute_type, "options.compute_type")
-        if self.blocking is not True and not (isinstance(self.blocking, str) and self.blocking == "auto"):
+        try:  # 1 and NumPy's True pass nvmath-python's `in (True, "auto")`: taken as True
+            one = not isinstance(self.blocking, str) and bool(self.blocking == True)  # noqa: E712
+        except Exception:  # noqa: BLE001 - an array or an odd object: refused below
+            one = False
+        if one:
+            self.blocking = True
+        elif not (isinstance(self.blocking, str) and self.blocking == "auto"):
             raise NvblasltValueError(f"options.blocking: The value specified for blocking must be either True or "
                                      f"'auto'. Got {self.blocking!r}")
         if self.device_id is None:

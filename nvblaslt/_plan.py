@@ -239,14 +239,15 @@ class Matmul(OperandResets):
         if beta is not None and not has_c:
             raise NvblasltValueError("beta: given without c; pass c (the matrix beta scales) or drop beta")
         self.alpha, self.beta = Scalar(types.scale, "alpha"), Scalar(types.scale, "beta")
-        self.alpha.set(1.0 if alpha is None else alpha)
-        self.beta.set(0.0 if beta is None else beta)
         if options.result_amax and types.d not in _dtypes.FLOAT8:
             raise NvblasltValueError(f"options.result_amax: result_amax=True is allowed only for narrow-precision "
                                      f"(FP8 and lower) results; the result is {types.d.name}")
         self._scales = Scales(types, self.device, self._host, has_c)
         scales = self._scales.check(quantization_scales, stream)
         canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now
+        # a GPU scalar is copied back (which waits): after every check that needs nothing of it
+        self.alpha.set(1.0 if alpha is None else alpha)
+        self.beta.set(0.0 if beta is None else beta)
         # Every check that needs no GPU has run: now the GPU work, host copies and scales included.
         self.several_devices = _cuda.several_devices()
         with _cuda.on_device(self.device):
@@ -495,11 +496,20 @@ class Matmul(OperandResets):
             raise NvblasltValueError(f"prune: expected a positive int (how many algorithms to keep) or None, got "
                                      f"{prune!r}")
         self._check_planned()
+        launch = self.launch
+        planned, selected = list(launch.algorithms), launch.algorithm
         with _cuda.on_device(self.device):
             stream_h = stream_handle(stream) if stream is not None else self.stream
-            timings = _autotune.autotune(self, iterations=iterations, search=search, remember=remember,
-                                         stream=stream_h)
-        self.launch.keep([algorithm for algorithm, _ in timings], prune)
+            try:
+                timings = _autotune.autotune(self, iterations=iterations, search=search, remember=remember,
+                                             stream=stream_h)
+            except BaseException:  # (a refusal, a CUDA error, Ctrl-C) the plan keeps the algorithm it ran
+                if selected is not None:
+                    launch.select(selected)
+                raise
+        # the timed order of the planned algorithms, after a challenger the search chose (not every one it screened)
+        chosen, *rest = [algorithm for algorithm, _ in timings]
+        launch.keep([chosen, *(r for r in rest if any(r is p for p in planned))], prune)
         return timings
 
     def applicable_algorithm_ids(self, limit: int = 8) -> list[int]:
@@ -631,6 +641,9 @@ class Matmul(OperandResets):
         stream_h = self.stream if stream is None else stream_handle(stream)
         launch = self.launch
         if algorithm is not None:
+            if self.split_form is not None:  # the fused kernel does not run: its choice would be ignored
+                raise NvblasltValueError("execute: algorithm: this plan runs the two-call bias-gradient form that "
+                                         "autotune(search=True) chose; plan() again to run one fused algorithm")
             algorithm = launch.planned_algorithm(algorithm)
             launch.ensure_workspace(algorithm.workspace_size, self._last_stream)
             launch.select(algorithm)

@@ -87,7 +87,7 @@ def read_reset(new: dict, current: dict, host_originals: dict, released, framewo
         if old is None:
             raise NvblasltValueError(f"{name}: the plan was made without {name}; make a new Matmul")
         op = _operands.read(array, name, stream)
-        if not checked and not host and not op.host:  # only GPU arrays for a GPU plan are taken on trust
+        if not checked and not host and not op.host and op.device == old.device:  # GPU arrays taken on trust
             found[name] = op
             continue
         if framework_of(array) is not framework or op.host != host:
@@ -102,7 +102,7 @@ def read_reset(new: dict, current: dict, host_originals: dict, released, framewo
 
 
 def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict, staged: dict, problem,
-                      framework: Framework, host: bool, stream: int) -> dict:
+                      host: bool, stream: int) -> dict:
     """{key: (Operand, its EpilogInput, or None for a host input copied into its staged copy)}."""
     if not planned:
         raise NvblasltValueError("epilog_inputs: call plan() before resetting epilog inputs")
@@ -113,9 +113,10 @@ def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict,
     for key, value in epilog_inputs.items():
         name = f"epilog_inputs['{key}']"
         op = _operands.read(value, name, stream)
-        if framework_of(value) is not framework:
+        original = staged[key].framework  # the input's own package (plan() takes one unlike the operands')
+        if framework_of(value) is not original:
             raise NvblasltTypeError(f"{name}: Library package mismatch: expected an array like the original "
-                                    f"({framework}); got one of {framework_of(value)}")
+                                    f"({original}); got one of {framework_of(value)}")
         if op.host != host:
             raise NvblasltArgumentError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the plan's operands "
                                         f"are in {'host' if host else 'GPU'} memory (the device must match)")

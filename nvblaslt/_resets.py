@@ -200,8 +200,8 @@ class OperandResets:
             raise NvblasltValueError(f"epilog_inputs: release_operands() dropped the epilog inputs {dropped} too; give "
                                      f"them again with the operands")
         inputs = _reading.read_reset_inputs(given, self._planned, self.epilog, self._prepared.inputs,
-                                            self._input_operands, self.problem, self._framework, self._host,
-                                            stream_h) if given else {}
+                                            self._input_operands, self.problem, self._host, stream_h) \
+            if given else {}
         scales = self._scales.check(quantization_scales, self.stream, on_reset=True) \
             if quantization_scales is not None else {}
         if aux_scale is not None:

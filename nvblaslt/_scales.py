@@ -124,8 +124,9 @@ class Scales:
         if isinstance(scales, MatmulQuantizationScales) or (type(scales).__name__ == "MatmulQuantizationScales"):
             scales = {k: getattr(scales, k) for k in "abcd"}
         if not isinstance(scales, dict):
-            raise NvblasltArgumentError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd' or a "
-                                        f"MatmulQuantizationScales, got {type(scales).__name__} {scales!r}")
+            raise NvblasltArgumentError(f"quantization_scales: Scale factors must be provided as an object of type "
+                                        f"MatmulQuantizationScales or as a dict with keys among 'a', 'b', 'c', 'd'; "
+                                        f"got {type(scales).__name__} {scales!r}")
         unknown = set(scales) - set("abcd")
         if unknown:
             raise NvblasltValueError(f"quantization_scales: expected keys among 'a', 'b', 'c', 'd', got "

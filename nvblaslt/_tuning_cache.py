@@ -41,9 +41,19 @@ from ._descriptors import HeuristicResult
 
 logger = logging.getLogger("nvblaslt")
 
-# Counts the choices remember() has stored in this process. Plans made before a choice may hold what the
-# tuning cache now answers better: the function form's per-thread caches start afresh on a new value.
+# The problem keys remember() stored in this process, in order, and their count. Plans made before a
+# choice for their problem may hold what the tuning cache now answers better: the function form's
+# per-thread caches retire those plans when they see a new count.
+stored_keys: list[str] = []
 generation = 0
+
+
+def key_of(launch) -> str | None:
+    """``launch``'s problem key, or None where it cannot be described."""
+    try:
+        return problem_key(problem_description(launch))
+    except Exception:  # noqa: BLE001 - the cache must never break a call
+        return None
 
 ENV_CACHE_DIR = "NVBLASLT_CACHE_DIR"
 FORMAT = "nvblaslt-tuning-cache"
@@ -450,9 +460,11 @@ def remember(launch, result, milliseconds: float, **facts) -> bool:
     entry = {**facts, "algo": bytes(result.algorithm.algo).hex(), "ms": float(milliseconds),
              "config": {k: int(v) for k, v in result.algorithm.config().items()},
              "problem": problem_summary(description, launch.lib.api)}
-    stored = cache_at(cache_path()).store(problem_key(description), entry)
+    key = problem_key(description)
+    stored = cache_at(cache_path()).store(key, entry)
     global generation
-    generation += 1
+    stored_keys.append(key)
+    generation = len(stored_keys)
     logger.info("tuning cache: remembered %s for %s%s", describe_algorithm(result), entry["problem"],
                 "" if stored else " (in memory only)")
     return stored

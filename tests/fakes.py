@@ -53,8 +53,10 @@ class FakeGpuScalar:
 
     def __init__(self, value: float = 2.0):
         self.value = value
+        self.reads = 0  # copies back to the host (each waits for the GPU, for a real one)
 
     def item(self) -> float:
+        self.reads += 1
         return self.value
 
     def __dlpack_device__(self):

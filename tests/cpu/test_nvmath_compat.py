@@ -240,6 +240,24 @@ def test_blocking_is_refused_by_the_options_themselves():
                                                      r"either True or 'auto'\. Got " + repr(value).replace(".", r"\.")):
             MatmulOptions(blocking=value)
     assert MatmulOptions(blocking=True).blocking is True and MatmulOptions().blocking == "auto"
+    for one in (1, 1.0, np.True_, np.int64(1)):  # what nvmath-python's `in (True, "auto")` lets through
+        assert MatmulOptions(blocking=one).blocking is True
+
+
+def test_quantization_scales_of_another_type_carry_nvmath_pythons_phrase(fake_gpu):
+    with pytest.raises(TypeError, match=r"^quantization_scales: Scale factors must be provided as an object of type "
+                                        r"MatmulQuantizationScales or as a dict"):
+        Matmul(*fp8_operands(), quantization_scales="oh no!")
+
+
+def test_a_gpu_alpha_is_not_read_before_the_fp8_checks_refuse(fake_gpu):
+    """Reading a GPU scalar copies it back and waits: every check that needs nothing of it runs first."""
+    from tests.fakes import FakeGpuScalar
+
+    alpha = FakeGpuScalar(2.0)
+    with pytest.raises(NvblasltValueError, match="Scales are required"):
+        Matmul(*fp8_operands(), alpha=alpha)
+    assert alpha.reads == 0
 
 
 @pytest.mark.parametrize("epilog", [E.BIAS, E.RELU_BIAS, E.GELU_AUX_BIAS])

@@ -467,29 +467,37 @@ def test_recall_survives_a_plan_it_cannot_describe(path, plans):
         assert _tuning_cache.recall(plan) == (None, {})
 
 
-def test_a_remembered_choice_makes_the_function_forms_cached_plans_plan_again(path, plans, lib):
+def test_a_remembered_choice_retires_the_function_forms_cached_plans_of_that_problem(path, plans, lib):
     """Issue 23: a search that stores a choice (torch's autotune() after a warm-up step, or
-    Matmul.autotune(search=True)) reaches plans matmul() cached before it: each thread's cache starts
-    afresh on its next call, and its plans recall the choice."""
+    Matmul.autotune(search=True)) reaches the plans matmul() cached before it for that problem: each
+    thread's cache drops them on its next call, and the next plan recalls the choice. The dropped plans
+    are kept, not freed (a CUDA graph may have captured them), until clear_plan_cache()."""
     import nvblaslt
     from nvblaslt import _function_form
 
     class CachedPlan:
-        freed = 0
+        def __init__(self, launch):
+            self.launch, self.freed = launch, 0
 
         def free(self):
-            CachedPlan.freed += 1
+            self.freed += 1
 
     nvblaslt.clear_plan_cache()
     _function_form._local.plans = cache = _function_form._Plans()
     cache.generation = _tuning_cache.generation
-    cache["key"] = CachedPlan()
+    tuned_problem, other_problem = plans(), plans(ld=128)
+    tuned, other = CachedPlan(tuned_problem), CachedPlan(other_problem)
+    cache["slow key"] = cache["fast key"] = tuned  # a plan may sit under two keys
+    cache["other"] = other
     with pytest.raises(nvblaslt.NvblasltTypeError):  # refused after the cache check, before any GPU work
         nvblaslt.matmul(None, None, epilog_inputs="not a dict")
-    assert CachedPlan.freed == 0 and len(cache) == 1  # nothing stored since: the plans stay
+    assert len(cache) == 3  # nothing stored since: the plans stay
     before = _tuning_cache.generation
-    _tuning_cache.remember(plans(), fake_result(lib), 1.0)
+    _tuning_cache.remember(tuned_problem, fake_result(lib), 1.0)
     assert _tuning_cache.generation == before + 1
     with pytest.raises(nvblaslt.NvblasltTypeError):
         nvblaslt.matmul(None, None, epilog_inputs="not a dict")
-    assert CachedPlan.freed == 1 and len(cache) == 0 and cache.generation == _tuning_cache.generation
+    assert list(cache) == ["other"] and cache.retired == [tuned] and tuned.freed == 0
+    assert cache.generation == _tuning_cache.generation
+    nvblaslt.clear_plan_cache()
+    assert tuned.freed == 1 and other.freed == 1 and cache.retired == []

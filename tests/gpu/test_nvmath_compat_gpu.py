@@ -315,3 +315,27 @@ def test_after_release_operands_a_reset_must_give_the_epilog_inputs_again():
                 reset(a=a2, b=b2)
         mm.reset_operands(a=a2, b=b2, epilog_inputs={"bias": bias2})
         check(mm.execute(), host(a2) @ host(b2) + host(bias2)[:, None])
+
+
+def test_a_reset_epilog_input_is_compared_with_the_original_inputs_package():
+    """plan() takes a bias from another package than the operands'; a reset takes one like it."""
+    cupy = pytest.importorskip("cupy")
+    a, b = cupy.asarray(host(rand((24, 16)))), cupy.asarray(host(rand((16, 40))))
+    bias, bias2 = rand((24,)), rand((24,))  # torch
+    with Matmul(a, b) as mm:
+        mm.plan(epilog=E.BIAS, epilog_inputs={"bias": bias})
+        mm.reset_operands(epilog_inputs={"bias": bias2})
+        check(mm.execute(), a.get() @ b.get() + host(bias2)[:, None])
+        with pytest.raises(TypeError, match=r"Library package mismatch"):
+            mm.reset_operands(epilog_inputs={"bias": cupy.asarray(host(bias))})
+
+
+def test_a_search_leaves_the_planned_algorithms_and_its_choice_not_every_candidate_it_screened():
+    a, b = rand((256, 512), "float16"), rand((512, 384), "float16")
+    with Matmul(a, b) as mm:
+        planned = mm.plan(preferences={"limit": 4})
+        mm.autotune(iterations=2, search=True, remember=False)
+        algorithms = mm.algorithms
+        assert algorithms[0] is mm.algorithm and len(algorithms) <= len(planned) + 1
+        assert all(any(r is p for p in planned) for r in algorithms[1:])
+        check(mm.execute(), host(a) @ host(b), "bfloat16")  # fp16 result: a bf16-sized tolerance
