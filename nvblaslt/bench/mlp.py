@@ -71,7 +71,8 @@ def _step(model, params, x, grad):
     return run
 
 
-def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> tuple[list[float], list[float]]:
+def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool,
+                 sync_per_step: bool = False) -> tuple[list[float], list[float]]:
     """(median ms, median host ms) of each case, every case once per round, each round in a fresh order
     (``nvblaslt._timing.shuffled_rounds``: no case always follows the same one). On CUDA the step is
     timed with events queued behind a short spin kernel, so that the host is ahead of the GPU as in a
@@ -84,7 +85,7 @@ def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool) -> tu
             run()
     if cuda:
         torch.cuda.synchronize()
-    return step_rounds(torch, cases, rounds, cuda)
+    return step_rounds(torch, cases, rounds, cuda, sync_per_step)
 
 
 def _relative(a, b) -> float:
@@ -109,6 +110,9 @@ def main(args=None) -> dict:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="5 rounds, 2 warm-up steps")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
+    parser.add_argument("--sync-per-step", action="store_true",
+                        help="time each step to a torch.cuda.synchronize() after it, as a loop logging loss.item() "
+                             "does (default: GPU events behind a 2 ms spin, the host's time hidden)")
     parser.add_argument("--backward", choices=[*MODES, "all"], default="auto",
                         help="FusedSequential.backward of the FusedLinear rows; 'all' adds an eager row for "
                              "each mode besides 'auto'")
@@ -190,7 +194,7 @@ def main(args=None) -> dict:
             cases.append((f"{activation}: {label}", run))
 
     _progress(f"{len(cases)} cases, {options.warmup} warm-up steps each (compiling where asked)")
-    medians, host = _interleaved(torch, cases, options.rounds, options.warmup, cuda)
+    medians, host = _interleaved(torch, cases, options.rounds, options.warmup, cuda, options.sync_per_step)
     times, host_times = {}, {}
     for (label, _), ms, host_ms in zip(cases, medians, host):
         activation, _, row = label.partition(": ")
@@ -199,7 +203,8 @@ def main(args=None) -> dict:
     shape = "→".join(map(str, widths))
     gpu = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})"
     print(f"one training step (forward + backward), {options.dtype}, tokens {options.tokens}, MLP {shape}; "
-          f"median of {options.rounds} interleaved rounds, ms ({time.strftime('%Y-%m-%d')})")
+          f"median of {options.rounds} interleaved rounds, ms ({time.strftime('%Y-%m-%d')}); timed "
+          + ("to a synchronize after each step" if options.sync_per_step else "with GPU events behind a 2 ms spin"))
     version = getattr(nvblaslt.library(), "version_tuple", None) if cuda else None
     print(f"{gpu}, torch {torch.__version__}, cuBLASLt {'.'.join(map(str, version)) if version else '?'}, "
           f"Python {platform.python_version()}")

@@ -84,16 +84,26 @@ def queued_gpu_us(torch, launch: Callable, calls: int) -> float | None:
 SPIN_CYCLES = 4_000_000  # ~2 ms of GPU clock queued before each timed step: the host's head start
 
 
-def step_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, cuda: bool) -> tuple[list[float], list[float]]:
+def step_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, cuda: bool,
+                sync_per_step: bool = False) -> tuple[list[float], list[float]]:
     """(median ms, median host ms) of each (name, run) training-step case, every case once per round in
     a fresh order (``shuffled_rounds``). On CUDA a step is timed with events queued behind a short spin
-    kernel, so that the host is ahead of the GPU as in a training loop: the time is the GPU's (host
-    stalls inside the step still show). Host ms is the host's time to issue the step (on the CPU, the
-    wall clock, where both are the same)."""
+    kernel, so that the host is ahead of the GPU as in a training loop that never waits: the time is
+    the GPU's (host stalls inside the step still show). ``sync_per_step``: the wall clock from the
+    step's first call to ``torch.cuda.synchronize()`` after it, as a loop that logs ``loss.item()``
+    every step sees it (the host's time to issue the step is then paid in full). Host ms is the
+    host's time to issue the step (on the CPU, the wall clock, where all are the same)."""
     host: list[list[float]] = [[] for _ in cases]
 
     def measure(index: int) -> float:
         run = cases[index][1]
+        if cuda and sync_per_step:
+            torch.cuda.synchronize()  # nothing of the previous step left
+            begin = time.perf_counter()
+            run()
+            host[index].append((time.perf_counter() - begin) * 1e3)
+            torch.cuda.synchronize()
+            return (time.perf_counter() - begin) * 1e3
         if not cuda:
             begin = time.perf_counter()
             run()

@@ -116,6 +116,24 @@ def test_the_mlp_bench_times_through_the_shuffled_rounds(monkeypatch):
     assert order == ["abcd"[i] for _ in range(5) for i in _timing.shuffled(expected, 4)]
 
 
+def test_sync_per_step_times_each_step_to_a_synchronize_after_it():
+    """Issue 23's harness: a loop that logs loss.item() waits for every step, so the step's time is the
+    wall clock to a synchronize after it (no spin kernel hides the host's time)."""
+    import types
+    import time as clock
+
+    calls: list[str] = []
+    cuda = types.SimpleNamespace(synchronize=lambda: calls.append("sync"),
+                                 _sleep=lambda cycles: calls.append("spin"))
+    torch = types.SimpleNamespace(cuda=cuda)
+    cases = [("slow", lambda: (calls.append("step"), clock.sleep(0.004))), ("fast", lambda: calls.append("step"))]
+    medians, host = mlp._interleaved(torch, cases, rounds=3, warmup=0, cuda=True, sync_per_step=True)
+    assert "spin" not in calls
+    steps = [i for i, call in enumerate(calls) if call == "step"]
+    assert len(steps) == 6 and all(calls[i - 1] == "sync" and calls[i + 1] == "sync" for i in steps)
+    assert medians[0] >= 4.0 > medians[1] and host[0] >= 4.0
+
+
 def test_the_mlp_bench_runs_as_a_smoke_test_on_cpu(capsys):
     pytest.importorskip("torch")
     results = mlp.main(["--device", "cpu", "--dtype", "float32", "--tokens", "16", "--widths", "8,16,8",
