@@ -202,14 +202,16 @@ class EpilogOutput:
     batch_stride: int
 
 
-def _batch_stride_of(op, matrix_ndim: int, problem, name: str) -> int:
-    """The batch stride of an epilog input: 0 for one matrix/vector broadcast over the batch."""
+def _batch_stride_of(op, matrix_ndim: int, problem, name: str, what: str) -> int:
+    """The batch stride of an epilog input (``what``: "bias", "relu_aux auxiliary input"): 0 for one
+    matrix/vector broadcast over the batch."""
     batch_shape = op.shape[:-matrix_ndim] if matrix_ndim else op.shape
     if not batch_shape:
         return 0
     if tuple(batch_shape) != tuple(problem.batch_shape):
-        raise NvblasltValueError(f"{name}: batch dimensions {tuple(batch_shape)} must match the multiplication's "
-                           f"{tuple(problem.batch_shape) or '(none)'}, or be absent to use one for every batch")
+        raise NvblasltValueError(f"{name}: The batch dimensions of the {what} {tuple(batch_shape)} must match with "
+                                 f"that of the matrix multiplication definition "
+                                 f"{tuple(problem.batch_shape) or '(none)'}, or be absent to use one for every batch")
     return batch_stride(tuple(batch_shape), op.strides[:len(batch_shape)], name) if problem.batch_count > 1 else 0
 
 
@@ -236,7 +238,7 @@ def check_bias(op, problem) -> EpilogInput:
                            f"or batched (…, M, 1), got {shape}")
     if stride != 1 and m > 1:
         raise NvblasltValueError(f"{name}: expected unit stride along M, got strides {strides}")
-    batch_stride = _batch_stride_of(op, vector_ndim, problem, name)
+    batch_stride = _batch_stride_of(op, vector_ndim, problem, name, "bias")
     allowed = bias_types(problem.types)
     if op.dtype not in allowed:
         raise NvblasltArgumentError(f"{name}: expected dtype {' or '.join(d.name for d in allowed)} for a "
@@ -254,24 +256,26 @@ def check_aux(op, key: str, problem) -> EpilogInput:
     m, n = problem.m, problem.n
     if key == "relu_aux":
         if op.dtype not in (_dtypes.INT8, _dtypes.UINT8):
-            raise NvblasltArgumentError(f"{name}: expected the int8/uint8 bitmask RELU_AUX returns, got dtype {op.dtype.name}")
+            raise NvblasltArgumentError(f"{name}: The dtype of the {key} auxiliary input must be int8 or uint8 (the "
+                                        f"bitmask RELU_AUX returns), got {op.dtype.name}")
         ld_min, multiple, unit = relu_aux_ld_min(m), RELU_AUX_LD_MULTIPLE_BITS // 8, "bytes"
     else:
         if op.dtype != problem.types.d:
-            raise NvblasltArgumentError(f"{name}: expected dtype {problem.types.d.name} (as GELU_AUX returns it), got "
-                              f"{op.dtype.name}")
+            raise NvblasltArgumentError(f"{name}: The dtype of the {key} auxiliary input must be "
+                                        f"{problem.types.d.name} (as GELU_AUX returns it), got {op.dtype.name}")
         ld_min, multiple, unit = m, GELU_AUX_LD_MULTIPLE, "elements"
     if len(op.shape) < 2:
         raise NvblasltValueError(f"{name}: expected a (…, ld, {n}) matrix as the forward epilog returns it, got shape "
                            f"{op.shape}")
     rows, cols = op.shape[-2:]
     if cols != n or (op.strides[-2] != 1 and rows > 1) or (op.strides[-1] != rows and cols > 1):
-        raise NvblasltValueError(f"{name}: expected a contiguous column-major ({rows}, {n}) matrix as the forward epilog "
-                           f"returns it, got shape {op.shape} with strides {op.strides}")
+        raise NvblasltValueError(f"{name}: The auxiliary epilog input {key} must have the MM shape, as the forward "
+                                 f"epilog returns it: a contiguous column-major ({rows}, {n}) matrix; got shape "
+                                 f"{op.shape} with strides {op.strides}")
     if rows < ld_min or rows % multiple:
         raise NvblasltValueError(f"{name}: leading dimension {rows} {unit} must be ≥ {ld_min} and a multiple of "
                            f"{multiple} (as the forward epilog makes it for M={m})")
-    batch_stride = _batch_stride_of(op, 2, problem, name)
+    batch_stride = _batch_stride_of(op, 2, problem, name, f"{key} auxiliary input")
     ld = rows * 8 if key == "relu_aux" else rows  # cuBLASLt counts the ReLU mask's ld in bits
     return EpilogInput(key, op.ptr, op.dtype, ld, batch_stride * (8 if key == "relu_aux" else 1), op.alignment)
 

@@ -165,7 +165,7 @@ class Matmul(OperandResets):
     >>> nvblaslt.Matmul(a, b, c)
     Traceback (most recent call last):
         ...
-    nvblaslt.NvblasltValueError: beta: a value for beta must be given with c (as in nvmath-python)
+    nvblaslt.NvblasltValueError: beta: A value for beta must be provided if operand C is provided
     >>> nvblaslt.Matmul(a, b, options={"blocking": False})
     Traceback (most recent call last):
         ...
@@ -235,7 +235,7 @@ class Matmul(OperandResets):
         self._operands = {"a": a, "b": b, "c": c}
         types = self.operands.types
         if has_c and beta is None:
-            raise NvblasltValueError("beta: a value for beta must be given with c (as in nvmath-python)")
+            raise NvblasltValueError("beta: A value for beta must be provided if operand C is provided")
         if beta is not None and not has_c:
             raise NvblasltValueError("beta: given without c; pass c (the matrix beta scales) or drop beta")
         self.alpha, self.beta = Scalar(types.scale, "alpha"), Scalar(types.scale, "beta")

@@ -110,8 +110,8 @@ class Operands:
             which, op = ("a", a) if len(a.shape) < 1 else ("b", b)
             raise NvblasltValueError(f"{which}: expected at least 1 dimension, got shape {op.shape}")
         if c is not None and len(c.shape) < 2:
-            raise NvblasltValueError(f"c: `c` must be at least 2-D. Expected (M, N), (M, 1) or batched, got shape {c.shape}; "
-                                     f"add a dimension to make a column")
+            raise NvblasltValueError(f"c: `c` must be at least 2-D. Expected (M, N), (M, 1) or batched, got shape "
+                                     f"{c.shape}; add a dimension to make a column")
         if inplace and c is None:
             raise NvblasltValueError("options.inplace: the result is written into c, but no c was given")
         for name, given in (("a", a), ("b", b), ("c", c)):
@@ -156,15 +156,16 @@ class Operands:
                 raise NvblasltValueError(f"c: a broadcast column (M, 1) must have unit element stride, got strides "
                                          f"{c.strides}")
             if not self.c_broadcast_columns and not self.c.orders():
-                raise NvblasltValueError(f"c: expected a row- or column-major matrix (one unit stride, the other at "
-                                         f"least the extent), got shape {c.shape} with element strides {c.strides}")
+                raise NvblasltValueError(f"c: Unsupported layout. Expected a row- or column-major matrix (one unit "
+                                         f"stride, the other at least the extent), got shape {c.shape} with element "
+                                         f"strides {c.strides}")
             if inplace and self.c.batch_stride == 0 and self.batch_count > 1:
                 raise NvblasltValueError("c: in place, c cannot be broadcast over the batch")
         for name, matrix in (("a", self.a), ("b", self.b)):
             if not matrix.orders():
                 raise NvblasltValueError(
-                    f"{name}: expected a row- or column-major matrix (one unit stride, the other at least the "
-                    f"extent), got shape {matrix.op.shape} with element strides {matrix.op.strides}")
+                    f"{name}: Unsupported layout. Expected a row- or column-major matrix (one unit stride, the other "
+                    f"at least the extent), got shape {matrix.op.shape} with element strides {matrix.op.strides}")
         self.types = _types.resolve(api, a.dtype, b.dtype, c.dtype if c is not None else None,
                                     compute_type=compute_type, scale_type=scale_type, result_type=result_type,
                                     inplace=inplace)

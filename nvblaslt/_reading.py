@@ -32,9 +32,13 @@ def one_package(given: list) -> Framework:
     """The package of the ``(array, name)`` pairs given, which must be one."""
     frameworks = {name: framework_of(x) for x, name in given}
     if len(set(frameworks.values())) > 1:
-        raise NvblasltTypeError(f"a, b, c: operands must come from one array package, got "
+        raise NvblasltTypeError(f"a, b, c: All tensors must be from the same library (one array package), got "
                                 f"{', '.join(f'{n}: {k}' for n, k in frameworks.items())}")
     return frameworks[given[0][1]]
+
+
+def _place(host: bool, device: int) -> str:
+    return "cpu (host memory)" if host else f"cuda:{device}"
 
 
 def read_input(key: str, value, host: bool, device: int, stream: int) -> _operands.Operand:
@@ -43,8 +47,8 @@ def read_input(key: str, value, host: bool, device: int, stream: int) -> _operan
     name = f"epilog_inputs['{key}']"
     op = value if isinstance(value, _operands.Operand) else _operands.read(value, name, stream)
     if op.host != host:
-        raise NvblasltArgumentError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the operands are "
-                                f"in {'host' if host else 'GPU'} memory")
+        raise NvblasltArgumentError(f"{name}: The operand {key} is on device {_place(op.host, op.device)}, but it "
+                                    f"should be on device {_place(host, device)} (the operands')")
     if not op.host and op.device != device:
         raise NvblasltValueError(f"{name}: on GPU {op.device}, but the operands are on GPU {device}")
     return op
@@ -118,8 +122,8 @@ def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict,
             raise NvblasltTypeError(f"{name}: Library package mismatch: expected an array like the original "
                                     f"({original}); got one of {framework_of(value)}")
         if op.host != host:
-            raise NvblasltArgumentError(f"{name}: in {'host' if op.host else 'GPU'} memory, but the plan's operands "
-                                        f"are in {'host' if host else 'GPU'} memory (the device must match)")
+            raise NvblasltArgumentError(f"{name}: The operand {key} is on device {_place(op.host, op.device)}, but it "
+                                        f"should be on device {_place(host, staged[key].device)} (the plan's)")
         if not op.host and op.device != staged[key].device:
             raise NvblasltValueError(f"{name}: on GPU {op.device}, but the plan is on GPU {staged[key].device}")
         if op.host:

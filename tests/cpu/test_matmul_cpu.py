@@ -203,9 +203,9 @@ def test_bias_shapes_as_nvmath_python_takes_them():
                          (FakeDLPack((3, 8)), 8)):
         attrs = epilog_attributes(E.BIAS, FakeDLPack((3, 8, 4)), FakeDLPack((4, 6)), {"bias": bias})
         assert attrs["BIAS_BATCH_STRIDE"] == stride, bias.shape  # 0: one bias for every batch
-    with pytest.raises(NvblasltValueError, match=r"epilog_inputs\['bias'\]: batch dimensions \(1,\)"):
+    with pytest.raises(NvblasltValueError, match=r"epilog_inputs\['bias'\]: The batch dimensions of the bias \(1,\)"):
         epilog_attributes(E.BIAS, FakeDLPack((3, 8, 4)), FakeDLPack((4, 6)), {"bias": FakeDLPack((1, 8))})
-    with pytest.raises(NvblasltValueError, match=r"batch dimensions \(2,\) must match"):
+    with pytest.raises(NvblasltValueError, match=r"batch dimensions of the bias \(2,\) must match"):
         epilog_attributes(E.BIAS, FakeDLPack((3, 8, 4)), FakeDLPack((4, 6)), {"bias": FakeDLPack((2, 8, 1))})
     with pytest.raises(NvblasltTypeError, match="expected dtype float16 for a float16 result"):
         epilog_attributes(E.BIAS, FakeDLPack((8, 4), dtype="float16"), FakeDLPack((4, 6), dtype="float16"),
@@ -261,7 +261,7 @@ def test_plan_cache_key_separates_what_changes_the_plan():
 
 def test_nvmath_call_surface_is_checked_before_the_gpu():
     a, b, c = FakeDLPack((8, 4)), FakeDLPack((4, 6)), FakeDLPack((8, 6))
-    with pytest.raises(NvblasltValueError, match="beta: a value for beta must be given with c"):
+    with pytest.raises(NvblasltValueError, match="beta: A value for beta must be provided if operand C is provided"):
         Matmul(a, b, c)
     with pytest.raises(NvblasltValueError, match="options: unknown keys"):
         Matmul(a, b, options={"bogus": 1})

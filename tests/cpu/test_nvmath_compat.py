@@ -140,8 +140,8 @@ def test_dtype_and_memory_space_refusals_are_both_type_and_value_errors(case, fo
 
 def test_an_epilog_input_in_another_memory_space_or_of_a_wrong_dtype_is_an_argument_error(fake_gpu):
     mm = fake_mm()
-    with pytest.raises(ValueError, match=r"^epilog_inputs\['bias'\]: in host memory, but the operands are in GPU "
-                                         r"memory") as info:
+    with pytest.raises(ValueError, match=r"^epilog_inputs\['bias'\]: The operand bias is on device cpu "
+                                         r"\(host memory\), but it should be on device cuda:0") as info:
         mm.plan(epilog="BIAS", epilog_inputs={"bias": HostDLPack(host((8,)))})
     assert_argument_error(info.value)
     with pytest.raises(TypeError, match=r"^epilog_inputs\['bias'\]: expected dtype float32 for a float32 result, got "

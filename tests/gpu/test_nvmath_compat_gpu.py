@@ -229,8 +229,8 @@ def test_a_reset_bias_from_another_package_or_memory_space_is_refused_and_change
         for reset in (mm.reset_operands, mm.reset_operands_unchecked):
             with pytest.raises(TypeError, match=r"^epilog_inputs\['bias'\]: Library package mismatch"):
                 reset(epilog_inputs={"bias": foreign})
-            with pytest.raises(ValueError, match=r"^epilog_inputs\['bias'\]: in host memory, but the plan's operands "
-                                                 r"are in GPU memory"):
+            with pytest.raises(ValueError, match=r"^epilog_inputs\['bias'\]: The operand bias is on device .*, but it "
+                                                 r"should be on device"):
                 reset(epilog_inputs={"bias": other.cpu()})
         check(mm.execute(), expected)  # the plan's bias is untouched
         assert torch.equal(bias, saved)  # and so is the caller's: no host bias was copied into it
