@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import functools
-
-from cuda.bindings import runtime as cudart
+import importlib
+import sys
 
 from ._errors import CudaError
 
-SUCCESS = cudart.cudaError_t.cudaSuccess
+
+class _LazyRuntime:
+    """``cuda.bindings.runtime``, imported when a call first needs it: its import is half the time of
+    ``import nvblaslt``, and a user who only builds descriptors never needs it. The first attribute read
+    imports it and rebinds every nvblaslt module's ``cudart`` name to the real module, so no call after
+    the first goes through this object."""
+
+    def __getattr__(self, name: str):
+        runtime = importlib.import_module("cuda.bindings.runtime")
+        for module_name, module in list(sys.modules.items()):
+            if module_name.startswith("nvblaslt") and getattr(module, "cudart", None) is self:
+                setattr(module, "cudart", runtime)
+        return getattr(runtime, name)
+
+
+cudart = _LazyRuntime()
+# cudaError_t is an int enum in every cuda-bindings release: comparing with 0 needs no import
+SUCCESS = 0
 # First-contact failures, said in a user's words after CUDA's own.
 _HINTS = {
     "cudaErrorInsufficientDriver": "; no NVIDIA driver new enough for this CUDA runtime is loaded (is there a GPU "

@@ -7,16 +7,12 @@ import dataclasses
 import ctypes
 import math
 
-from cuda.bindings import runtime as cudart
-
 from . import _cuda, _memory, _operands
+from ._cuda import cudart
 from ._errors import NvblasltValueError
 from ._frameworks import Framework, framework_of
 from ._operands import Operand
 from ._strides import c_strides, element_range, span_elements
-
-_H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-_D2H = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
 
 
 class PinnedBuffer:
@@ -125,7 +121,8 @@ def refresh(host: Operand, device_pointer: int, strides: tuple[int, ...], stream
             ctypes.memmove(pinned.pointer, host.ptr, nbytes)
         else:
             _copy_strided(host.ptr, host.strides, pinned.pointer, strides, host.shape, host.dtype.itemsize)
-        _cuda.check(cudart.cudaMemcpyAsync(device_pointer, pinned.pointer, nbytes, _H2D, stream), "cudaMemcpyAsync")
+        _cuda.check(cudart.cudaMemcpyAsync(device_pointer, pinned.pointer, nbytes,
+                                           cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # before the pinned copy goes
     finally:
         pinned.free()
@@ -138,7 +135,8 @@ def copy_back(device_pointer: int, host_array, shape, strides, dtype, stream: in
     nbytes = _span_bytes(shape, device_strides, dtype)
     pinned = PinnedBuffer(nbytes)
     try:
-        _cuda.check(cudart.cudaMemcpyAsync(pinned.pointer, device_pointer, nbytes, _D2H, stream), "cudaMemcpyAsync")
+        _cuda.check(cudart.cudaMemcpyAsync(pinned.pointer, device_pointer, nbytes,
+                                           cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
         if device_strides == tuple(strides):
             ctypes.memmove(framework_of(host_array).host_pointer(host_array), pinned.pointer, nbytes)

@@ -12,9 +12,8 @@ from __future__ import annotations
 import math
 import weakref
 
-from cuda.bindings import runtime as cudart
-
 from . import _cuda, _dlpack, _strides
+from ._cuda import cudart
 from ._dtypes import DType
 from ._frameworks import Allocate, Framework
 

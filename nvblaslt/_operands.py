@@ -11,9 +11,8 @@ import math
 import weakref
 from dataclasses import dataclass
 
-from cuda.bindings import runtime as cudart
-
 from . import _cuda, _dlpack, _dtypes, _frameworks
+from ._cuda import cudart
 from ._errors import CudaError, NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._frameworks import Framework, framework_of
 from ._memory import wait_for

@@ -16,9 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from cuda.bindings import runtime as cudart
-
 from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading
+from ._cuda import cudart
 from ._descriptors import HeuristicResult
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework

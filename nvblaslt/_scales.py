@@ -9,9 +9,8 @@ import ctypes
 import math
 import struct
 
-from cuda.bindings import runtime as cudart
-
 from . import _cuda, _dtypes, _memory, _operands
+from ._cuda import cudart
 from ._errors import NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._frameworks import refuse_masked
 from ._options import MatmulQuantizationScales

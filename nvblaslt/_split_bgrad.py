@@ -13,9 +13,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from cuda.bindings import runtime as cudart
-
 from . import _cuda, _memory
+from ._cuda import cudart
 from ._epilogs import MASKING
 from ._operands import Operand
 from ._options import MatmulOptions

@@ -14,9 +14,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from cuda.bindings import runtime as cudart
-
 from . import _cuda
+from ._cuda import cudart
 from ._memory import DeviceBuffer
 
 T = TypeVar("T")

@@ -1,0 +1,54 @@
+"""What ``import nvblaslt`` loads, and what it leaves for the first call (issue 23, cold start).
+
+Each check runs in a fresh interpreter: this test process has long since imported everything."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_import_loads_neither_the_cuda_runtime_bindings_nor_the_library():
+    out = _run("""
+        import sys
+        import nvblaslt
+        heavy = [name for name in ("cuda.bindings.runtime", "cuda.bindings.driver", "numpy", "torch", "cupy")
+                 if name in sys.modules]
+        libs = [line.split()[-1] for line in open("/proc/self/maps") if "libcublasLt" in line]
+        print(heavy, libs)
+    """)
+    assert out.strip() == "[] []"
+
+
+def test_the_first_runtime_call_rebinds_every_module_to_the_real_runtime():
+    # after one call, no nvblaslt module reaches the runtime through the lazy object: calls pay nothing
+    out = _run("""
+        import sys
+        import nvblaslt
+        from nvblaslt import _cuda
+        lazy = _cuda.cudart
+        _cuda.device_count()  # 0 without a GPU, and it needs the runtime either way
+        from cuda.bindings import runtime
+        modules = {name: module for name, module in sys.modules.items()
+                   if name.startswith("nvblaslt") and hasattr(module, "cudart")}
+        still_lazy = sorted(name for name, module in modules.items() if module.cudart is lazy)
+        real = sorted(name for name, module in modules.items() if module.cudart is runtime)
+        print(still_lazy, len(real) >= 8, "nvblaslt._host" in real)
+    """)
+    assert out.strip() == "[] True True"
+
+
+@pytest.mark.parametrize("name", ["cudaGetDeviceCount", "cudaError_t"])
+def test_the_lazy_runtime_answers_like_the_module(name):
+    from cuda.bindings import runtime
+
+    from nvblaslt._cuda import _LazyRuntime
+
+    assert getattr(_LazyRuntime(), name) is getattr(runtime, name)
