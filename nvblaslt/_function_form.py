@@ -12,7 +12,7 @@ import threading
 from typing import Any
 from collections import OrderedDict
 
-from . import _cuda, _epilogs, _operands, _tuning_cache
+from . import _cuda, _operands, _tuning_cache
 from ._epilogs import as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options, with_shortcuts
@@ -332,10 +332,10 @@ def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epil
                 "stream: a CUDA graph is being captured on it, and planning allocates device memory, which "
                 "capture forbids; call matmul() once with operands like these before capturing (the cached plan "
                 "is then replayed), or capture Matmul.execute()")
-        # the epilog's input names are checked before the constructor stages host operands to the GPU
-        _epilogs.check_input_names(epilog, [k for k in inputs if k != "aux_quantization_scale"])
+        # the epilog and its inputs are checked as plan() checks them before the constructor stages host operands
         plan = Matmul.from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
-                                     quantization_scales=quantization_scales, qualifiers=qualifiers)
+                                     quantization_scales=quantization_scales, qualifiers=qualifiers,
+                                     plan_arguments=(epilog, inputs, prefs))
         try:
             if out is not None:  # checked against the result's layout before the heuristics run
                 OutputChecker(framework, a_op.host, canonical(plan.operands, epilog),

@@ -182,16 +182,18 @@ class Matmul(OperandResets):
 
     @classmethod
     def from_operands(cls, a, b, c, *, stream: int, options: MatmulOptions, alpha=None, beta=None,
-                      quantization_scales=None, qualifiers=None) -> Matmul:
+                      quantization_scales=None, qualifiers=None, plan_arguments: tuple | None = None) -> Matmul:
         """A Matmul over operands already read (``_operands.Operand``): the function form's and the
-        split form's way in."""
+        split form's way in. ``plan_arguments`` (epilog, epilog inputs, preferences), the function
+        form's, are checked as ``plan()`` will check them before any GPU work (host operands staged)."""
         self = cls.__new__(cls)
         self._setup([x for x in (a, b, c) if x is not None], c is not None, a.framework, stream, options, alpha=alpha,
-                    beta=beta, qualifiers=qualifiers, quantization_scales=quantization_scales)
+                    beta=beta, qualifiers=qualifiers, quantization_scales=quantization_scales,
+                    plan_arguments=plan_arguments)
         return self
 
     def _setup(self, ops, has_c: bool, framework: Framework, stream, options, *, alpha, beta, qualifiers,
-               quantization_scales) -> None:
+               quantization_scales, plan_arguments: tuple | None = None) -> None:
         self.options, self._logger, self._lib, self._framework = options, options.logger or logger, library(), framework
         self._lock = threading.Lock()
         self._released: set[str] | None = None
@@ -244,6 +246,8 @@ class Matmul(OperandResets):
         self._scales = Scales(types, self.device, self._host, has_c)
         scales = self._scales.check(quantization_scales, stream)
         canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now
+        if plan_arguments is not None:  # the function form's plan() to come: its epilog inputs are checked now
+            self._checked_plan_arguments(*plan_arguments)
         # a GPU scalar is copied back (which waits): after every check that needs nothing of it
         self.alpha.set(1.0 if alpha is None else alpha)
         self.beta.set(0.0 if beta is None else beta)
@@ -357,7 +361,9 @@ class Matmul(OperandResets):
         with _cuda.on_device(self.device):
             return self._plan(epilog, epilog_inputs, preferences, algorithms)
 
-    def _plan(self, epilog, epilog_inputs, preferences, algorithms):
+    def _checked_plan_arguments(self, epilog, epilog_inputs, preferences) -> tuple:
+        """plan()'s checks that need no GPU: (epilog, preferences, problem, aux dtype, aux scale, the
+        inputs as read, the epilog prepared on them; host inputs on their device copies' layout)."""
         lib = self._lib
         epilog = as_epilog(epilog)
         if epilog.name not in lib.api.cublasLtEpilogue_t.__members__:
@@ -374,12 +380,19 @@ class Matmul(OperandResets):
                                                   "epilog_inputs['aux_quantization_scale']")["aux"]
         keys = _epilogs.input_keys(epilog, given, problem)
         inputs = {key: _reading.read_input(key, given[key], self._host, self.device, self.stream) for key in keys}
-        if self._host:  # checked as their device copies will be laid out, then copied (the plan's once it commits)
-            _epilogs.prepare(epilog, problem, {k: _host.device_layout(op, self.device) for k, op in inputs.items()},
-                             aux_dtype, False)
+        laid_out = {k: _host.device_layout(op, self.device) if op.host else op for k, op in inputs.items()}
+        prepared = _epilogs.prepare(epilog, problem, laid_out, aux_dtype, prefs.epilog.aux_amax)
+        return epilog, prefs, problem, aux_dtype, aux_scale, inputs, prepared
+
+    def _plan(self, epilog, epilog_inputs, preferences, algorithms):
+        lib = self._lib
+        epilog, prefs, problem, aux_dtype, aux_scale, inputs, prepared = \
+            self._checked_plan_arguments(epilog, epilog_inputs, preferences)
+        # host inputs: copied once checked (the plan's once it commits), and prepared on their copies
         staged = {key: _host.stage(op, self.device, self.stream) for key, op in inputs.items() if op.host}
-        inputs.update((key, copy) for key, (copy, _) in staged.items())
-        prepared = _epilogs.prepare(epilog, problem, inputs, aux_dtype, prefs.epilog.aux_amax)
+        if staged:
+            inputs.update((key, copy) for key, (copy, _) in staged.items())
+            prepared = _epilogs.prepare(epilog, problem, inputs, aux_dtype, prefs.epilog.aux_amax)
         if aux_scale is not None:
             self._scales.write({"aux": aux_scale}, self.stream)
         # 3. the launch: descriptors, the caller's algorithms or the heuristics' (and the tuning cache's), workspace

@@ -66,3 +66,28 @@ def test_an_fp8_operand_in_the_wrong_order_is_refused_before_its_scales_are_uplo
     with pytest.raises(nvblaslt.NvblasltValueError, match="fp8"):
         Matmul(a, b, quantization_scales={"a": 1.0, "b": 1.0}, options={"result_type": "bfloat16"})
     assert no_gpu_work == []
+
+
+# The function form plans in the call: its epilog inputs are checked as plan() checks them, before the
+# constructor stages a, b and c (not only their names).
+BAD_HOST_EPILOG_INPUTS = {
+    "bias of another dtype": ("BIAS", lambda: {"bias": host((4,), np.float64)}, nvblaslt.NvblasltArgumentError,
+                              r"epilog_inputs\['bias'\]: expected dtype float32"),
+    "bias of another length": ("RELU_BIAS", lambda: {"bias": host((5,))}, nvblaslt.NvblasltValueError,
+                               r"epilog_inputs\['bias'\]: expected shape \(M,\) or \(M, 1\) with M=4.*got \(5,\)"),
+    "bias with a batch the product lacks": ("BIAS", lambda: {"bias": host((3, 4))}, nvblaslt.NvblasltValueError,
+                                            r"epilog_inputs\['bias'\]: The batch dimensions of the bias \(3,\)"),
+    "relu_aux of a float dtype": ("DRELU", lambda: {"relu_aux": host((16, 6))}, nvblaslt.NvblasltArgumentError,
+                                  r"epilog_inputs\['relu_aux'\]: The dtype of the relu_aux auxiliary input"),
+    "an aux scale without an fp8 aux": ("BIAS", lambda: {"bias": host((4,)), "aux_quantization_scale": 1.0},
+                                             nvblaslt.NvblasltValueError,
+                                             r"epilog_inputs\['aux_quantization_scale'\]: only an fp8 aux"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_HOST_EPILOG_INPUTS)
+def test_function_form_refuses_a_bad_epilog_input_before_staging_the_operands(case, no_gpu_work):
+    epilog, make_inputs, error, message = BAD_HOST_EPILOG_INPUTS[case]
+    with pytest.raises(error, match=message):
+        matmul(host((4, 3)), host((3, 6)), epilog=epilog, epilog_inputs=make_inputs())
+    assert no_gpu_work == []
