@@ -332,16 +332,16 @@ def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epil
                 "stream: a CUDA graph is being captured on it, and planning allocates device memory, which "
                 "capture forbids; call matmul() once with operands like these before capturing (the cached plan "
                 "is then replayed), or capture Matmul.execute()")
-        # the epilog and its inputs are checked as plan() checks them before the constructor stages host operands
+        algorithms = [algorithm] if algorithm is not None else None
+        # plan()'s arguments are checked as plan() checks them before the constructor stages host operands
         plan = Matmul.from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
                                      quantization_scales=quantization_scales, qualifiers=qualifiers,
-                                     plan_arguments=(epilog, inputs, prefs))
+                                     plan_arguments=(epilog, inputs, prefs, algorithms))
         try:
             if out is not None:  # checked against the result's layout before the heuristics run
                 OutputChecker(framework, a_op.host, canonical(plan.operands, epilog),
                               plan.device, {"a": a_op, "b": b_op, "c": c_op}, {}).pointer(out, stream_h)
-            plan.plan(epilog=epilog, epilog_inputs=inputs, preferences=prefs,
-                      algorithms=[algorithm] if algorithm is not None else None)
+            plan.plan(epilog=epilog, epilog_inputs=inputs, preferences=prefs, algorithms=algorithms)
         except BaseException:
             plan.free()
             raise

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import NvblasltTypeError, NvblasltValueError
+from ._errors import CublasLtError, NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._types import check_compute_type
 
 DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
@@ -273,7 +273,10 @@ class MatmulPlanPreferences:
         None: any.
     limit : int, default 8
         How many algorithms to ask the heuristics for (up to 1024); ``autotune()`` times them.
-        0 is passed on as nvmath-python passes it, and cuBLASLt refuses it.
+        0 is kept, as nvmath-python keeps it: ``plan(algorithms=…)`` asks no heuristics and runs;
+        otherwise ``plan()`` refuses it before any GPU work with a ``CublasLtError``
+        (``CUBLAS_STATUS_INVALID_VALUE``, what cuBLASLt answers nvmath-python) that is also a
+        ``ValueError``.
     epilog : MatmulEpilogPreferences or dict, optional
         Preferences for the epilog's aux output (``aux_type``, ``aux_amax``).
     workspace_limit : int, default 33554432
@@ -283,7 +286,8 @@ class MatmulPlanPreferences:
     Raises
     ------
     NvblasltValueError
-        ``limit`` is not an int from 0 to 1024; ``workspace_limit`` is not an int ≥ 0;
+        ``limit`` is not from 0 to 1024 (an ``NvblasltArgumentError``, also a ``TypeError``, where
+        it is no integer); ``workspace_limit`` is not an int ≥ 0;
         ``max_waves_count`` is not a number ≥ 0; a mask is not an int ≥ 0; ``epilog`` is a dict
         with unknown keys.
     NvblasltTypeError
@@ -303,7 +307,7 @@ class MatmulPlanPreferences:
     >>> MatmulPlanPreferences(limit=2048)
     Traceback (most recent call last):
         ...
-    nvblaslt.NvblasltValueError: preferences.limit: expected an int from 0 to 1024 (0 goes to cuBLASLt, ...), got 2048
+    nvblaslt.NvblasltValueError: preferences.limit: expected an int from 0 to 1024 (0 only with ...), got 2048
 
     On a GPU, ask for more algorithms to time:
 
@@ -323,10 +327,17 @@ class MatmulPlanPreferences:
     def __post_init__(self):
         if self.max_waves_count is None:
             self.max_waves_count = 0.0
-        # 0 is passed on, as nvmath-python passes it: cuBLASLt's heuristics refuse it (INVALID_VALUE)
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 0 <= self.limit <= 1024:
-            raise NvblasltValueError(f"preferences.limit: expected an int from 0 to 1024 (0 goes to cuBLASLt, which "
-                                     f"refuses it), got {self.limit!r}")
+        # 0 is kept, as nvmath-python keeps it: plan(algorithms=…) asks no heuristics and runs with it; where the
+        # heuristics are asked, plan() refuses it before any GPU work (check_heuristics_limit)
+        try:  # an int or a NumPy integer; anything else is a TypeError where nvmath-python sizes its buffer with it
+            limit = None if isinstance(self.limit, bool) else operator.index(self.limit)
+        except TypeError:
+            raise NvblasltArgumentError(f"preferences.limit: expected an int from 0 to 1024 (0 only with "
+                                        f"plan(algorithms=…)), got {self.limit!r}") from None
+        if limit is None or not 0 <= limit <= 1024:
+            raise NvblasltValueError(f"preferences.limit: expected an int from 0 to 1024 (0 only with "
+                                     f"plan(algorithms=…)), got {self.limit!r}")
+        self.limit = limit
         if isinstance(self.workspace_limit, bool) or not isinstance(self.workspace_limit, int) \
                 or not 0 <= self.workspace_limit < 1 << 40:
             raise NvblasltValueError(f"preferences.workspace_limit: expected bytes (an int ≥ 0), got "
@@ -341,6 +352,28 @@ class MatmulPlanPreferences:
                                       or not 0 <= value < 1 << 64):
                 raise NvblasltValueError(f"preferences.{name}: expected a bit mask (int ≥ 0), got {value!r}")
         self.epilog = as_options(MatmulEpilogPreferences, self.epilog, "preferences.epilog")
+
+
+class HeuristicsLimitError(CublasLtError, NvblasltValueError):
+    """``preferences.limit=0`` where the heuristics are to be asked. nvmath-python passes it on to
+    ``cublasLtMatmulAlgoGetHeuristic``, which answers ``CUBLAS_STATUS_INVALID_VALUE``; nvblaslt
+    refuses it before any GPU work with an error of the same kind: a ``CublasLtError`` with that
+    status, and a ``ValueError`` naming the argument."""
+
+    def __init__(self, status: int, status_name: str, library_message: str):
+        self.function, self.status, self.status_name = "cublasLtMatmulAlgoGetHeuristic", status, status_name
+        self.library_message = library_message
+        Exception.__init__(self, f"preferences.limit: expected an int from 1 to 1024 where the heuristics are asked "
+                                 f"(0 only with plan(algorithms=…)), got 0; refused before the call, which answers "
+                                 f"{status_name} for it ({library_message})")
+
+
+def check_heuristics_limit(preferences: MatmulPlanPreferences, lib) -> None:
+    """Refuse ``preferences.limit=0`` before any GPU work where the heuristics are to be asked (no
+    ``algorithms`` given): cuBLASLt answers INVALID_VALUE, after the handle and descriptors are made."""
+    if preferences.limit == 0:
+        status = int(lib.api.CUBLAS_STATUS_INVALID_VALUE)
+        raise HeuristicsLimitError(status, lib.status_name(status), lib.status_string(status))
 
 
 @dataclass
@@ -481,4 +514,5 @@ def conjugate_flags(qualifiers) -> tuple[bool, bool]:
 
 
 __all__ = ["MatmulOptions", "MatmulPlanPreferences", "MatmulEpilogPreferences", "MatmulQuantizationScales",
-           "as_options", "conjugate_flags", "qualifiers_dtype", "with_shortcuts", "field"]
+           "HeuristicsLimitError", "as_options", "check_heuristics_limit", "conjugate_flags", "qualifiers_dtype",
+           "with_shortcuts", "field"]

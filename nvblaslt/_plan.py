@@ -25,7 +25,8 @@ from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales,
 from ._errors import NvblasltArgumentError, NvblasltStateError, NvblasltTypeError, NvblasltValueError
 from ._launch import Launch, algorithm_ids
 from ._loader import library
-from ._options import MatmulOptions, MatmulPlanPreferences, as_options, conjugate_flags, with_shortcuts
+from ._options import (MatmulOptions, MatmulPlanPreferences, as_options, check_heuristics_limit, conjugate_flags,
+                       with_shortcuts)
 from ._outputs import OutputChecker
 from ._problem import OP_N, OP_T, Operands, canonical
 from ._resets import OperandResets
@@ -246,7 +247,7 @@ class Matmul(OperandResets):
         self._scales = Scales(types, self.device, self._host, has_c)
         scales = self._scales.check(quantization_scales, stream)
         canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now
-        if plan_arguments is not None:  # the function form's plan() to come: its epilog inputs are checked now
+        if plan_arguments is not None:  # the function form's plan() to come: its arguments are checked now
             self._checked_plan_arguments(*plan_arguments)
         # a GPU scalar is copied back (which waits): after every check that needs nothing of it
         self.alpha.set(1.0 if alpha is None else alpha)
@@ -336,7 +337,9 @@ class Matmul(OperandResets):
             An item of ``algorithms`` is not an algorithm.
         CublasLtError
             cuBLASLt has no algorithm for the problem (``CUBLAS_STATUS_NOT_SUPPORTED``, with what
-            is known of why).
+            is known of why); ``preferences.limit`` is 0 and no ``algorithms`` are given
+            (``CUBLAS_STATUS_INVALID_VALUE``, as nvmath-python's users get it, refused before any
+            GPU work; also a ``ValueError``).
         CudaError
             The workspace could not be allocated.
 
@@ -361,7 +364,7 @@ class Matmul(OperandResets):
         with _cuda.on_device(self.device):
             return self._plan(epilog, epilog_inputs, preferences, algorithms)
 
-    def _checked_plan_arguments(self, epilog, epilog_inputs, preferences) -> tuple:
+    def _checked_plan_arguments(self, epilog, epilog_inputs, preferences, algorithms) -> tuple:
         """plan()'s checks that need no GPU: (epilog, preferences, problem, aux dtype, aux scale, the
         inputs as read, the epilog prepared on them; host inputs on their device copies' layout)."""
         lib = self._lib
@@ -370,6 +373,8 @@ class Matmul(OperandResets):
             version = ".".join(map(str, lib.version_tuple))
             raise NvblasltValueError(f"epilog: {epilog.name} is not an epilogue of the loaded cuBLASLt {version}")
         prefs = as_options(MatmulPlanPreferences, preferences, "preferences")
+        if algorithms is None:  # the heuristics will be asked: a limit they refuse is refused now
+            check_heuristics_limit(prefs, lib)
         # 1. the canonical problem; 2. the epilog prepared on it
         problem = canonical(self.operands, epilog)
         given, aux_scale = _epilogs.split_aux_scale(epilog_inputs)
@@ -387,7 +392,7 @@ class Matmul(OperandResets):
     def _plan(self, epilog, epilog_inputs, preferences, algorithms):
         lib = self._lib
         epilog, prefs, problem, aux_dtype, aux_scale, inputs, prepared = \
-            self._checked_plan_arguments(epilog, epilog_inputs, preferences)
+            self._checked_plan_arguments(epilog, epilog_inputs, preferences, algorithms)
         # host inputs: copied once checked (the plan's once it commits), and prepared on their copies
         staged = {key: _host.stage(op, self.device, self.stream) for key, op in inputs.items() if op.host}
         if staged:
