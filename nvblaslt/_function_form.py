@@ -184,6 +184,12 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
     CudaError
         A CUDA runtime call failed: device memory, a copy, or no usable GPU and driver.
 
+    Warns
+    -----
+    UserWarning
+        ``result_type`` (or ``options.result_type``) is given with ``options.inplace``: the result
+        is ``c`` itself, of ``c``'s dtype, and the result type is ignored (as in nvmath-python).
+
     See Also
     --------
     Matmul : the stateful form: plan once, autotune, execute many times.
@@ -336,7 +342,7 @@ def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epil
         # plan()'s arguments are checked as plan() checks them before the constructor stages host operands
         plan = Matmul.from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
                                      quantization_scales=quantization_scales, qualifiers=qualifiers,
-                                     plan_arguments=(epilog, inputs, prefs, algorithms))
+                                     plan_arguments=(epilog, inputs, prefs, algorithms), stacklevel=4)
         try:
             if out is not None:  # checked against the result's layout before the heuristics run
                 OutputChecker(framework, a_op.host, canonical(plan.operands, epilog),

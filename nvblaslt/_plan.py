@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,6 +120,12 @@ class Matmul(OperandResets):
     CudaError
         Staging host operands or writing the scales failed (no usable GPU and driver, memory).
 
+    Warns
+    -----
+    UserWarning
+        ``options.result_type`` is given with ``options.inplace``: the result is ``c`` itself, of
+        ``c``'s dtype, and the result type is ignored (nvmath-python ignores it too, and logs so).
+
     See Also
     --------
     matmul : the function form, with a per-thread cache of these plans.
@@ -179,22 +186,24 @@ class Matmul(OperandResets):
         checked = with_shortcuts(options, compute_type, result_type)
         ops, framework, stream_h = _reading.read_operands(a, b, c, stream)
         self._setup(ops, c is not None, framework, stream_h, checked, alpha=alpha, beta=beta, qualifiers=qualifiers,
-                    quantization_scales=quantization_scales)
+                    quantization_scales=quantization_scales, stacklevel=3)
 
     @classmethod
     def from_operands(cls, a, b, c, *, stream: int, options: MatmulOptions, alpha=None, beta=None,
-                      quantization_scales=None, qualifiers=None, plan_arguments: tuple | None = None) -> Matmul:
+                      quantization_scales=None, qualifiers=None, plan_arguments: tuple | None = None,
+                      stacklevel: int | None = None) -> Matmul:
         """A Matmul over operands already read (``_operands.Operand``): the function form's and the
-        split form's way in. ``plan_arguments`` (epilog, epilog inputs, preferences), the function
-        form's, are checked as ``plan()`` will check them before any GPU work (host operands staged)."""
+        split form's way in. ``plan_arguments`` (epilog, epilog inputs, preferences, algorithms), the
+        function form's, are checked as ``plan()`` will check them before any GPU work (host operands
+        staged). ``stacklevel``: where the caller's options are warned about (None: not at all)."""
         self = cls.__new__(cls)
         self._setup([x for x in (a, b, c) if x is not None], c is not None, a.framework, stream, options, alpha=alpha,
                     beta=beta, qualifiers=qualifiers, quantization_scales=quantization_scales,
-                    plan_arguments=plan_arguments)
+                    plan_arguments=plan_arguments, stacklevel=None if stacklevel is None else stacklevel + 1)
         return self
 
     def _setup(self, ops, has_c: bool, framework: Framework, stream, options, *, alpha, beta, qualifiers,
-               quantization_scales, plan_arguments: tuple | None = None) -> None:
+               quantization_scales, plan_arguments: tuple | None = None, stacklevel: int | None = None) -> None:
         self.options, self._logger, self._lib, self._framework = options, options.logger or logger, library(), framework
         self._lock = threading.Lock()
         self._released: set[str] | None = None
@@ -241,6 +250,10 @@ class Matmul(OperandResets):
         if beta is not None and not has_c:
             raise NvblasltValueError("beta: given without c; pass c (the matrix beta scales) or drop beta")
         self.alpha, self.beta = Scalar(types.scale, "alpha"), Scalar(types.scale, "beta")
+        if options.inplace and options.result_type is not None and stacklevel is not None:
+            # nvmath-python ignores it too, and logs a warning: said here as for options.fast_accumulation
+            warnings.warn(f"options.result_type: ignored in place, where the result is c itself (so "
+                          f"{types.d.name}); got {options.result_type!r}", UserWarning, stacklevel=stacklevel)
         if options.result_amax and types.d not in _dtypes.FLOAT8:
             raise NvblasltValueError(f"options.result_amax: result_amax=True is allowed only for narrow-precision "
                                      f"(FP8 and lower) results; the result is {types.d.name}")
