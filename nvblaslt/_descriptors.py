@@ -60,24 +60,28 @@ class _Owned:
         self.close()
 
 
+def _member_of(enum_type: type[enum.IntEnum], attribute: Attribute) -> enum.IntEnum:
+    """``attribute`` as a member of ``enum_type``: a member, or its name without the prefix, in any case."""
+    if isinstance(attribute, str):
+        try:
+            return enum_type[attribute.upper()]
+        except KeyError:
+            raise NvblasltValueError(
+                f"attribute: {attribute!r} is not a member of {enum_type.__name__}; "
+                f"known: {', '.join(enum_type.__members__)}"
+            ) from None
+    if not isinstance(attribute, enum_type):
+        raise NvblasltTypeError(f"attribute: expected a {enum_type.__name__} member or its name, got {attribute!r}")
+    return attribute
+
+
 class _Descriptor(_Owned):
     """A descriptor with typed attributes from the generated table."""
 
     _attribute_enum: str
 
     def _member(self, attribute: Attribute) -> enum.IntEnum:
-        enum_type = getattr(self.lib.api, self._attribute_enum)
-        if isinstance(attribute, str):
-            try:
-                return enum_type[attribute.upper()]
-            except KeyError:
-                raise NvblasltValueError(
-                    f"attribute: {attribute!r} is not a member of {enum_type.__name__}; "
-                    f"known: {', '.join(enum_type.__members__)}"
-                ) from None
-        if not isinstance(attribute, enum_type):
-            raise NvblasltTypeError(f"attribute: expected a {enum_type.__name__} member or its name, got {attribute!r}")
-        return attribute
+        return _member_of(getattr(self.lib.api, self._attribute_enum), attribute)
 
     def set(self, attribute: Attribute, value: Any) -> None:
         """Set an attribute, packing ``value`` as the C type the header states.
@@ -409,8 +413,9 @@ class Algorithm:
         self.workspace_size: int | None = None  # known where the heuristics or a check returned it
 
     def _member(self, attribute: Attribute, enum_name: str) -> enum.IntEnum:
-        enum_type = getattr(self.lib.api, enum_name)
-        return enum_type[attribute.upper()] if isinstance(attribute, str) else attribute
+        # a name it lacks or another enum's member is refused as the descriptors refuse them (the member
+        # picks the C getter: another enum's would read the 64-byte struct as that descriptor)
+        return _member_of(getattr(self.lib.api, enum_name), attribute)
 
     def get(self, attribute: Attribute) -> Any:
         """A config attribute of this algorithm (``ID``, ``TILE_ID``, ``SPLITK_NUM``, …).
@@ -429,11 +434,13 @@ class Algorithm:
 
         Raises
         ------
-        KeyError
-            ``attribute`` is a name that is not a member.
-        NvblasltValueError, NvblasltTypeError, CublasLtError
-            A member the loaded library does not know, a member of another enum, or the library
-            refuses.
+        NvblasltValueError
+            ``attribute`` is a name that is not a member (the message lists the known ones), or a
+            member the loaded library does not know.
+        NvblasltTypeError
+            ``attribute`` is a member of another enum, or neither a member nor a name.
+        CublasLtError
+            The library refuses.
 
         Examples
         --------
@@ -460,11 +467,14 @@ class Algorithm:
 
         Raises
         ------
-        KeyError
-            ``attribute`` is a name that is not a member.
-        NvblasltValueError, NvblasltTypeError, CublasLtError
-            A value the C type cannot hold, an attribute the loaded library does not know, or the
-            library refuses.
+        NvblasltValueError
+            ``attribute`` is a name that is not a member (the message lists the known ones), an
+            attribute the loaded library does not know, or a value the C type cannot hold.
+        NvblasltTypeError
+            ``attribute`` is a member of another enum, or neither a member nor a name; a value of
+            a type the C type cannot hold.
+        CublasLtError
+            The library refuses.
 
         Examples
         --------
@@ -496,11 +506,13 @@ class Algorithm:
 
         Raises
         ------
-        KeyError
-            ``attribute`` is a name that is not a member.
-        NvblasltValueError, NvblasltTypeError, CublasLtError
-            A member the loaded library does not know, or the library refuses (an algorithm it
-            did not make).
+        NvblasltValueError
+            ``attribute`` is a name that is not a member (the message lists the known ones), or a
+            member the loaded library does not know.
+        NvblasltTypeError
+            ``attribute`` is a member of another enum, or neither a member nor a name.
+        CublasLtError
+            The library refuses (an algorithm it did not make).
 
         Examples
         --------
