@@ -11,6 +11,7 @@ every name in ``__all__``.
 
 from ._descriptors import (
     Algorithm,
+    GroupedMatrixLayout,
     Handle,
     HeuristicResult,
     MatmulDesc,
@@ -33,6 +34,7 @@ from ._errors import (
 from ._epilogs import MatmulEpilog
 from ._loader import Library, library, load
 from ._function_form import clear_plan_cache, matmul
+from ._grouped import GroupedMatmul, clear_grouped_plans, grouped_matmul
 from ._options import (MatmulEpilogPreferences, MatmulOptions, MatmulPlanPreferences, MatmulQuantizationScales,
                        qualifiers_dtype)
 from ._plan import Matmul
@@ -42,11 +44,13 @@ from ._logging import set_log_level
 from ._version import __version__  # written once, in _version.py (pyproject reads it too)
 
 __all__ = [
-    "Algorithm", "CublasLtError", "CudaError", "DeviceArray", "Handle", "HeuristicResult", "Library",
+    "Algorithm", "CublasLtError", "CudaError", "DeviceArray", "GroupedMatmul", "GroupedMatrixLayout", "Handle",
+    "HeuristicResult", "Library",
     "LibraryNotFoundError", "Matmul", "MatmulDesc", "MatmulEpilog", "MatmulEpilogPreferences", "MatmulOptions",
     "MatmulPlanPreferences", "MatmulPreference", "MatmulQuantizationScales",
     "MatrixLayout", "NvblasltAlgorithmError", "NvblasltArgumentError", "NvblasltError", "NvblasltStateError",
-    "NvblasltTypeError", "NvblasltUnsupportedError", "NvblasltValueError", "clear_plan_cache", "heuristics",
+    "NvblasltTypeError", "NvblasltUnsupportedError", "NvblasltValueError", "clear_grouped_plans", "clear_plan_cache",
+    "grouped_matmul", "heuristics",
     "library", "load", "lt", "matmul", "set_log_level",
 ]
 

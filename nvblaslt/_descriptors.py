@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 from . import _cuda
 from ._attributes import attribute_size, get_attribute, set_attribute, supported
-from ._errors import NvblasltError, NvblasltTypeError, NvblasltValueError, argument_error
+from ._errors import NvblasltError, NvblasltTypeError, NvblasltUnsupportedError, NvblasltValueError, argument_error
+from ._grouped_version import API_VERSION, require_grouped
 from ._loader import Library, library
 
 # An attribute: its enum member, or the member's name without the prefix ("EPILOGUE_AUX_LD").
@@ -292,6 +293,52 @@ class MatrixLayout(_Descriptor):
         if batch_count != 1:
             self.set("BATCH_COUNT", batch_count)
             self.set("STRIDED_BATCH_OFFSET", batch_stride)
+
+
+class GroupedMatrixLayout(MatrixLayout):
+    """``cublasLtGroupedMatrixLayoutCreate``: a layout whose every group has its own rows, columns
+    and leading dimension, read from device arrays when the matmul runs (experimental in cuBLASLt).
+
+    Parameters
+    ----------
+    data_type : int
+        The elements' ``cudaDataType``.
+    group_count : int
+        The number of groups.
+    rows_array, cols_array, ld_array : int
+        Device pointers to ``group_count`` integers each (int64 unless ``integer_width`` says 32).
+    integer_width : int, optional
+        64 (default) or 32: the arrays' element width.
+    lib : Library, optional
+
+    Raises
+    ------
+    NvblasltUnsupportedError
+        The library has no grouped layouts (cuBLAS older than 13.2).
+
+    Examples
+    --------
+    >>> from nvblaslt import GroupedMatrixLayout, library, lt
+    >>> if library().version >= 130200:  # pointers are only stored until a matmul runs
+    ...     layout = GroupedMatrixLayout(lt.CUDA_R_16BF, 8, 0x7000_0000, 0x7000_0040, 0x7000_0080)
+    ...     assert layout.get("BATCH_MODE") == lt.CUBLASLT_BATCH_MODE_GROUPED
+    """
+
+    def __init__(self, data_type: int, group_count: int, rows_array: int, cols_array: int, ld_array: int, *,
+                 integer_width: int = 64, lib: Library | None = None):
+        data_type = _integer("data_type", data_type, *_INT32)
+        group_count = _integer("group_count", group_count, 1, _INT32[1])
+        pointers = [_integer(name, value, 0, 2**64 - 1) for name, value in
+                    (("rows_array", rows_array), ("cols_array", cols_array), ("ld_array", ld_array))]
+        if integer_width not in (32, 64):
+            raise NvblasltUnsupportedError(f"integer_width: expected 32 or 64, got {integer_width!r}")
+        lib = lib or library()
+        require_grouped(lib, API_VERSION)  # the function exists from 13.2
+        _Descriptor.__init__(self, lib, _create(lib.cublasLtGroupedMatrixLayoutCreate, data_type, group_count,
+                                                *pointers))
+        width = getattr(lib.api, f"CUBLASLT_INTEGER_WIDTH_{integer_width}")
+        self.set("GROUPED_MATRIX_LAYOUT_ROWS_COLS_ARRAY_INTEGER_WIDTH", int(width))
+        self.set("GROUPED_MATRIX_LAYOUT_LD_ARRAY_INTEGER_WIDTH", int(width))
 
 
 class MatmulPreference(_Descriptor):

@@ -33,8 +33,10 @@ FLOAT8_E4M3 = DType("float8_e4m3fn", 1, "CUDA_R_8F_E4M3", (10, 8), None)
 FLOAT8_E5M2 = DType("float8_e5m2", 1, "CUDA_R_8F_E5M2", (12, 8), None)
 INT8 = DType("int8", 1, "CUDA_R_8I", (0, 8), "|i1")  # the ReLU bitmask's storage
 UINT8 = DType("uint8", 1, "CUDA_R_8U", (1, 8), "|u1")
+INT32 = DType("int32", 4, "CUDA_R_32I", (0, 32), "<i4")  # grouped GEMM's offsets
+INT64 = DType("int64", 8, "CUDA_R_64I", (0, 64), "<i8")
 
-ALL = (FLOAT32, FLOAT16, BFLOAT16, FLOAT64, COMPLEX64, COMPLEX128, FLOAT8_E4M3, FLOAT8_E5M2, INT8, UINT8)
+ALL = (FLOAT32, FLOAT16, BFLOAT16, FLOAT64, COMPLEX64, COMPLEX128, FLOAT8_E4M3, FLOAT8_E5M2, INT8, UINT8, INT32, INT64)
 BY_DLPACK = {d.dlpack: d for d in ALL}
 BY_TYPESTR = {d.typestr: d for d in ALL if d.typestr}
 BY_NAME = {d.name: d for d in ALL}

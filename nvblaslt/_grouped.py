@@ -1,0 +1,413 @@
+"""Grouped GEMM: one cuBLASLt call for every group of a ragged split (mixture-of-experts layers).
+
+``grouped_matmul(a, b, offs)`` has ``torch._grouped_mm``'s semantics (``_grouped_problem`` lists the
+four forms) on any GPU arrays, and returns the result in the operands' package. ``GroupedMatmul``
+is the stateful form: a plan made once per (groups, extents but the ragged one, dtypes, layout,
+alignment) that runs again with new operands and new offsets, which never leave the GPU: each
+``execute`` queues a small kernel (``_grouped_arrays``) that writes cuBLASLt's per-group arrays,
+then the GEMM, with no host synchronization, so it can be captured in a CUDA graph.
+
+Each plan owns its workspace and arrays. A plan used from another stream than last time makes that
+stream wait for the earlier work first, so two streams never share them at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from . import _cuda, _dtypes, _grouped_problem, _memory, _operands
+from ._cuda import cudart
+from ._descriptors import GroupedMatrixLayout, Handle, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
+from ._errors import CublasLtError, NvblasltStateError, NvblasltValueError
+from ._grouped_arrays import GroupedArrays
+from ._grouped_version import require_grouped
+from ._grouped_problem import GroupedProblem
+from ._launch import raw_function
+from ._loader import library
+from ._memory import DeviceBuffer
+from ._streams import stream_handle
+
+WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
+_ENV_CHECK = "NVBLASLT_CHECK_OFFSETS"
+
+
+def _check_offsets_default() -> bool:
+    return os.environ.get(_ENV_CHECK, "") not in ("", "0")
+
+
+def _stream(a, stream) -> int:
+    """``stream``'s handle, or the current stream of ``a``'s package on its device."""
+    return stream_handle(stream) if stream is not None else _operands.framework_of(a).stream_of(a)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Operands read for one call (``a``, ``b``, ``offs`` as ``Operand``s) and the problem they pose."""
+
+    problem: GroupedProblem
+    operands: tuple
+
+
+def bind(a, b, offs, stream: int, out_dtype=None, defaults: tuple = (None, None, None)) -> Bound:
+    """Read the operands (each default ``defaults``' where not given), all on one device, and describe them."""
+    a_op = _read(a, "a", stream) if a is not None else defaults[0]
+    b_op = _read(b, "b", stream) if b is not None else defaults[1]
+    offs_op = _read(offs, "offs", stream) if offs is not None else defaults[2]
+    for name, op in (("b", b_op), ("offs", offs_op)):
+        if op is not None and op.device != a_op.device:
+            raise NvblasltValueError(f"{name}: expected an array on device {a_op.device} (a's), got device "
+                                     f"{op.device}")
+    return Bound(_grouped_problem.describe(a_op, b_op, offs_op, out_dtype=out_dtype), (a_op, b_op, offs_op))
+
+
+def _read(obj, name: str, stream: int):
+    op = _operands.read(obj, name, stream)
+    if op.host:
+        raise NvblasltValueError(f"{name}: expected an array on the GPU (grouped GEMM reads offsets on the device "
+                                 f"and never stages host arrays), got a host {op.describe()}")
+    return op
+
+
+class GroupedMatmul:
+    """A grouped GEMM plan: ``out_g = a_g · b_g`` for every group, in one cuBLASLt call.
+
+    Parameters
+    ----------
+    a, b : arrays on the GPU
+        bfloat16 or float16, 2-D or 3-D as ``torch._grouped_mm`` takes them (``grouped_matmul`` lists the forms).
+    offs : 1-D int32 or int64 GPU array, optional
+        The groups' cumulative ends along the ragged extent; None for 3-D × 3-D.
+    out_dtype : dtype, optional
+        The operands' dtype (default) or float32.
+    stream : int or stream object, optional
+        Where the plan's memory is made; default the operands' package's current stream.
+    workspace_bytes : int, optional
+        The most workspace an algorithm may use (default 32 MiB).
+
+    Raises
+    ------
+    NvblasltUnsupportedError
+        The loaded cuBLASLt is older than 13.4, or a dtype grouped GEMM does not run.
+    NvblasltTypeError, NvblasltValueError
+        An operand of the wrong kind, dtype or shape; host arrays.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        plan = nvblaslt.GroupedMatmul(tokens, experts.transpose(1, 2), offs)   # experts: (G, N, K)
+        plan.plan()
+        for tokens, offs in batches:                  # new token counts and offsets reuse the plan
+            hidden = plan.execute(tokens, experts.transpose(1, 2), offs)
+        plan.free()
+    """
+
+    def __init__(self, a, b, offs=None, *, out_dtype: Any = None, stream: Any = None,
+                 workspace_bytes: int = WORKSPACE_BYTES):
+        stream_h = _stream(a, stream)
+        self.out_dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
+        bound = bind(a, b, offs, stream_h, self.out_dtype)
+        self.lib = library()
+        require_grouped(self.lib)
+        self.problem, self._operands = bound.problem, bound.operands
+        a_op = bound.operands[0]
+        self.device, self.framework = a_op.device, a_op.framework
+        self.stream = self._last_stream = stream_h
+        self.workspace_bytes = workspace_bytes
+        self.algorithms: list[HeuristicResult] = []
+        self.algorithm: HeuristicResult | None = None
+        self.workspace: DeviceBuffer | None = None
+        self._matmul = raw_function(self.lib.cublasLtMatmul)
+        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        with _cuda.on_device(self.device):
+            if _cuda.is_capturing(stream_h):
+                raise NvblasltStateError("stream: a CUDA graph is being captured on it; make the grouped plan "
+                                         "before the capture (planning allocates device memory)")
+            self.handle = Handle.for_device(self.device)
+            self.arrays = GroupedArrays(self.problem, self.device, stream_h)
+            self.desc, self.layouts, self.preference = self._descriptors()
+
+    def _descriptors(self):
+        problem, api, arrays = self.problem, self.lib.api, self.arrays
+        desc = MatmulDesc(api.CUBLAS_COMPUTE_32F, api.CUDA_R_32F, lib=self.lib)
+        desc.set("TRANSA", int(api.CUBLAS_OP_T if problem.transa else api.CUBLAS_OP_N))
+        desc.set("TRANSB", int(api.CUBLAS_OP_T if problem.transb else api.CUBLAS_OP_N))
+
+        def layout(index: int, dtype) -> GroupedMatrixLayout:
+            return GroupedMatrixLayout(int(getattr(api, dtype.cuda)), problem.groups, arrays.array(index, 0),
+                                       arrays.array(index, 1), arrays.array(index, 2), lib=self.lib)
+        a = layout(0, problem.a.dtype)
+        b = layout(1, problem.b.dtype)
+        d = layout(2, problem.d.dtype)
+        c = layout(2, problem.d.dtype)  # beta is 0: C is D's layout and D's pointers
+        preference = MatmulPreference(max_workspace_bytes=self.workspace_bytes, lib=self.lib)
+        for key, matrix in (("A", problem.a), ("B", problem.b), ("C", problem.d), ("D", problem.d)):
+            preference.set(f"MIN_ALIGNMENT_{key}_BYTES", matrix.alignment)
+        k, rows, cols = problem.average
+        preference.set("GROUPED_AVERAGE_REDUCTION_DIM", k)
+        preference.set("GROUPED_DESC_D_AVERAGE_ROWS", rows)
+        preference.set("GROUPED_DESC_D_AVERAGE_COLS", cols)
+        return desc, [a, b, c, d], preference
+
+    def plan(self, *, limit: int = 8, algorithm: HeuristicResult | None = None) -> list[HeuristicResult]:
+        """Ask cuBLASLt's heuristics for algorithms and select one; make the workspace it needs.
+
+        Parameters
+        ----------
+        limit : int, optional
+            The most algorithms to ask for (default 8).
+        algorithm : HeuristicResult, optional
+            One of those returned, to select instead of the first.
+
+        Returns
+        -------
+        list of HeuristicResult
+            The algorithms, best first (also ``algorithms``).
+
+        Raises
+        ------
+        CublasLtError
+            ``CUBLAS_STATUS_NOT_SUPPORTED``: cuBLASLt has no grouped algorithm for the problem on this GPU.
+        """
+        a, b, c, d = self.layouts
+        try:
+            found = heuristics(self.handle, self.desc, a, b, c, d, self.preference, count=limit)
+        except CublasLtError as error:
+            if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
+                raise
+            found = []
+        if not found:
+            status = int(self.lib.api.CUBLAS_STATUS_NOT_SUPPORTED)
+            raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, self.lib.status_name(status),
+                                self.lib.status_string(status),
+                                f"cuBLASLt has no grouped algorithm for {self._describe()} on this GPU")
+        self.algorithms = found
+        self.select(algorithm if algorithm is not None else found[0])
+        return found
+
+    def select(self, algorithm: HeuristicResult) -> None:
+        """Run ``algorithm`` from now on, its workspace made if larger than the one held.
+
+        Parameters
+        ----------
+        algorithm : HeuristicResult
+            One of ``algorithms`` (what ``plan()`` returned).
+        """
+        if not any(algorithm is r or algorithm.as_bytes() == r.as_bytes() for r in self.algorithms):
+            raise NvblasltValueError("algorithm: expected one of this plan's algorithms (plan() returns them)")
+        if algorithm.workspace_size > (self.workspace.size if self.workspace is not None else 0):
+            if self.workspace is not None:
+                self.workspace.release()
+            self.workspace = DeviceBuffer(algorithm.workspace_size, self._last_stream)
+        self.algorithm = algorithm
+
+    def _describe(self) -> str:
+        p = self.problem
+        return (f"{p.groups} groups ({p.form}, ragged {p.ragged or 'none'}), {p.b.dtype.name} → {p.d.dtype.name}, "
+                f"transa={p.transa}, transb={p.transb}")
+
+    def execute(self, a=None, b=None, offs=None, *, out=None, stream: Any = None, check_offsets: bool | None = None):
+        """Run the plan on new operands and offsets, returning the result; nothing waits for the GPU.
+
+        Parameters
+        ----------
+        a, b, offs : arrays, optional
+            New operands and offsets (each default: the last ones). They must match the plan in
+            everything but the ragged extent's total, their pointers aligned at least as the plan's were.
+        out : array, optional
+            Where the result goes (contiguous, the result's shape and dtype); default a new array.
+        stream : int or stream object, optional
+            Default: the operands' package's current stream.
+        check_offsets : bool, optional
+            Wait for the GPU and refuse offsets out of order, out of range, or not ending at the
+            operand's extent (default ``$NVBLASLT_CHECK_OFFSETS``): a debugging aid.
+
+        Returns
+        -------
+        array
+            The result, in the operands' package (``out`` if given).
+        """
+        stream_h = stream_handle(stream) if stream is not None else self.framework.stream_of(
+            a if a is not None else self._operands[0].obj)
+        bound = bind(a, b, offs, stream_h, self.out_dtype, defaults=self._operands)
+        if bound.problem.key != self.problem.key:
+            raise NvblasltValueError(
+                f"a, b, offs: expected operands this plan was made for ({self._describe()}, alignment "
+                f"{self.problem.b.alignment}/{self.problem.a.alignment} bytes), got ones that differ in more than "
+                f"the ragged extent; make a new plan (grouped_matmul keeps one per problem)")
+        return self.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
+
+    def run(self, bound: Bound, *, out, stream: int, check_offsets: bool | None):
+        """``execute`` for operands already read and known to fit this plan (``grouped_matmul``'s path).
+
+        Parameters
+        ----------
+        bound : Bound
+            What ``bind`` returned for the operands.
+        out, check_offsets
+            As for ``execute``.
+        stream : int
+            The stream's handle.
+
+        Returns
+        -------
+        array
+            The result, in the operands' package (``out`` if given).
+        """
+        if self.algorithm is None:
+            raise NvblasltStateError("execute: plan() first: no algorithm is selected")
+        problem, (a_op, b_op, offs_op) = bound.problem, bound.operands
+        self._operands = bound.operands  # kept alive until the next call replaces them
+        stream_h = stream
+        out_dtype = problem.d.dtype
+        if out is None:
+            allocate = _memory.strided_allocator(self.framework, problem.out_shape, problem.out_strides, out_dtype,
+                                                 self.device)
+            result, out_pointer = allocate(stream_h, stream_h)
+            result = self.framework.hand_back(result)
+        else:
+            out_op = _read(out, "out", stream_h)
+            if out_op.shape != problem.out_shape or out_op.strides != problem.out_strides or out_op.dtype != out_dtype:
+                raise NvblasltValueError(f"out: expected a contiguous {out_dtype.name} array of shape "
+                                         f"{problem.out_shape}, got {out_op.describe()}")
+            result, out_pointer = out, out_op.ptr
+        if _grouped_problem.pointer_alignment(out_pointer) < problem.d.alignment:
+            raise NvblasltValueError(f"out: its pointer is aligned to {_grouped_problem.pointer_alignment(out_pointer)}"
+                                     f" bytes; this plan needs {problem.d.alignment}")
+        check = _check_offsets_default() if check_offsets is None else bool(check_offsets)
+        with _cuda.on_device(self.device):
+            if stream_h != self._last_stream:
+                _memory.wait_for(self._last_stream, stream_h)  # the arrays and workspace: one stream at a time
+                self._last_stream = stream_h
+            if problem.form == "2d2d":
+                # a group with no K still has a result (zeros); cuBLASLt is not relied on to write one
+                nbytes = problem.out_shape[0] * problem.out_strides[0] * out_dtype.itemsize
+                _cuda.check(cudart.cudaMemsetAsync(out_pointer, 0, nbytes, stream_h), "cudaMemsetAsync")
+            self.arrays.derive(offs_op.ptr if offs_op is not None else 0,
+                               offs_op is not None and offs_op.dtype == _dtypes.INT64, problem.total,
+                               (b_op.ptr, a_op.ptr, out_pointer), stream_h, check=check)
+            self._launch(stream_h)
+        return result
+
+    def _launch(self, stream: int) -> None:
+        assert self.algorithm is not None
+        a, b, c, d = self.layouts
+        arrays = self.arrays
+        workspace = self.workspace.pointer if self.workspace is not None else 0
+        status = self._matmul(
+            ctypes.c_void_p(self.handle.handle), ctypes.c_void_p(self.desc.handle), ctypes.byref(self._alpha),
+            ctypes.c_void_p(arrays.pointer_array(0)), ctypes.c_void_p(a.handle),
+            ctypes.c_void_p(arrays.pointer_array(1)), ctypes.c_void_p(b.handle), ctypes.byref(self._beta),
+            ctypes.c_void_p(arrays.pointer_array(2)), ctypes.c_void_p(c.handle),
+            ctypes.c_void_p(arrays.pointer_array(2)), ctypes.c_void_p(d.handle),
+            ctypes.byref(self.algorithm.algorithm.algo), ctypes.c_void_p(workspace),
+            ctypes.c_size_t(self.algorithm.workspace_size), ctypes.c_void_p(stream))
+        if status:
+            raise CublasLtError("cublasLtMatmul", status, self.lib.status_name(status), self.lib.status_string(status))
+        if self.workspace is not None:
+            self.workspace.used_on(stream)
+
+    def free(self) -> None:
+        """Release the workspace and arrays, stream-ordered after the work queued so far."""
+        if self.workspace is not None:
+            self.workspace.release()
+            self.workspace = None
+        self.arrays.release()
+        self.algorithm = None
+
+    def __enter__(self) -> GroupedMatmul:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+
+_plans = threading.local()  # one cache per thread: cuBLASLt handles are per thread
+_MAX_PLANS = 64
+
+
+def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: Any = None,
+                   check_offsets: bool | None = None):
+    """``out_g = a_g · b_g`` for every group of a ragged split, in one cuBLASLt call (``torch._grouped_mm``).
+
+    =====================  =====================  =================  =========================
+    a                      b                      result             offs splits
+    =====================  =====================  =================  =========================
+    (ΣM, K)                (G, K, N)              (ΣM, N)            a's rows (tokens)
+    (G, M, K)              (K, ΣN)                (M, ΣN)            b's columns
+    (M, ΣK)                (ΣK, N)                (G, M, N)          K (a weight gradient)
+    (G, M, K)              (G, K, N)              (G, M, N)          nothing (``offs`` None)
+    =====================  =====================  =================  =========================
+
+    Parameters
+    ----------
+    a, b : GPU arrays of any package (DLPack or ``__cuda_array_interface__``)
+        bfloat16 or float16; each group's matrix row- or column-major.
+    offs : 1-D int32 or int64 GPU array
+        Cumulative group ends (``offs[g]`` is where group g ends; group 0 starts at 0). Never read on
+        the host. Rows of a 2-D result past ``offs[-1]`` are left unwritten, as in PyTorch.
+    out_dtype : dtype, optional
+        The operands' dtype (default) or float32.
+    out : array, optional
+        Where the result goes (contiguous, the result's shape and dtype); default a new array.
+    stream : int or stream object, optional
+        Default: the operands' package's current stream.
+    check_offsets : bool, optional
+        Wait for the GPU and refuse bad offsets (default ``$NVBLASLT_CHECK_OFFSETS``).
+
+    Returns
+    -------
+    array
+        The result, in the operands' package (``out`` if given).
+
+    Raises
+    ------
+    NvblasltUnsupportedError
+        cuBLASLt older than 13.4 (the message says how to get a newer one), or an unsupported dtype.
+    NvblasltTypeError, NvblasltValueError
+        Operands or offsets of the wrong kind, dtype, shape or device.
+    CublasLtError
+        cuBLASLt has no grouped algorithm for the problem on this GPU.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        tokens = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)    # sorted by expert
+        experts = torch.randn(8, 14336, 4096, device="cuda", dtype=torch.bfloat16)
+        offs = torch.tensor([900, 2100, 2100, 4000, 5200, 6000, 7300, 8192], device="cuda", dtype=torch.int32)
+        hidden = nvblaslt.grouped_matmul(tokens, experts.transpose(1, 2), offs)   # (8192, 14336)
+    """
+    stream_h = _stream(a, stream)
+    dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
+    bound = bind(a, b, offs, stream_h, dtype)
+    cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
+    key = (bound.problem.key, dtype, bound.operands[0].device)
+    plan = cache.get(key)
+    if plan is None:
+        plan = GroupedMatmul(a, b, offs, out_dtype=dtype, stream=stream_h)
+        plan.plan()
+        cache[key] = plan
+        if len(cache) > _MAX_PLANS:
+            cache.popitem(last=False)[1].free()
+    else:
+        cache.move_to_end(key)
+    return plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
+
+
+def clear_grouped_plans() -> None:
+    """Free this thread's cached grouped plans (stream-ordered): their workspaces and arrays.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> nvblaslt.clear_grouped_plans()
+    """
+    cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
+    while cache:
+        cache.popitem()[1].free()

@@ -1,0 +1,133 @@
+"""cuBLASLt's per-group arrays for a grouped GEMM, derived on the GPU from device-side offsets.
+
+cuBLASLt's grouped mode reads every group's rows, columns, leading dimension and matrix pointer
+from device arrays. The offsets that split the tokens are on the GPU too, and reading them on the
+host would cost a synchronization per call (and break CUDA-graph capture). So one small kernel
+(``_jit``) writes the arrays in stream order, right before the GEMM: one thread per group.
+
+Offsets out of order or outside the operands are clamped, so no group reads or writes outside its
+operand (the result is then wrong for those groups, never memory outside it), and flagged in a
+status word that ``check`` reads at the cost of a synchronization.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from . import _cuda, _jit
+from ._cuda import cudart
+from ._errors import NvblasltValueError
+from ._grouped_problem import GroupedMatrix, GroupedProblem
+from ._memory import DeviceBuffer
+
+KERNEL = "nvblaslt_grouped_arrays"
+SOURCE = r"""
+struct Spec {  // one GroupedMatrix: extents, lead, raggedness and strides (bytes)
+    long long rows, cols, ld, rows_ragged, cols_ragged, group_stride, ragged_stride, pad;
+};
+
+extern "C" __global__ void nvblaslt_grouped_arrays(
+        const void* offs, int offs_64, int groups, long long total, const Spec* specs,
+        unsigned long long base_a, unsigned long long base_b, unsigned long long base_d,
+        long long* shapes, unsigned long long* pointers, int* status) {
+    const int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= groups) return;
+    long long start = 0, end = total;
+    if (offs != nullptr) {
+        const long long* o64 = static_cast<const long long*>(offs);
+        const int* o32 = static_cast<const int*>(offs);
+        end = offs_64 ? o64[g] : o32[g];
+        start = g == 0 ? 0 : (offs_64 ? o64[g - 1] : o32[g - 1]);
+        if (start < 0 || end < start || end > total) {
+            atomicOr(status, 1);  // out of order or outside the operand: clamped below
+        }
+        if (g == groups - 1 && end != total) {
+            atomicOr(status, 2);  // the last group ends before the operand does: those rows stay unwritten
+        }
+        start = start < 0 ? 0 : (start > total ? total : start);
+        end = end < start ? start : (end > total ? total : end);
+    }
+    const long long size = end - start;
+    const unsigned long long bases[3] = {base_a, base_b, base_d};
+    for (int x = 0; x < 3; ++x) {
+        const Spec s = specs[x];
+        const bool ragged = s.rows_ragged || s.cols_ragged;
+        shapes[(3 * x + 0) * groups + g] = s.rows_ragged ? size : s.rows;
+        shapes[(3 * x + 1) * groups + g] = s.cols_ragged ? size : s.cols;
+        shapes[(3 * x + 2) * groups + g] = s.ld;
+        pointers[x * groups + g] = bases[x] + g * s.group_stride + (ragged ? start * s.ragged_stride : 0);
+    }
+}
+"""
+_SPEC_WORDS = 8
+_THREADS = 128
+_ARGUMENT_TYPES = (_jit.POINTER, _jit.INT32, _jit.INT32, _jit.INT64, _jit.POINTER, _jit.INT64, _jit.INT64,
+                   _jit.INT64, _jit.POINTER, _jit.POINTER, _jit.POINTER)
+STATUS_MESSAGES = {
+    1: "offsets out of order, negative, or past the operand's extent (those groups were clamped into it)",
+    2: "the last offset is not the operand's extent (rows past it are left unwritten)",
+}
+
+
+def _spec(matrix: GroupedMatrix) -> list[int]:
+    size = matrix.dtype.itemsize
+    return [matrix.rows, matrix.cols, matrix.ld, int(matrix.rows_ragged), int(matrix.cols_ragged),
+            matrix.group_stride * size, matrix.ragged_stride * size, 0]
+
+
+class GroupedArrays:
+    """The device arrays of one grouped plan: shapes (rows, cols, ld of A, B, D), pointers (A, B,
+    D; C shares D's), the matrices' specs and a status word. Made once per plan; every execute
+    rewrites shapes and pointers on its stream."""
+
+    def __init__(self, problem: GroupedProblem, device: int, stream: int):
+        groups = problem.groups
+        self.groups, self.device, self.total = groups, device, problem.total
+        self.kernel = _jit.kernel(SOURCE, KERNEL, device)
+        words = 12 * groups + 3 * _SPEC_WORDS + 1
+        self.buffer = DeviceBuffer(8 * words, stream)
+        base = self.buffer.pointer
+        self.shapes = base
+        self.pointers = base + 8 * 9 * groups
+        self.specs = base + 8 * 12 * groups
+        self.status = self.specs + 8 * 3 * _SPEC_WORDS
+        values = _spec(problem.a) + _spec(problem.b) + _spec(problem.d) + [0]
+        host = (ctypes.c_longlong * len(values))(*values)
+        _cuda.check(cudart.cudaMemcpyAsync(self.specs, ctypes.addressof(host), ctypes.sizeof(host),
+                                           cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
+        _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # before `host` goes
+
+    def array(self, matrix: int, field: int) -> int:
+        """Device pointer of one shape array: ``matrix`` 0/1/2 for A/B/D, ``field`` 0/1/2 for rows/cols/ld."""
+        return self.shapes + 8 * (3 * matrix + field) * self.groups
+
+    def pointer_array(self, matrix: int) -> int:
+        """Device pointer of A's (0), B's (1) or D's (2) array of per-group matrix pointers."""
+        return self.pointers + 8 * matrix * self.groups
+
+    def derive(self, offsets: int, offsets_64: bool, total: int, bases: tuple[int, int, int], stream: int,
+               *, check: bool = False) -> None:
+        """Queue the kernel that writes shapes and pointers for these operands on ``stream``."""
+        if check:
+            _cuda.check(cudart.cudaMemsetAsync(self.status, 0, 4, stream), "cudaMemsetAsync")
+        arguments = (offsets, int(offsets_64), self.groups, total, self.specs, *bases, self.shapes, self.pointers,
+                     self.status)
+        blocks = (self.groups + _THREADS - 1) // _THREADS
+        self.kernel.launch(self.device, blocks, _THREADS, stream, arguments, _ARGUMENT_TYPES)
+        self.buffer.used_on(stream)
+        if check:
+            self.raise_on_status(stream)
+
+    def raise_on_status(self, stream: int) -> None:
+        """Wait for ``stream`` and refuse offsets the kernel flagged (the debug check)."""
+        value = ctypes.c_int(0)
+        _cuda.check(cudart.cudaMemcpyAsync(ctypes.addressof(value), self.status, 4,
+                                           cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync")
+        _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        problems = [text for bit, text in STATUS_MESSAGES.items() if value.value & bit]
+        if problems:
+            raise NvblasltValueError(f"offs: {'; '.join(problems)} (the operand's extent along the groups is "
+                                     f"{self.total})")
+
+    def release(self) -> None:
+        self.buffer.release()

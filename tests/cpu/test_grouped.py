@@ -1,0 +1,236 @@
+"""Grouped GEMM without a GPU: the layout every group gets, checked by running cuBLASLt's column-major
+semantics in NumPy on the very arrays, offsets and pointers the GPU kernel derives; argument checks;
+the grouped descriptors against the real library; the derive kernel compiles."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from nvblaslt import _grouped_problem, _operands
+from nvblaslt._errors import NvblasltTypeError, NvblasltUnsupportedError, NvblasltValueError
+
+
+def op(array, name="x"):
+    return _operands.read(array, name, 0)
+
+
+def _strided(pointer: int, itemsize: int, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The column-major (rows × cols, lead ld) float16 matrix at ``pointer``, as cuBLASLt reads it."""
+    first = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_uint16)), shape=(1,)).view(np.float16)
+    return np.lib.stride_tricks.as_strided(first, shape=(rows, cols), strides=(itemsize, ld * itemsize))
+
+
+def emulate(problem, a, b, offs) -> np.ndarray:
+    """The result as cuBLASLt computes it from the per-group arrays (D = op(A) · op(B), column-major),
+    into a float64 array laid out as the result (offsets in elements do not depend on the dtype)."""
+    out = np.full(problem.out_shape, np.nan)
+    arrays = _grouped_problem.reference_arrays(problem, offs)
+    a_ptr, b_ptr = a.__array_interface__["data"][0], b.__array_interface__["data"][0]
+    flat = out.reshape(-1)
+    for (ra, ca, lda, oa), (rb, cb, ldb, ob), (rd, cd, ldd, od) in zip(arrays["a"], arrays["b"], arrays["d"]):
+        cublas_a = _strided(b_ptr + 2 * oa, 2, ra, ca, lda).astype(np.float64)
+        cublas_b = _strided(a_ptr + 2 * ob, 2, rb, cb, ldb).astype(np.float64)
+        op_a = cublas_a.T if problem.transa else cublas_a
+        op_b = cublas_b.T if problem.transb else cublas_b
+        assert op_a.shape[1] == op_b.shape[0]
+        d = op_a @ op_b
+        assert d.shape == (rd, cd)
+        for j in range(cd):  # column-major store with lead ldd
+            flat[od + j * ldd: od + j * ldd + rd] = d[:, j]
+    return out
+
+
+def expected(form, a, b, offs, groups):
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    ends = list(offs) if offs is not None else None
+    starts = [0, *ends[:-1]] if ends is not None else None
+    if form == "2d3d":
+        return np.concatenate([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(starts, ends))])
+    if form == "3d2d":
+        return np.concatenate([a[g] @ b[:, s:e] for g, (s, e) in enumerate(zip(starts, ends))], axis=1)
+    if form == "2d2d":
+        return np.stack([a[:, s:e] @ b[s:e] for s, e in zip(starts, ends)])
+    return np.stack([a[g] @ b[g] for g in range(groups)])
+
+
+def _random(rng, shape, layout):
+    """float16 values of ``shape``; layout "row" (C order), "col" (each matrix transposed in memory)."""
+    values = rng.standard_normal(shape).astype(np.float16)
+    if layout == "row":
+        return values
+    swapped = np.ascontiguousarray(np.swapaxes(values, -1, -2))
+    return np.swapaxes(swapped, -1, -2)
+
+
+SIZES = {1: [5], 3: [4, 0, 7], 5: [1, 6, 0, 3, 8]}
+
+
+@pytest.mark.parametrize("groups", [1, 3, 5])
+@pytest.mark.parametrize("a_layout", ["row", "col"])
+@pytest.mark.parametrize("b_layout", ["row", "col"])
+@pytest.mark.parametrize("form", ["2d3d", "3d2d", "2d2d", "3d3d"])
+def test_every_group_is_laid_out_as_its_matrices_are(form, a_layout, b_layout, groups):
+    rng = np.random.default_rng(groups * 7 + len(form))
+    sizes = SIZES[groups]
+    total = sum(sizes)
+    m, n, k = 6, 10, 12
+    ends = np.cumsum(sizes).astype(np.int32)
+    offs = ends
+    a_shape, b_shape = {"2d3d": ((total, k), (groups, k, n)), "3d2d": ((groups, m, k), (k, total)),
+                        "2d2d": ((m, total), (total, n)), "3d3d": ((groups, m, k), (groups, k, n))}[form]
+    a, b = _random(rng, a_shape, a_layout), _random(rng, b_shape, b_layout)
+    if form == "3d3d":
+        offs = None
+    problem = _grouped_problem.describe(op(a, "a"), op(b, "b"), op(offs, "offs") if offs is not None else None)
+    assert problem.form == form and problem.groups == groups
+    got = emulate(problem, a, b, offs)
+    want = expected(form, a, b, offs, groups)
+    assert not np.isnan(got).any(), "an element of the result was never written"
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_row_major_weights_transposed_in_memory_run_as_tn():
+    # experts' weights stored (G, N, K) as nn.Linear keeps them, passed as their (G, K, N) transpose
+    rng = np.random.default_rng(3)
+    weights = rng.standard_normal((4, 16, 8)).astype(np.float16)
+    a = rng.standard_normal((10, 8)).astype(np.float16)
+    offs = np.array([2, 5, 5, 10], np.int32)
+    problem = _grouped_problem.describe(op(a), op(weights.transpose(0, 2, 1)), op(offs))
+    assert problem.transa and not problem.transb
+    assert (problem.a.rows, problem.a.cols, problem.a.ld) == (8, 16, 8)
+
+
+def test_the_plan_key_ignores_the_ragged_total_and_sees_alignment():
+    rng = np.random.default_rng(4)
+    b = rng.standard_normal((2, 8, 16)).astype(np.float16)
+    offs = np.array([3, 7], np.int32)
+    small = _grouped_problem.describe(op(rng.standard_normal((7, 8)).astype(np.float16)), op(b), op(offs))
+    large = _grouped_problem.describe(op(rng.standard_normal((700, 8)).astype(np.float16)), op(b), op(offs))
+    assert small.key == large.key and small.total == 7 and large.total == 700
+    storage = np.zeros(7 * 8 + 1, np.float16)
+    shifted = storage[1:].reshape(7, 8)  # 2 bytes past an aligned pointer
+    misaligned = _grouped_problem.describe(op(shifted), op(b), op(offs))
+    assert misaligned.b.alignment == 2 and misaligned.key != small.key
+
+
+@pytest.mark.parametrize("offsets, total, flags", [
+    ([2, 5, 9], 9, [True, True, True]),
+    ([5, 2, 9], 9, [True, False, True]),    # out of order: the second group is clamped to nothing
+    ([2, 5, 12], 9, [True, True, False]),   # past the operand: clamped to its end
+    ([-1, 5, 9], 9, [False, False, True]),  # both groups that touch the negative offset
+])
+def test_bad_offsets_are_clamped_inside_the_operand(offsets, total, flags):
+    bounds = _grouped_problem.group_bounds(offsets, len(offsets), total)
+    assert [good for _, _, good in bounds] == flags
+    for start, size, _ in bounds:
+        assert 0 <= start and size >= 0 and start + size <= total
+
+
+def _f16(*shape):
+    return np.zeros(shape, np.float16)
+
+
+@pytest.mark.parametrize("a, b, offs, error, message", [
+    (_f16(4, 8, 2, 2), _f16(2, 8, 4), None, NvblasltValueError, "expected 2-D or 3-D operands"),
+    (np.zeros((4, 8), np.float32), np.zeros((2, 8, 4), np.float32), np.array([1, 4], np.int32),
+     NvblasltUnsupportedError, "a: grouped GEMM runs bfloat16 and float16 operands, got float32"),
+    (_f16(4, 8), _f16(2, 6, 4), np.array([1, 4], np.int32), NvblasltValueError, "b: expected 8 rows"),
+    (_f16(4, 8), _f16(2, 8, 4), None, NvblasltValueError, "offs: expected the groups' cumulative ends along M"),
+    (_f16(4, 8), _f16(2, 8, 4), np.array([1, 4], np.float32), NvblasltTypeError, "offs: expected int32 or int64"),
+    (_f16(4, 8), _f16(2, 8, 4), np.array([1, 2, 4], np.int32), NvblasltValueError, r"offs: expected shape \(2,\)"),
+    (_f16(2, 4, 8), _f16(3, 8, 4), None, NvblasltValueError, "b: expected 2 groups"),
+    (_f16(2, 4, 8), _f16(2, 8, 4), np.array([1, 4], np.int32), NvblasltValueError, "offs: expected None"),
+    (_f16(4, 16)[:, ::2], _f16(2, 8, 4), np.array([1, 4], np.int32), NvblasltValueError,
+     "a: expected each group's matrix row- or column-major"),
+])
+def test_bad_arguments_are_refused_by_name(a, b, offs, error, message):
+    with pytest.raises(error, match=message):
+        _grouped_problem.describe(op(a, "a"), op(b, "b"), op(offs, "offs") if offs is not None else None)
+
+
+def test_mixed_dtypes_and_result_types():
+    import nvblaslt._dtypes as dt
+
+    a, b, offs = op(_f16(4, 8)), op(_f16(2, 8, 4)), op(np.array([1, 4], np.int32))
+    assert _grouped_problem.describe(a, b, offs, out_dtype=dt.FLOAT32).d.dtype is dt.FLOAT32
+    with pytest.raises(NvblasltUnsupportedError, match="out_dtype: expected float16"):
+        _grouped_problem.describe(a, b, offs, out_dtype=dt.FLOAT64)
+
+
+# ---- against the real library (descriptors need no GPU) --------------------------------------------------
+
+@pytest.fixture
+def grouped_lib():
+    nvblaslt = pytest.importorskip("nvblaslt")
+    try:
+        lib = nvblaslt.library()
+    except nvblaslt.LibraryNotFoundError:
+        pytest.skip("no libcublasLt installed")
+    if lib.version < 130200:
+        pytest.skip(f"cuBLASLt {lib.version} has no grouped layouts (13.2 and newer)")
+    return lib
+
+
+def test_a_grouped_layout_holds_the_arrays_and_the_64_bit_width(grouped_lib):
+    from nvblaslt import GroupedMatrixLayout, lt
+
+    layout = GroupedMatrixLayout(lt.CUDA_R_16BF, 8, 0x7000_0000, 0x7000_0040, 0x7000_0080)
+    assert layout.get("BATCH_MODE") == lt.CUBLASLT_BATCH_MODE_GROUPED
+    assert layout.get("BATCH_COUNT") == 8
+    assert layout.get("GROUPED_MATRIX_LAYOUT_ROWS_ARRAY") == 0x7000_0000
+    assert layout.get("GROUPED_MATRIX_LAYOUT_LD_ARRAY") == 0x7000_0080
+    assert layout.get("GROUPED_MATRIX_LAYOUT_ROWS_COLS_ARRAY_INTEGER_WIDTH") == lt.CUBLASLT_INTEGER_WIDTH_64
+    with pytest.raises(NvblasltValueError, match="group_count"):
+        GroupedMatrixLayout(lt.CUDA_R_16BF, 0, 0, 0, 0)
+
+
+def test_a_plans_descriptors_build_on_the_real_library(grouped_lib):
+    from nvblaslt import GroupedMatmul, lt
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 32, 16)).astype(np.float16)  # (G, N, K): TN
+    problem = _grouped_problem.describe(op(_f16(40, 16)), op(w.transpose(0, 2, 1)), op(np.array([8, 16, 30, 40],
+                                                                                              np.int32)))
+
+    class FakeArrays:  # device pointers the descriptors only store
+        def array(self, matrix, field):
+            return 0x7000_0000 + 0x1000 * matrix + 0x100 * field
+
+    plan = GroupedMatmul.__new__(GroupedMatmul)
+    plan.lib, plan.problem, plan.arrays, plan.workspace_bytes = grouped_lib, problem, FakeArrays(), 1 << 20
+    desc, layouts, preference = plan._descriptors()
+    assert desc.get("TRANSA") == lt.CUBLAS_OP_T and desc.get("TRANSB") == lt.CUBLAS_OP_N
+    assert [layout.get("BATCH_COUNT") for layout in layouts] == [4, 4, 4, 4]
+    assert layouts[0].get("GROUPED_MATRIX_LAYOUT_COLS_ARRAY") == 0x7000_0100
+    assert layouts[3].get("GROUPED_MATRIX_LAYOUT_LD_ARRAY") == 0x7000_2200
+    # the averages are the heuristics' only view of the shapes: 8-byte values (the header says 4)
+    assert preference.get("GROUPED_AVERAGE_REDUCTION_DIM") == 16
+    assert preference.get("GROUPED_DESC_D_AVERAGE_ROWS") == 32 and preference.get("GROUPED_DESC_D_AVERAGE_COLS") == 10
+
+
+def test_an_older_library_is_refused_with_the_way_to_a_newer_one(grouped_lib, monkeypatch):
+    import dataclasses
+
+    from nvblaslt._grouped_version import require_grouped
+
+    old = dataclasses.replace(grouped_lib, version=130100)
+    with pytest.raises(NvblasltUnsupportedError, match=r"needs cuBLASLt 13\.4 or newer; the loaded library is "
+                                                       r"13\.1\.0 .*nvidia-cublas>=13\.4.*NVBLASLT_LIBRARY"):
+        require_grouped(old)
+    require_grouped(grouped_lib, 130200)
+
+
+def test_the_derive_kernel_compiles_for_hopper_and_blackwell():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from nvblaslt import _grouped_arrays, _jit
+    from nvblaslt._errors import CudaError
+
+    try:
+        cubins = [_jit.compile_cubin(_grouped_arrays.SOURCE, arch) for arch in ("sm_90", "sm_100")]
+    except CudaError as error:
+        if "not available" in str(error):
+            pytest.skip(f"no libnvrtc here: {error}")
+        raise
+    assert all(cubin[:4] == b"\x7fELF" and len(cubin) > 1000 for cubin in cubins)
+    assert _grouped_arrays.KERNEL.encode() in cubins[0]

@@ -1,0 +1,239 @@
+"""Grouped GEMM on the GPU (issue 24): every group against a float64 reference, on fresh random inputs.
+
+Needs cuBLASLt 13.4 or newer (``NVBLASLT_LIBRARY`` pointing at a newer ``libcublasLt.so.13`` where the
+machine's wheel is older; DEVELOPERS.md says how). With an older library only the refusal is tested.
+The layout math alone is tested without a GPU in tests/cpu/test_grouped.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+import nvblaslt  # noqa: E402
+from nvblaslt import GroupedMatmul, NvblasltUnsupportedError, NvblasltValueError, grouped_matmul  # noqa: E402
+from nvblaslt import _grouped_problem  # noqa: E402
+
+TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+
+
+def _grouped_available() -> bool:
+    return nvblaslt.library().version >= 130400
+
+
+needs_grouped = pytest.mark.skipif("not _grouped_available()",
+                                   reason="needs cuBLASLt 13.4 or newer (set NVBLASLT_LIBRARY; DEVELOPERS.md)")
+
+
+def test_an_older_library_is_refused_before_any_call():
+    if _grouped_available():
+        pytest.skip("the loaded cuBLASLt has grouped GEMM")
+    a = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2, 16, 8, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([3, 8], device="cuda", dtype=torch.int32)
+    with pytest.raises(NvblasltUnsupportedError, match=r"13\.4 or newer.*NVBLASLT_LIBRARY"):
+        grouped_matmul(a, b, offs)
+
+
+def _ends(sizes):
+    return torch.tensor(sizes, device="cuda", dtype=torch.int32).cumsum(0).to(torch.int32)
+
+
+def _operand(shape, dtype, layout):
+    """Fresh random values of ``shape``; "col": each matrix transposed in memory (strides swapped)."""
+    if layout == "row":
+        return torch.randn(shape, device="cuda", dtype=torch.float32).to(dtype)
+    swapped = (*shape[:-2], shape[-1], shape[-2])
+    return torch.randn(swapped, device="cuda", dtype=torch.float32).to(dtype).transpose(-1, -2)
+
+
+def _reference(form, a, b, ends, groups):
+    a, b = a.double(), b.double()
+    if form == "3d3d":
+        return torch.bmm(a, b)
+    ends = ends.tolist()
+    starts = [0, *ends[:-1]]
+    if form == "2d3d":
+        return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(starts, ends))])
+    if form == "3d2d":
+        return torch.cat([a[g] @ b[:, s:e] for g, (s, e) in enumerate(zip(starts, ends))], dim=1)
+    return torch.stack([a[:, s:e] @ b[s:e] for s, e in zip(starts, ends)])
+
+
+def _check(got, want, dtype):
+    assert not torch.isnan(got).any(), "NaN in the result (an element never written?)"
+    scale = want.abs().max().clamp_min(1.0)
+    error = ((got.double() - want).abs().max() / scale).item()
+    assert error <= TOL[dtype], f"max error {error:.3g} relative to the largest value, over {TOL[dtype]}"
+
+
+SIZES = {1: [96], 4: [40, 0, 72, 16], 8: [24, 64, 0, 8, 120, 0, 40, 32]}
+
+
+@needs_grouped
+@pytest.mark.parametrize("groups", [1, 4, 8])
+@pytest.mark.parametrize("layouts", [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")])
+@pytest.mark.parametrize("form", ["2d3d", "3d2d", "2d2d", "3d3d"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_group_matches_a_float64_reference(dtype, form, layouts, groups):
+    torch.manual_seed(groups * 31 + len(form))
+    sizes = SIZES[groups]
+    total, (m, n, k) = sum(sizes), (48, 64, 80)
+    shapes = {"2d3d": ((total, k), (groups, k, n)), "3d2d": ((groups, m, k), (k, total)),
+              "2d2d": ((m, total), (total, n)), "3d3d": ((groups, m, k), (groups, k, n))}[form]
+    a, b = _operand(shapes[0], dtype, layouts[0]), _operand(shapes[1], dtype, layouts[1])
+    ends = _ends(sizes)
+    offs = None if form == "3d3d" else ends
+    out = grouped_matmul(a, b, offs, check_offsets=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == dtype
+    _check(out, _reference(form, a, b, ends, groups), dtype)
+
+
+@needs_grouped
+def test_the_derive_kernel_writes_what_the_host_reference_says():
+    torch.manual_seed(1)
+    a = torch.randn(50, 32, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3, 32, 16, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([10, 10, 50], device="cuda", dtype=torch.int32)
+    plan = GroupedMatmul(a, b, offs)
+    plan.plan()
+    out = plan.execute()
+    torch.cuda.synchronize()
+    arrays = plan.arrays
+    words = (ctypes.c_longlong * (12 * 3))()
+    from nvblaslt._cuda import cudart, check
+
+    check(cudart.cudaMemcpy(ctypes.addressof(words), arrays.shapes, ctypes.sizeof(words),
+                            cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy")
+    problem = plan.problem
+    reference = _grouped_problem.reference_arrays(problem, [10, 10, 50])
+    bases = (b.data_ptr(), a.data_ptr(), out.data_ptr())
+    for x, name in enumerate(("a", "b", "d")):
+        matrix = getattr(problem, name)
+        for g, (rows, cols, ld, offset) in enumerate(reference[name]):
+            assert words[(3 * x) * 3 + g] == rows and words[(3 * x + 1) * 3 + g] == cols
+            assert words[(3 * x + 2) * 3 + g] == ld
+            assert words[9 * 3 + x * 3 + g] == bases[x] + offset * matrix.dtype.itemsize
+    plan.free()
+
+
+@needs_grouped
+def test_a_plan_runs_again_with_new_offsets_and_a_new_token_count():
+    torch.manual_seed(2)
+    w = torch.randn(4, 64, 32, device="cuda", dtype=torch.bfloat16)  # (G, N, K) as nn.Linear keeps weights
+    b = w.transpose(1, 2)
+    a1 = torch.randn(100, 32, device="cuda", dtype=torch.bfloat16)
+    plan = GroupedMatmul(a1, b, _ends([10, 20, 30, 40]))
+    plan.plan()
+    for sizes in ([10, 20, 30, 40], [0, 0, 7, 300], [77, 1, 1, 1]):
+        a = torch.randn(sum(sizes), 32, device="cuda", dtype=torch.bfloat16)
+        ends = _ends(sizes)
+        _check(plan.execute(a, b, ends), _reference("2d3d", a, b, ends, 4), torch.bfloat16)
+    with pytest.raises(NvblasltValueError, match="differ in more than the ragged extent"):
+        plan.execute(torch.randn(10, 16, device="cuda", dtype=torch.bfloat16), torch.randn(4, 16, 64, device="cuda",
+                     dtype=torch.bfloat16), _ends([1, 2, 3, 4]))
+
+
+@needs_grouped
+def test_bad_offsets_are_refused_by_the_debug_check_and_never_reach_outside():
+    a = torch.randn(20, 16, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2, 16, 8, device="cuda", dtype=torch.bfloat16)
+    for offs, message in (([15, 5], "out of order"), ([5, 25], "past the operand"), ([5, 12], "last offset")):
+        with pytest.raises(NvblasltValueError, match=message):
+            grouped_matmul(a, b, torch.tensor(offs, device="cuda", dtype=torch.int32), check_offsets=True)
+    # unchecked, the same offsets are clamped: no fault, and the groups inside the operand are right
+    out = grouped_matmul(a, b, torch.tensor([5, 25], device="cuda", dtype=torch.int32))
+    torch.cuda.synchronize()
+    _check(out[:5], a[:5].double() @ b[0].double(), torch.bfloat16)
+
+
+@needs_grouped
+def test_misaligned_operands_run_right_or_are_refused():
+    storage = torch.randn(40 * 32 + 1, device="cuda", dtype=torch.bfloat16)
+    a = storage[1:].view(40, 32)  # 2 bytes past an aligned address
+    b = torch.randn(2, 32, 16, device="cuda", dtype=torch.bfloat16)
+    ends = _ends([17, 23])
+    try:
+        out = grouped_matmul(a, b, ends)
+    except nvblaslt.CublasLtError as error:
+        assert error.status_name == "CUBLAS_STATUS_NOT_SUPPORTED"
+        return
+    _check(out, _reference("2d3d", a, b, ends, 2), torch.bfloat16)
+
+
+@needs_grouped
+def test_float32_results_and_out():
+    a = torch.randn(30, 16, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3, 16, 24, device="cuda", dtype=torch.bfloat16)
+    ends = _ends([5, 15, 10])
+    out = torch.full((30, 24), float("nan"), device="cuda", dtype=torch.float32)
+    assert grouped_matmul(a, b, ends, out_dtype=torch.float32, out=out) is out
+    _check(out, _reference("2d3d", a, b, ends, 3), torch.bfloat16)
+
+
+@needs_grouped
+def test_a_cuda_graph_replays_with_new_offsets_written_into_the_same_array():
+    a = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4, 32, 48, device="cuda", dtype=torch.bfloat16)
+    offs = _ends([16, 16, 16, 16])
+    plan = GroupedMatmul(a, b, offs)
+    plan.plan()
+    out = torch.empty(64, 48, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    plan.execute(out=out, stream=stream)  # warm: the kernel is loaded before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        plan.execute(out=out, stream=torch.cuda.current_stream())
+    for sizes in ([64, 0, 0, 0], [1, 2, 3, 58], [16, 16, 16, 16]):
+        offs.copy_(_ends(sizes))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, _reference("2d3d", a, b, offs, 4), torch.bfloat16)
+
+
+@needs_grouped
+def test_cupy_operands_come_back_as_cupy():
+    cupy = pytest.importorskip("cupy")
+    a = cupy.random.standard_normal((24, 16), dtype=cupy.float32).astype(cupy.float16)
+    b = cupy.random.standard_normal((2, 16, 8), dtype=cupy.float32).astype(cupy.float16)
+    offs = cupy.asarray([10, 24], dtype=cupy.int32)
+    out = grouped_matmul(a, b, offs)
+    cupy.cuda.get_current_stream().synchronize()
+    assert isinstance(out, cupy.ndarray)
+    want = cupy.concatenate([a[:10].astype(cupy.float64) @ b[0].astype(cupy.float64),
+                             a[10:].astype(cupy.float64) @ b[1].astype(cupy.float64)])
+    assert float(cupy.abs(out.astype(cupy.float64) - want).max()) <= 3e-3 * max(1.0, float(cupy.abs(want).max()))
+
+
+@needs_grouped
+@pytest.mark.parametrize("name, groups, k, n", [("mixtral", 8, 4096, 14336), ("qwen3-30b-a3b", 128, 2048, 768),
+                                                ("deepseek-v3", 256, 7168, 2048)])
+def test_the_issue_expert_shapes_with_skewed_routing(name, groups, k, n):
+    torch.manual_seed(groups)
+    tokens = 8192
+    weights = torch.rand(groups, device="cuda") ** 4  # skewed, some experts nearly empty
+    sizes = (weights / weights.sum() * tokens).floor().long()
+    sizes[1] = 0  # an empty expert
+    sizes[0] += tokens - int(sizes.sum())
+    a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    ends = sizes.cumsum(0).to(torch.int32)
+    out = grouped_matmul(a, w.transpose(1, 2), ends, check_offsets=True)
+    starts = [0, *ends.tolist()[:-1]]
+    for g in range(0, groups, max(1, groups // 8)):  # a sample of groups: float64 over all is slow
+        s, e = starts[g], int(ends[g])
+        if e > s:
+            _check(out[s:e], a[s:e].double() @ w[g].double().T, torch.bfloat16)
+
+
+def test_host_offsets_are_refused_by_name():
+    a = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2, 16, 8, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NvblasltValueError, match="offs: expected an array on the GPU"):
+        grouped_matmul(a, b, torch.tensor([3, 8], dtype=torch.int32))
