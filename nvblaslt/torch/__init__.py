@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from ._conv import FusedConv2d, conv2d
 from ._functional import linear
+from ._grouped import GroupedLinear, grouped_mm
 from ._layers import FusedLinear, FusedSequential, fuse
 from ._tuning import AUTO_BACKWARD, BACKWARDS, autotune
 
-__all__ = ["AUTO_BACKWARD", "BACKWARDS", "FusedConv2d", "FusedLinear", "FusedSequential", "autotune", "conv2d", "fuse",
-           "linear"]
+__all__ = ["AUTO_BACKWARD", "BACKWARDS", "FusedConv2d", "FusedLinear", "FusedSequential", "GroupedLinear", "autotune",
+           "conv2d", "fuse", "grouped_mm", "linear"]
 
-for _public in (FusedConv2d, FusedLinear, FusedSequential, autotune, conv2d, fuse, linear):
+for _public in (FusedConv2d, FusedLinear, FusedSequential, GroupedLinear, autotune, conv2d, fuse, grouped_mm,
+                linear):
     _public.__module__ = __name__  # as before the split: reprs, and pickles of whole models, name nvblaslt.torch
 del _public

@@ -51,7 +51,8 @@ ALLOWED_PRIVATE_REACHES: dict[str, set[str]] = {}
 # package's business: these roots are left out, each with why it is used at all.
 FOREIGN_ROOTS = {
     "torch": "PyTorch's raw current stream (torch._C) skips building a Stream object per call; the bench "
-             "compares with torch._addmm_activation and queues torch.cuda._sleep, which have no public form",
+             "compares with torch._addmm_activation and torch._grouped_mm and queues torch.cuda._sleep, which have no "
+             "public form",
 }
 
 

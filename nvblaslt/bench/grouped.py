@@ -1,0 +1,143 @@
+"""``python -m nvblaslt.bench.grouped``: mixture-of-experts grouped GEMMs, nvblaslt against torch.
+
+Issue 24's expert shapes (Mixtral-8x7B G=8 K=4096 N=14336, and back; Qwen3-30B-A3B G=128 K=2048
+N=768; DeepSeek-V3 G=256 K=7168 N=2048), bf16, at 8k and 32k tokens, routed balanced and skewed (a
+few experts take most tokens, some none). The experts' weights are stored (G, N, K) as
+``nn.Linear`` keeps them. Rows per case, all timed in the same interleaved rounds (each once per
+round, in a fresh order), CUDA events around bursts of calls, median:
+
+- ``torch._grouped_mm`` (CUTLASS on Hopper), where this torch has it;
+- a per-expert ``torch.mm`` loop over the same split (its offsets read on the host once, before timing);
+- ``nvblaslt.grouped_matmul`` (heuristics' first algorithm, plan cached);
+- ``GroupedMatmul.execute(out=)`` with every algorithm the heuristics offer, the best kept.
+
+Each result is checked against the loop's first (bf16 rounding) before timing. TFLOP/s count 2·ΣM·K·N.
+``--quick`` runs the 8k-token cases only. Needs cuBLASLt 13.4 or newer (``NVBLASLT_LIBRARY``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from typing import Any, NamedTuple
+
+from .common import free_memory, max_relative, progress
+from .timing import event_rounds
+
+
+class Experts(NamedTuple):
+    label: str
+    groups: int
+    k: int
+    n: int
+
+
+SHAPES = [Experts("Mixtral-8x7B up", 8, 4096, 14336), Experts("Mixtral-8x7B down", 8, 14336, 4096),
+          Experts("Qwen3-30B-A3B", 128, 2048, 768), Experts("DeepSeek-V3", 256, 7168, 2048)]
+
+
+def split(torch, tokens: int, groups: int, skewed: bool, seed: int):
+    """Tokens per expert: even, or skewed (weights ~ U⁴: a few experts take most, some get none)."""
+    generator = torch.Generator().manual_seed(seed)
+    if not skewed:
+        sizes = torch.full((groups,), tokens // groups, dtype=torch.long)
+    else:
+        weights = torch.rand(groups, generator=generator) ** 4
+        weights[torch.randperm(groups, generator=generator)[: max(1, groups // 8)]] = 0  # empty experts
+        sizes = (weights / weights.sum() * tokens).floor().long()
+    sizes[0] += tokens - int(sizes.sum())
+    return sizes
+
+
+def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds: int, calls: int) -> dict[str, Any]:
+    sizes = split(torch, tokens, shape.groups, skewed, seed=shape.groups + tokens)
+    offs = sizes.cumsum(0).to(device="cuda", dtype=torch.int32)
+    x = torch.randn(tokens, shape.k, device="cuda", dtype=torch.bfloat16)
+    weights = torch.randn(shape.groups, shape.n, shape.k, device="cuda", dtype=torch.bfloat16) / shape.k ** 0.5
+    b = weights.transpose(1, 2)
+    ends = offs.tolist()
+    starts = [0, *ends[:-1]]
+
+    def loop():
+        out = torch.empty(tokens, shape.n, device="cuda", dtype=torch.bfloat16)
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            if e > s:
+                torch.mm(x[s:e], b[g], out=out[s:e])
+        return out
+
+    cases: list[tuple[str, Any]] = [("torch mm loop", loop)]
+    try:
+        grouped_mm = torch._grouped_mm
+    except AttributeError:  # a torch without it (before 2.8)
+        pass
+    else:
+        cases.append(("torch._grouped_mm", lambda: grouped_mm(x, b, offs=offs)))
+    cases.append(("nvblaslt.grouped_matmul", lambda: nvblaslt.grouped_matmul(x, b, offs)))
+    plan = nvblaslt.GroupedMatmul(x, b, offs)
+    algorithms = plan.plan(limit=16)
+    out = torch.empty(tokens, shape.n, device="cuda", dtype=torch.bfloat16)
+    reference = loop()
+    errors = {}
+    for name, fn in cases:
+        errors[name] = max_relative(torch, fn(), reference)
+    per_algorithm = []
+    for result in algorithms:  # the heuristics' algorithms, each timed alone: the best is kept
+        plan.select(result)
+        errors[f"algorithm {result.algo_id}"] = max_relative(torch, plan.execute(out=out), reference)
+        per_algorithm.append(statistics.median(
+            event_rounds(torch, [("one", lambda: plan.execute(out=out))], max(3, rounds // 2), calls)[0]))
+    best = min(range(len(algorithms)), key=per_algorithm.__getitem__)
+    plan.select(algorithms[best])
+    cases.append(("GroupedMatmul best of heuristics", lambda: plan.execute(out=out)))
+    times = event_rounds(torch, cases, rounds, calls, seed=tokens)
+    flops = 2 * tokens * shape.k * shape.n
+    rows = {name: {"ms": statistics.median(t), "tflops": flops / statistics.median(t) / 1e9} for (name, _), t in
+            zip(cases, times)}
+    plan.free()
+    return {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
+            "routing": "skewed" if skewed else "balanced", "empty_groups": int((sizes == 0).sum()),
+            "rows": rows, "errors": errors, "algorithms": [r.algo_id for r in algorithms],
+            "algorithm_ms": per_algorithm}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="8k tokens only, fewer rounds")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args(argv)
+    import torch
+
+    import nvblaslt
+
+    rounds = args.rounds or (7 if args.quick else 15)
+    token_counts = [8192] if args.quick else [8192, 32768]
+    lib = nvblaslt.library()
+    header = (f"{torch.cuda.get_device_name()}, cuBLASLt {'.'.join(map(str, lib.version_tuple))} ({lib.path}), "
+              f"torch {torch.__version__}, Python {platform.python_version()}, bf16")
+    print(header)
+    results = []
+    for shape in SHAPES:
+        for tokens in token_counts:
+            for skewed in (False, True):
+                progress(f"{shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
+                case = run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5)
+                results.append(case)
+                base = case["rows"].get("torch._grouped_mm", case["rows"]["torch mm loop"])["ms"]
+                print(f"\n{case['shape']} (G={case['groups']}, K={case['k']}, N={case['n']}), {tokens} tokens, "
+                      f"{case['routing']} ({case['empty_groups']} empty)")
+                for name, row in case["rows"].items():
+                    print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {base / row['ms']:5.2f}× "
+                          f"torch  err {case['errors'].get(name, float('nan')):.1e}")
+                free_memory(torch)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": header, "cases": results}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

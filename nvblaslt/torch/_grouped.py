@@ -1,0 +1,187 @@
+"""``grouped_mm`` (the custom op ``nvblaslt::grouped_mm``) and ``GroupedLinear``, a mixture-of-experts
+layer's experts, with ``torch._grouped_mm``'s semantics.
+
+On CUDA, for bfloat16 and float16, the op is ``nvblaslt.grouped_matmul``: one cuBLASLt call, the
+offsets never read on the host. On any other device or dtype the same math runs as a loop of torch
+matmuls (the reference the tests compare with). Every gradient is itself a grouped GEMM of another
+form, so the backward runs through the same op:
+
+====================  ======================================  ======================================
+forward               grad a                                  grad b
+====================  ======================================  ======================================
+2-D a × 3-D b (M)     ``grouped_mm(g, bᵀ, offs)``   2d × 3d   ``grouped_mm(aᵀ, g, offs)``   2d × 2d
+3-D a × 2-D b (N)     ``grouped_mm(g, bᵀ, offs)``   2d × 2d   ``grouped_mm(aᵀ, g, offs)``   3d × 2d
+2-D a × 2-D b (K)     ``grouped_mm(g, bᵀ, offs)``   3d × 2d   ``grouped_mm(aᵀ, g, offs)``   2d × 3d
+3-D a × 3-D b         ``grouped_mm(g, bᵀ)``         3d × 3d   ``grouped_mm(aᵀ, g)``         3d × 3d
+====================  ======================================  ======================================
+
+(ᵀ swaps the last two dimensions; g is the result's gradient.) As in PyTorch, rows of a 2-D result
+past ``offs[-1]`` are not written, and neither are their gradients.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+_SCHEMA = "(Tensor a, Tensor b, Tensor? offs, ScalarType? out_dtype) -> Tensor"
+_NATIVE = (torch.bfloat16, torch.float16)
+
+
+def _out_shape(a: Tensor, b: Tensor, offs: Tensor | None) -> tuple[int, ...]:
+    if a.dim() == 2 and b.dim() == 3:
+        return a.shape[0], b.shape[2]
+    if a.dim() == 3 and b.dim() == 2:
+        return a.shape[1], b.shape[1]
+    if a.dim() == 2 and b.dim() == 2:
+        if offs is None:
+            raise ValueError("offs: expected the groups' cumulative ends along K for 2-D × 2-D operands, got None")
+        return offs.shape[0], a.shape[0], b.shape[1]
+    if a.dim() == 3 and b.dim() == 3:
+        return a.shape[0], a.shape[1], b.shape[2]
+    raise ValueError(f"a, b: expected 2-D or 3-D operands, got a of {a.dim()} and b of {b.dim()} dimensions")
+
+
+def _reference(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """The same result as a loop of torch matmuls (any device and dtype); unwritten rows are zeros."""
+    out = a.new_zeros(_out_shape(a, b, offs), dtype=out_dtype)
+    if a.dim() == 3 and b.dim() == 3:
+        return torch.bmm(a, b).to(out_dtype)
+    ends = offs.tolist() if offs is not None else []
+    start = 0
+    for g, end in enumerate(ends):
+        if a.dim() == 2 and b.dim() == 3:
+            out[start:end] = (a[start:end] @ b[g]).to(out_dtype)
+        elif a.dim() == 3:
+            out[:, start:end] = (a[g] @ b[:, start:end]).to(out_dtype)
+        else:
+            out[g] = (a[:, start:end] @ b[start:end]).to(out_dtype)
+        start = end
+    return out
+
+
+@torch.library.custom_op("nvblaslt::grouped_mm", mutates_args=(), schema=_SCHEMA)
+def _grouped_mm_op(a, b, offs, out_dtype):
+    dtype = out_dtype or a.dtype
+    if a.is_cuda and a.dtype in _NATIVE:
+        import nvblaslt
+
+        return nvblaslt.grouped_matmul(a, b, offs, out_dtype=dtype)
+    return _reference(a, b, offs, dtype)
+
+
+@_grouped_mm_op.register_fake
+def _grouped_mm_fake(a, b, offs, out_dtype):
+    return a.new_empty(_out_shape(a, b, offs), dtype=out_dtype or a.dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, offs, out_dtype = inputs
+    ctx.save_for_backward(a, b, offs)
+    ctx.set_materialize_grads(False)
+
+
+def _swap(t: Tensor) -> Tensor:
+    return t.transpose(-1, -2)
+
+
+def _grouped_mm_autograd(ctx, grad):
+    if grad is None:
+        return None, None, None, None
+    a, b, offs = ctx.saved_tensors
+    grad = grad.to(a.dtype)
+    needs = ctx.needs_input_grad
+    grad_a = torch.ops.nvblaslt.grouped_mm(grad, _swap(b), offs, a.dtype) if needs[0] else None
+    grad_b = torch.ops.nvblaslt.grouped_mm(_swap(a), grad, offs, b.dtype) if needs[1] else None
+    return grad_a, grad_b, None, None
+
+
+_grouped_mm_op.register_autograd(_grouped_mm_autograd, setup_context=_setup_context)
+
+
+def grouped_mm(a: Tensor, b: Tensor, offs: Tensor | None = None, *, out_dtype: torch.dtype | None = None) -> Tensor:
+    """``torch._grouped_mm``'s grouped GEMM as one cuBLASLt call, differentiable in ``a`` and ``b``.
+
+    Parameters
+    ----------
+    a, b : Tensor
+        2-D or 3-D (``nvblaslt.grouped_matmul`` lists the four forms); bfloat16 or float16 run on
+        cuBLASLt, anything else (or a CPU tensor) as torch matmuls.
+    offs : Tensor, optional
+        1-D int32 cumulative group ends along the ragged extent; None for 3-D × 3-D.
+    out_dtype : torch.dtype, optional
+        The result's dtype: the operands' (default) or float32.
+
+    Returns
+    -------
+    Tensor
+        The result (``torch.compile(fullgraph=True)`` and CUDA graphs take the op as it is).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvblaslt.torch import grouped_mm
+    >>> tokens, experts = torch.randn(5, 3, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    >>> out = grouped_mm(tokens, experts, torch.tensor([2, 5], dtype=torch.int32))
+    >>> torch.allclose(out[2:], tokens[2:] @ experts[1])
+    True
+    """
+    return torch.ops.nvblaslt.grouped_mm(a, b, offs, out_dtype)
+
+
+class GroupedLinear(nn.Module):
+    """The experts of a mixture-of-experts layer: ``nn.Linear`` per group, over tokens sorted by group.
+
+    ``forward(x, offs)`` gives ``x[s:e] @ weight[g].T`` for group g's rows ``s:e`` of ``x``, all
+    groups in one grouped GEMM (``grouped_mm``). The weight is ``(groups, out_features,
+    in_features)``, each group's initialised as ``nn.Linear`` initialises its own.
+
+    Parameters
+    ----------
+    groups, in_features, out_features : int
+        The number of experts and each one's extents.
+    device, dtype : optional
+        Where and what the weight is.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from nvblaslt.torch import GroupedLinear
+    >>> experts = GroupedLinear(4, 16, 32, dtype=torch.float64)
+    >>> x = torch.randn(10, 16, dtype=torch.float64)
+    >>> offs = torch.tensor([3, 3, 7, 10], dtype=torch.int32)   # expert 1 gets no token
+    >>> experts(x, offs).shape
+    torch.Size([10, 32])
+    """
+
+    def __init__(self, groups: int, in_features: int, out_features: int, *, device=None, dtype=None):
+        super().__init__()
+        self.groups, self.in_features, self.out_features = groups, in_features, out_features
+        self.weight = nn.Parameter(torch.empty(groups, out_features, in_features, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for expert in self.weight.data:  # nn.Linear's init, per expert
+            nn.init.kaiming_uniform_(expert, a=math.sqrt(5))
+
+    def forward(self, x: Tensor, offs: Tensor) -> Tensor:
+        """Every expert's ``nn.Linear`` on its rows of ``x``, in one grouped GEMM.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            (tokens, in_features), sorted by expert.
+        offs : torch.Tensor
+            1-D int32, (groups,): where each expert's rows end.
+
+        Returns
+        -------
+        torch.Tensor
+            (tokens, out_features).
+        """
+        return grouped_mm(x, self.weight.transpose(1, 2), offs)
+
+    def extra_repr(self) -> str:
+        return f"groups={self.groups}, in_features={self.in_features}, out_features={self.out_features}"

@@ -1,0 +1,91 @@
+"""nvblaslt.torch.grouped_mm and GroupedLinear without a GPU: the op's math (torch matmuls off CUDA), its
+fake implementation, and the autograd formula, whose every gradient is a grouped GEMM of another form
+(checked by float64 gradcheck, so the same calls are right on CUDA, where they run on cuBLASLt)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nvblaslt.torch import GroupedLinear, grouped_mm  # noqa: E402
+
+F64 = torch.float64
+SIZES = [3, 0, 4, 2]  # an empty group included
+
+
+def _operands(form, requires_grad=True):
+    torch.manual_seed(len(form))
+    g, m, n, k = len(SIZES), 3, 5, 4
+    total = sum(SIZES)
+    shapes = {"2d3d": ((total, k), (g, k, n)), "3d2d": ((g, m, k), (k, total)), "2d2d": ((m, total), (total, n)),
+              "3d3d": ((g, m, k), (g, k, n))}[form]
+    a = torch.randn(shapes[0], dtype=F64, requires_grad=requires_grad)
+    b = torch.randn(shapes[1], dtype=F64, requires_grad=requires_grad)
+    offs = None if form == "3d3d" else torch.tensor(SIZES, dtype=torch.int32).cumsum(0).to(torch.int32)
+    return a, b, offs
+
+
+def _loop(form, a, b, offs):
+    if form == "3d3d":
+        return a @ b
+    ends = offs.tolist()
+    starts = [0, *ends[:-1]]
+    if form == "2d3d":
+        return torch.cat([a[s:e] @ b[i] for i, (s, e) in enumerate(zip(starts, ends))])
+    if form == "3d2d":
+        return torch.cat([a[i] @ b[:, s:e] for i, (s, e) in enumerate(zip(starts, ends))], dim=1)
+    return torch.stack([a[:, s:e] @ b[s:e] for s, e in zip(starts, ends)])
+
+
+@pytest.mark.parametrize("form", ["2d3d", "3d2d", "2d2d", "3d3d"])
+def test_forward_is_each_groups_product(form):
+    a, b, offs = _operands(form, requires_grad=False)
+    torch.testing.assert_close(grouped_mm(a, b, offs), _loop(form, a, b, offs))
+
+
+@pytest.mark.parametrize("form", ["2d3d", "3d2d", "2d2d", "3d3d"])
+def test_gradients_are_grouped_gemms_of_the_other_forms(form):
+    a, b, offs = _operands(form)
+    assert torch.autograd.gradcheck(lambda a, b: grouped_mm(a, b, offs), (a, b))
+    # and against the loop's own autograd, on transposed (column-major) views as well
+    out = grouped_mm(a.transpose(-1, -2).contiguous().transpose(-1, -2), b, offs)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (a, b), grad)
+    want = torch.autograd.grad(_loop(form, a, b, offs), (a, b), grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_the_op_passes_torchs_opcheck():
+    a, b, offs = _operands("2d3d")
+    torch.library.opcheck(torch.ops.nvblaslt.grouped_mm.default, (a, b, offs, None))
+
+
+def test_under_torch_compile_fullgraph():
+    a, b, offs = _operands("2d3d", requires_grad=False)
+    compiled = torch.compile(lambda a, b, offs: grouped_mm(a, b, offs) * 2, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(a, b, offs), 2 * _loop("2d3d", a, b, offs))
+
+
+def test_grouped_linear_is_a_linear_per_expert_and_trains():
+    torch.manual_seed(0)
+    experts = GroupedLinear(4, 6, 8, dtype=F64)
+    assert experts.weight.shape == (4, 8, 6)
+    bound = 1 / 6 ** 0.5  # nn.Linear's init bound for 6 inputs
+    assert experts.weight.abs().max() <= bound and experts.weight.std() > bound / 4
+    x = torch.randn(9, 6, dtype=F64, requires_grad=True)
+    offs = torch.tensor([2, 2, 6, 9], dtype=torch.int32)
+    out = experts(x, offs)
+    want = torch.cat([x[0:2] @ experts.weight[0].T, x[2:6] @ experts.weight[2].T, x[6:9] @ experts.weight[3].T])
+    torch.testing.assert_close(out, want)
+    out.square().sum().backward()
+    assert experts.weight.grad is not None and experts.weight.grad[1].abs().max() == 0  # no token for expert 1
+    assert "groups=4, in_features=6, out_features=8" in repr(experts)
+
+
+@pytest.mark.parametrize("skewed", [False, True])
+def test_the_grouped_bench_splits_every_token_and_skews_with_empty_experts(skewed):
+    from nvblaslt.bench.grouped import split
+
+    sizes = split(torch, 8192, 128, skewed, seed=3)
+    assert int(sizes.sum()) == 8192 and bool((sizes >= 0).all())
+    assert (int((sizes == 0).sum()) >= 16) if skewed else int(sizes.max() - sizes.min()) <= 8192 % 128 + 0
