@@ -73,10 +73,7 @@ def build(lib, problem, prepared: Prepared, *, options, preferences, scale_point
     c = problem.c or dataclasses.replace(problem.d, dtype=types.c)  # no C: cuBLASLt still takes its layout
     layouts = [layout(problem.a.layout), layout(problem.b.layout), layout(c), layout(problem.d)]
 
-    workspace_limit = preferences.workspace_limit
-    if options.memory_limit != "80%":  # the default leaves far more than any workspace
-        total = _cuda.device_properties(device).totalGlobalMem
-        workspace_limit = min(workspace_limit, memory_limit_bytes(options.memory_limit, total))
+    workspace_limit = workspace_cap(options.memory_limit, preferences.workspace_limit, device)
     preference = MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib)
     for key, value in alignments.items():
         preference.set(f"MIN_ALIGNMENT_{key}_BYTES", value)
@@ -92,6 +89,15 @@ def build(lib, problem, prepared: Prepared, *, options, preferences, scale_point
     if preferences.numerical_impl_mask is not None:
         preference.set("IMPL_MASK", preferences.numerical_impl_mask)
     return desc, layouts, preference, workspace_limit
+
+
+def workspace_cap(memory_limit, workspace_limit: int, device: int) -> int:
+    """``workspace_limit`` lowered to ``options.memory_limit`` of the device's memory. The default "80%"
+    leaves far more than a workspace of up to 1 GiB, so only then the device's memory is not read."""
+    if memory_limit == "80%" and workspace_limit <= 1 << 30:
+        return workspace_limit
+    total = _cuda.device_properties(device).totalGlobalMem
+    return min(workspace_limit, memory_limit_bytes(memory_limit, total))
 
 
 class Launch:

@@ -66,3 +66,25 @@ def test_in_place_without_c_is_refused_with_no_warning(default_lib):
         warnings.simplefilter("error")
         with pytest.raises(NvblasltValueError, match=r"^options\.inplace: the result is written into c"):
             Matmul(a, b, options={"inplace": True, "result_type": "float16"})
+
+
+class _Properties:
+    totalGlobalMem = 80 << 30
+
+
+@pytest.mark.parametrize("memory_limit, workspace, expected", [
+    ("80%", 1 << 37, 64 << 30),      # the default caps a workspace larger than 80% of the GPU too
+    ("80 %", 1 << 37, 64 << 30),
+    (0.8, 1 << 37, 64 << 30),
+    ("1 GiB", 32 << 20, 32 << 20),   # a cap never raises the workspace
+    ("1 MiB", 32 << 20, 1 << 20),
+    ("80%", 32 << 20, 32 << 20),     # the default with a usual workspace: the device is not asked
+])
+def test_the_memory_limit_caps_the_workspace_whether_given_or_default(monkeypatch, memory_limit, workspace,
+                                                                      expected):
+    from nvblaslt import _launch
+
+    asked = []
+    monkeypatch.setattr(_launch._cuda, "device_properties", lambda device: asked.append(device) or _Properties())
+    assert _launch.workspace_cap(memory_limit, workspace, 0) == expected
+    assert bool(asked) == (memory_limit != "80%" or workspace > 1 << 30)
