@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._errors import NvblasltUnsupportedError
-from ._loader import Library, library
+from ._loader import Library
 
 # cuBLASLt's grouped mode: the API from 13.2, Hopper kernels from 13.4 (cublasLtGetVersion numbers)
 API_VERSION = 130200

@@ -3,7 +3,31 @@ device pointers. nvblaslt must read (and refuse) them without touching the memor
 
 from __future__ import annotations
 
-from nvblaslt import _dlpack, _dtypes
+from nvblaslt import _cuda, _dlpack, _dtypes, _host, _scales
+
+
+class Reached(Exception):
+    """Raised in place of the first GPU step: every check before it passed."""
+
+
+def reached(*args, **kwargs):
+    raise Reached()
+
+
+def forbid_gpu_work(monkeypatch, device_query=None) -> list:
+    """Host staging, scale uploads and CUDA device questions fail the test (each recorded in the list
+    returned); ``device_query`` instead replaces the device question, where a constructor's GPU work starts."""
+    touched: list = []
+
+    def forbidden(what):
+        def record(*args, **kwargs):
+            touched.append(what)
+            raise AssertionError(f"{what} before the call was refused")
+        return record
+    monkeypatch.setattr(_host, "stage", forbidden("host staging"))
+    monkeypatch.setattr(_scales.Scales, "write", forbidden("scale upload"))
+    monkeypatch.setattr(_cuda, "several_devices", device_query or forbidden("a CUDA device query"))
+    return touched
 
 
 class FakeDLPack:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import nvblaslt
-from nvblaslt import Matmul, NvblasltError, _cuda, _host, _scales, matmul
+from nvblaslt import Matmul, NvblasltError, matmul
+from tests.fakes import forbid_gpu_work
 
 RNG = np.random.default_rng()
 
@@ -16,17 +17,7 @@ RNG = np.random.default_rng()
 @pytest.fixture
 def no_gpu_work(monkeypatch, default_lib):
     """Fail the test at the first host copy, scale upload or CUDA device question."""
-    touched = []
-
-    def forbidden(what):
-        def record(*args, **kwargs):
-            touched.append(what)
-            raise AssertionError(f"{what} before the call was refused")
-        return record
-    monkeypatch.setattr(_host, "stage", forbidden("host staging"))
-    monkeypatch.setattr(_scales.Scales, "write", forbidden("scale upload"))
-    monkeypatch.setattr(_cuda, "several_devices", forbidden("a CUDA device query"))
-    return touched
+    return forbid_gpu_work(monkeypatch)
 
 
 def host(shape, dtype=np.float32):

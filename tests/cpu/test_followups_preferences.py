@@ -9,36 +9,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nvblaslt import (CublasLtError, Matmul, MatmulPlanPreferences, NvblasltArgumentError, NvblasltValueError, _cuda,
-                      _host, _scales, matmul)
+from nvblaslt import CublasLtError, Matmul, MatmulPlanPreferences, NvblasltArgumentError, NvblasltValueError, matmul
 from nvblaslt._launch import Launch
-from tests.fakes import FakeDLPack
+from tests.fakes import FakeDLPack, Reached, forbid_gpu_work, reached
 
 RNG = np.random.default_rng()
-
-
-class Reached(Exception):
-    """Raised in place of ``Launch.planned`` (descriptors, the handle, the heuristics)."""
-
-
-def reached(*args, **kwargs):
-    raise Reached()
 
 
 @pytest.fixture
 def no_gpu_work(monkeypatch, default_lib):
     """Host staging, scale uploads, CUDA device questions and ``Launch.planned`` are recorded and fail."""
-    touched: list = []
+    touched = forbid_gpu_work(monkeypatch)
 
-    def forbidden(what):
-        def record(*args, **kwargs):
-            touched.append(what)
-            raise AssertionError(f"{what} before the call was refused")
-        return record
-    monkeypatch.setattr(_host, "stage", forbidden("host staging"))
-    monkeypatch.setattr(_scales.Scales, "write", forbidden("scale upload"))
-    monkeypatch.setattr(_cuda, "several_devices", forbidden("a CUDA device query"))
-    monkeypatch.setattr(Launch, "planned", classmethod(forbidden("the handle and heuristics")))
+    def planned(*args, **kwargs):
+        touched.append("the handle and heuristics")
+        raise AssertionError("the handle and heuristics before the call was refused")
+    monkeypatch.setattr(Launch, "planned", classmethod(planned))
     return touched
 
 

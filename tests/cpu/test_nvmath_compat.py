@@ -18,10 +18,10 @@ import pytest
 import nvblaslt
 from nvblaslt import (Matmul, MatmulEpilog, MatmulOptions, MatmulPlanPreferences, MatmulQuantizationScales,
                       NvblasltAlgorithmError, NvblasltArgumentError, NvblasltError, NvblasltStateError,
-                      NvblasltTypeError, NvblasltValueError, _cuda, _dtypes, _epilogs, _host, _scales, matmul)
+                      NvblasltTypeError, NvblasltValueError, _dtypes, _epilogs, _host, _scales, matmul)
 from nvblaslt._descriptors import Capabilities, HeuristicResult
 from nvblaslt._launch import Launch, algorithm_structs
-from tests.fakes import FakeDLPack, fortran
+from tests.fakes import FakeDLPack, Reached, forbid_gpu_work, fortran, reached
 
 E = MatmulEpilog
 F8 = "float8_e4m3fn"
@@ -31,29 +31,11 @@ ONES = {"a": 1.0, "b": 1.0}  # fp8 operands always take scales (nvmath-python's 
 RNG = np.random.default_rng()
 
 
-class Reached(Exception):
-    """Raised in place of the first GPU step: every check before it passed."""
-
-
-def reached(*args, **kwargs):
-    raise Reached()
-
-
 @pytest.fixture
 def no_gpu_work(monkeypatch, default_lib):
     """Host staging and scale uploads fail the test; the first CUDA device question (where a
     constructor's GPU work starts) raises ``Reached``."""
-    touched: list = []
-
-    def forbidden(what):
-        def record(*args, **kwargs):
-            touched.append(what)
-            raise AssertionError(f"{what} before the call was refused")
-        return record
-    monkeypatch.setattr(_host, "stage", forbidden("host staging"))
-    monkeypatch.setattr(_scales.Scales, "write", forbidden("scale upload"))
-    monkeypatch.setattr(_cuda, "several_devices", reached)
-    return touched
+    return forbid_gpu_work(monkeypatch, device_query=reached)
 
 
 @pytest.fixture
