@@ -115,6 +115,7 @@ class GroupedMatmul:
         self.lib = library()
         require_grouped(self.lib)
         self.problem, self._operands = bound.problem, bound.operands
+        self.captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
         a_op = bound.operands[0]
         self.device, self.framework = a_op.device, a_op.framework
         self.stream = self._last_stream = stream_h
@@ -232,15 +233,25 @@ class GroupedMatmul:
         array
             The result, in the operands' package (``out`` if given).
         """
-        stream_h = stream_handle(stream) if stream is not None else self.framework.stream_of(
-            a if a is not None else self._operands[0].obj)
+        missing = [name for name, given, kept in zip(("a", "b", "offs"), (a, b, offs), self._operands)
+                   if given is None and kept is None and not (name == "offs" and self.problem.form == "3d3d")]
+        if missing:
+            raise NvblasltStateError(f"{', '.join(missing)}: expected arrays: the plan's were released "
+                                     f"(release_operands), so execute must be given them")
+        first = a if a is not None else self._operands[0].obj
+        stream_h = stream_handle(stream) if stream is not None else self.framework.stream_of(first)
         bound = bind(a, b, offs, stream_h, self.out_dtype, defaults=self._operands)
         if bound.problem.key != self.problem.key:
             raise NvblasltValueError(
                 f"a, b, offs: expected operands this plan was made for ({self._describe()}, alignment "
                 f"{self.problem.b.alignment}/{self.problem.a.alignment} bytes), got ones that differ in more than "
                 f"the ragged extent; make a new plan (grouped_matmul keeps one per problem)")
+        self._operands = bound.operands  # the defaults of the next execute
         return self.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
+
+    def release_operands(self) -> None:
+        """Drop the plan's references to its last operands (``execute`` must then be given them)."""
+        self._operands = (None, None, None)
 
     def run(self, bound: Bound, *, out, stream: int, check_offsets: bool | None):
         """``execute`` for operands already read and known to fit this plan (``grouped_matmul``'s path).
@@ -262,7 +273,6 @@ class GroupedMatmul:
         if self.algorithm is None:
             raise NvblasltStateError("execute: plan() first: no algorithm is selected")
         problem, (a_op, b_op, offs_op) = bound.problem, bound.operands
-        self._operands = bound.operands  # kept alive until the next call replaces them
         stream_h = stream
         out_dtype = problem.d.dtype
         if out is None:
@@ -281,8 +291,15 @@ class GroupedMatmul:
                                      f" bytes; this plan needs {problem.d.alignment}")
         check = _check_offsets_default() if check_offsets is None else bool(check_offsets)
         with _cuda.on_device(self.device):
+            capturing = _cuda.is_capturing(stream_h)
+            if capturing:
+                if check:
+                    raise NvblasltStateError("check_offsets: waits for the GPU, which a CUDA graph being captured "
+                                             "on the stream forbids; check outside the capture")
+                self.captured = True
             if stream_h != self._last_stream:
-                _memory.wait_for(self._last_stream, stream_h)  # the arrays and workspace: one stream at a time
+                if not capturing:  # a capture may not wait on work outside it; replays run in stream order
+                    _memory.wait_for(self._last_stream, stream_h)  # arrays and workspace: one stream at a time
                 self._last_stream = stream_h
             if problem.form == "2d2d":
                 # a group with no K still has a result (zeros); cuBLASLt is not relied on to write one
@@ -290,7 +307,8 @@ class GroupedMatmul:
                 _cuda.check(cudart.cudaMemsetAsync(out_pointer, 0, nbytes, stream_h), "cudaMemsetAsync")
             self.arrays.derive(offs_op.ptr if offs_op is not None else 0,
                                offs_op is not None and offs_op.dtype == _dtypes.INT64, problem.total,
-                               (b_op.ptr, a_op.ptr, out_pointer), stream_h, check=check)
+                               (b_op.ptr, a_op.ptr, out_pointer), (problem.a.ld, problem.b.ld, problem.d.ld), stream_h,
+                               check=check)
             self._launch(stream_h)
         return result
 
@@ -313,7 +331,8 @@ class GroupedMatmul:
             self.workspace.used_on(stream)
 
     def free(self) -> None:
-        """Release the workspace and arrays, stream-ordered after the work queued so far."""
+        """Release the workspace and arrays, stream-ordered after the work queued so far. A CUDA graph
+        that captured this plan must not be replayed after it (``grouped_matmul`` keeps such plans)."""
         if self.workspace is not None:
             self.workspace.release()
             self.workspace = None
@@ -392,9 +411,10 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
     if plan is None:
         plan = GroupedMatmul(a, b, offs, out_dtype=dtype, stream=stream_h)
         plan.plan()
+        plan.release_operands()  # the cache keeps no caller's array alive
         cache[key] = plan
         if len(cache) > _MAX_PLANS:
-            cache.popitem(last=False)[1].free()
+            _retire(cache.popitem(last=False)[1])
     else:
         cache.move_to_end(key)
     return plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
@@ -410,4 +430,12 @@ def clear_grouped_plans() -> None:
     """
     cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
     while cache:
-        cache.popitem()[1].free()
+        _retire(cache.popitem()[1])
+
+
+def _retire(plan: GroupedMatmul) -> None:
+    """Free a plan leaving the cache, unless a CUDA graph captured it: then it is kept for the thread's life."""
+    if plan.captured:
+        _plans.__dict__.setdefault("captured", []).append(plan)
+    else:
+        plan.free()

@@ -22,13 +22,14 @@ from ._memory import DeviceBuffer
 
 KERNEL = "nvblaslt_grouped_arrays"
 SOURCE = r"""
-struct Spec {  // one GroupedMatrix: extents, lead, raggedness and strides (bytes)
-    long long rows, cols, ld, rows_ragged, cols_ragged, group_stride, ragged_stride, pad;
+struct Spec {  // one GroupedMatrix: extents, raggedness and strides in bytes (leading dimensions come per call)
+    long long rows, cols, ld_unused, rows_ragged, cols_ragged, group_stride, ragged_stride, contiguous;
 };
 
 extern "C" __global__ void nvblaslt_grouped_arrays(
         const void* offs, int offs_64, int groups, long long total, const Spec* specs,
         unsigned long long base_a, unsigned long long base_b, unsigned long long base_d,
+        long long ld_a, long long ld_b, long long ld_d,
         long long* shapes, unsigned long long* pointers, int* status) {
     const int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= groups) return;
@@ -42,19 +43,27 @@ extern "C" __global__ void nvblaslt_grouped_arrays(
             atomicOr(status, 1);  // out of order or outside the operand: clamped below
         }
         if (g == groups - 1 && end != total) {
-            atomicOr(status, 2);  // the last group ends before the operand does: those rows stay unwritten
+            atomicOr(status, 2);  // the operand goes on past the last group
         }
         start = start < 0 ? 0 : (start > total ? total : start);
         end = end < start ? start : (end > total ? total : end);
     }
-    const long long size = end - start;
+    long long size = end - start;
     const unsigned long long bases[3] = {base_a, base_b, base_d};
+    const long long lds[3] = {ld_a, ld_b, ld_d};
+    for (int x = 0; x < 3; ++x) {  // a boundary along memory off 16 bytes: the group would be misaligned
+        const Spec s = specs[x];
+        if (s.contiguous && ((start * s.ragged_stride) % 16 != 0 || (size * s.ragged_stride) % 16 != 0)) {
+            atomicOr(status, 4);
+            size = 0;  // emptied: cuBLASLt never sees a misaligned group
+        }
+    }
     for (int x = 0; x < 3; ++x) {
         const Spec s = specs[x];
         const bool ragged = s.rows_ragged || s.cols_ragged;
         shapes[(3 * x + 0) * groups + g] = s.rows_ragged ? size : s.rows;
         shapes[(3 * x + 1) * groups + g] = s.cols_ragged ? size : s.cols;
-        shapes[(3 * x + 2) * groups + g] = s.ld;
+        shapes[(3 * x + 2) * groups + g] = lds[x];
         pointers[x * groups + g] = bases[x] + g * s.group_stride + (ragged ? start * s.ragged_stride : 0);
     }
 }
@@ -62,17 +71,20 @@ extern "C" __global__ void nvblaslt_grouped_arrays(
 _SPEC_WORDS = 8
 _THREADS = 128
 _ARGUMENT_TYPES = (_jit.POINTER, _jit.INT32, _jit.INT32, _jit.INT64, _jit.POINTER, _jit.INT64, _jit.INT64,
-                   _jit.INT64, _jit.POINTER, _jit.POINTER, _jit.POINTER)
+                   _jit.INT64, _jit.INT64, _jit.INT64, _jit.INT64, _jit.POINTER, _jit.POINTER, _jit.POINTER)
 STATUS_MESSAGES = {
     1: "offsets out of order, negative, or past the operand's extent (those groups were clamped into it)",
-    2: "the last offset is not the operand's extent (rows past it are left unwritten)",
+    2: "the last offset is not the operand's extent along the groups (what lies past it takes part in no group, "
+       "and a result's rows there are left uninitialised)",
+    4: "a group boundary along the operands' contiguous extent is not a multiple of 16 bytes (such groups were "
+       "emptied: cuBLASLt's grouped kernels need aligned matrices)",
 }
 
 
 def _spec(matrix: GroupedMatrix) -> list[int]:
     size = matrix.dtype.itemsize
     return [matrix.rows, matrix.cols, matrix.ld, int(matrix.rows_ragged), int(matrix.cols_ragged),
-            matrix.group_stride * size, matrix.ragged_stride * size, 0]
+            matrix.group_stride * size, matrix.ragged_stride * size, int(matrix.contiguous_ragged)]
 
 
 class GroupedArrays:
@@ -82,7 +94,7 @@ class GroupedArrays:
 
     def __init__(self, problem: GroupedProblem, device: int, stream: int):
         groups = problem.groups
-        self.groups, self.device, self.total = groups, device, problem.total
+        self.groups, self.device = groups, device
         self.kernel = _jit.kernel(SOURCE, KERNEL, device)
         words = 12 * groups + 3 * _SPEC_WORDS + 1
         self.buffer = DeviceBuffer(8 * words, stream)
@@ -105,20 +117,21 @@ class GroupedArrays:
         """Device pointer of A's (0), B's (1) or D's (2) array of per-group matrix pointers."""
         return self.pointers + 8 * matrix * self.groups
 
-    def derive(self, offsets: int, offsets_64: bool, total: int, bases: tuple[int, int, int], stream: int,
-               *, check: bool = False) -> None:
-        """Queue the kernel that writes shapes and pointers for these operands on ``stream``."""
+    def derive(self, offsets: int, offsets_64: bool, total: int, bases: tuple[int, int, int],
+               lds: tuple[int, int, int], stream: int, *, check: bool = False) -> None:
+        """Queue the kernel that writes shapes and pointers for these operands on ``stream``: ``bases``
+        and ``lds`` are A's, B's and D's pointers and leading dimensions."""
         if check:
             _cuda.check(cudart.cudaMemsetAsync(self.status, 0, 4, stream), "cudaMemsetAsync")
-        arguments = (offsets, int(offsets_64), self.groups, total, self.specs, *bases, self.shapes, self.pointers,
-                     self.status)
+        arguments = (offsets, int(offsets_64), self.groups, total, self.specs, *bases, *lds, self.shapes,
+                     self.pointers, self.status)
         blocks = (self.groups + _THREADS - 1) // _THREADS
         self.kernel.launch(self.device, blocks, _THREADS, stream, arguments, _ARGUMENT_TYPES)
         self.buffer.used_on(stream)
         if check:
-            self.raise_on_status(stream)
+            self.raise_on_status(stream, total)
 
-    def raise_on_status(self, stream: int) -> None:
+    def raise_on_status(self, stream: int, total: int) -> None:
         """Wait for ``stream`` and refuse offsets the kernel flagged (the debug check)."""
         value = ctypes.c_int(0)
         _cuda.check(cudart.cudaMemcpyAsync(ctypes.addressof(value), self.status, 4,
@@ -127,7 +140,7 @@ class GroupedArrays:
         problems = [text for bit, text in STATUS_MESSAGES.items() if value.value & bit]
         if problems:
             raise NvblasltValueError(f"offs: {'; '.join(problems)} (the operand's extent along the groups is "
-                                     f"{self.total})")
+                                     f"{total})")
 
     def release(self) -> None:
         self.buffer.release()

@@ -21,6 +21,7 @@ arrays on the GPU; ``reference_arrays`` here does the same on the host, for test
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -52,6 +53,12 @@ class GroupedMatrix:
     dtype: DType
     alignment: int  # bytes every group's pointer and leading dimension are a multiple of, at most 256
 
+    @property
+    def contiguous_ragged(self) -> bool:
+        """The ragged extent runs along memory: groups start wherever the offsets say, so the plan
+        assumes (and the kernel checks) that every boundary is a multiple of ``BOUNDARY_BYTES``."""
+        return (self.rows_ragged or self.cols_ragged) and self.ragged_stride == 1
+
     def extents(self, size: int) -> tuple[int, int]:
         """(rows, cols) of a group whose ragged extent is ``size``."""
         return (size if self.rows_ragged else self.rows), (size if self.cols_ragged else self.cols)
@@ -82,14 +89,21 @@ class GroupedProblem:
 
     @property
     def key(self) -> tuple:
-        """What a plan depends on: everything but the ragged total (which no descriptor holds)
-        and the result's extent along it."""
-        return (self.form, self.groups, self.transa, self.transb, self.a, self.b, self.d)
+        """What a plan depends on: everything but the ragged total and the leading dimensions, which
+        no descriptor holds (the kernel writes them per call; their alignment is in the key)."""
+        return (self.form, self.groups, self.transa, self.transb,
+                *(dataclasses.replace(m, ld=0) for m in (self.a, self.b, self.d)))
 
 
 def pointer_alignment(pointer: int) -> int:
     """The largest power of two up to 256 dividing ``pointer``, in bytes."""
     return min(256, pointer & -pointer) if pointer else 256
+
+
+# Where the ragged extent runs along memory, group boundaries are taken to be multiples of this many
+# bytes (PyTorch's precondition for its grouped GEMM too): cuBLASLt's grouped kernels need 16-byte
+# aligned matrices. The kernel checks it on the GPU and empties a group that breaks it.
+BOUNDARY_BYTES = 16
 
 
 def _alignment(pointer: int, itemsize: int, *strides: int) -> int:
@@ -131,7 +145,8 @@ def _operand_matrix(name: str, shape: tuple[int, ...], strides: tuple[int, ...],
         ragged_stride = ld if row_major else 1
     if ragged == "cols" and cols <= 1:
         ragged_stride = 1 if row_major else ld
-    alignment = _alignment(pointer, dtype.itemsize, ld, group_stride, ragged_stride)
+    boundary = ragged_stride if ragged_stride != 1 else max(1, BOUNDARY_BYTES // dtype.itemsize)
+    alignment = _alignment(pointer, dtype.itemsize, ld, group_stride, boundary)
     # a ragged extent's size comes from the offsets: the total is no part of the layout (nor of a plan)
     rows, cols = (0 if ragged == "rows" else rows), (0 if ragged == "cols" else cols)
     if row_major:  # the memory already holds Xᵀ column-major: (C × R), lead ld
@@ -191,7 +206,7 @@ def describe(a, b, offs, *, out_dtype: DType | None = None, out_pointer: int = 2
     if groups < 1:
         raise NvblasltValueError(f"a, b: expected at least one group, got {groups}")
 
-    out_strides = tuple(math.prod(out_shape[i + 1:]) for i in range(len(out_shape)))
+    out_strides = padded_strides(out_shape, out_dtype)
     ragged = RAGGED[form]
     a_group = a.strides[0] if len(a.shape) == 3 else 0
     b_group = b.strides[0] if len(b.shape) == 3 else 0
@@ -210,6 +225,17 @@ def describe(a, b, offs, *, out_dtype: DType | None = None, out_pointer: int = 2
                  "K": (max(1, k_a // groups), n, m), None: (k_a, n, m)}[ragged]
     return GroupedProblem(form, groups, total, transa, transb, cublas_a, cublas_b, cublas_d, out_shape, out_strides,
                           per_group)
+
+
+def padded_strides(shape: tuple[int, ...], dtype: DType) -> tuple[int, ...]:
+    """Row-major element strides for a result, each row starting on a ``BOUNDARY_BYTES`` boundary
+    (as PyTorch pads its grouped GEMM's result), so that every group's matrix is aligned."""
+    per_row = max(1, BOUNDARY_BYTES // dtype.itemsize)
+    row = -(-shape[-1] // per_row) * per_row if shape[-1] > 0 else 1
+    strides = [1, row]
+    for extent in reversed(shape[1:-1]):
+        strides.append(strides[-1] * extent)
+    return tuple(reversed(strides))[-len(shape):]
 
 
 def _check_offsets(form: str, offs, groups: int) -> None:
@@ -247,6 +273,11 @@ def reference_arrays(problem: GroupedProblem, offsets) -> dict[str, list[tuple[i
     if problem.form == "3d3d":
         offsets = None
     for g, (start, size, _) in enumerate(group_bounds(offsets, problem.groups, problem.total)):
+        for name in arrays:
+            matrix = getattr(problem, name)
+            step = matrix.ragged_stride * matrix.dtype.itemsize
+            if matrix.contiguous_ragged and (start * step % BOUNDARY_BYTES or size * step % BOUNDARY_BYTES):
+                size = 0  # the kernel empties a group it could not align
         for name in arrays:
             matrix = getattr(problem, name)
             rows, cols = matrix.extents(size)

@@ -16,7 +16,7 @@ forward               grad a                                  grad b
 ====================  ======================================  ======================================
 
 (ᵀ swaps the last two dimensions; g is the result's gradient.) As in PyTorch, rows of a 2-D result
-past ``offs[-1]`` are not written, and neither are their gradients.
+past ``offs[-1]`` are left uninitialised on CUDA (zeros elsewhere), and so are their gradients.
 """
 
 from __future__ import annotations
@@ -62,13 +62,23 @@ def _reference(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype
     return out
 
 
+def _per_group_matrices(t: Tensor) -> Tensor:
+    """``t`` itself where each group's matrix is row- or column-major, else a contiguous copy (an
+    expanded gradient, ``out.sum().backward()``'s, has zero strides)."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    s0, s1 = t.stride(-2), t.stride(-1)
+    if (s1 == 1 and s0 >= max(cols, 1)) or (s0 == 1 and s1 >= max(rows, 1)):
+        return t
+    return t.contiguous()
+
+
 @torch.library.custom_op("nvblaslt::grouped_mm", mutates_args=(), schema=_SCHEMA)
 def _grouped_mm_op(a, b, offs, out_dtype):
     dtype = out_dtype or a.dtype
     if a.is_cuda and a.dtype in _NATIVE:
         import nvblaslt
 
-        return nvblaslt.grouped_matmul(a, b, offs, out_dtype=dtype)
+        return nvblaslt.grouped_matmul(_per_group_matrices(a), _per_group_matrices(b), offs, out_dtype=dtype)
     return _reference(a, b, offs, dtype)
 
 

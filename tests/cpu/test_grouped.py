@@ -24,10 +24,11 @@ def _strided(pointer: int, itemsize: int, rows: int, cols: int, ld: int) -> np.n
 def emulate(problem, a, b, offs) -> np.ndarray:
     """The result as cuBLASLt computes it from the per-group arrays (D = op(A) · op(B), column-major),
     into a float64 array laid out as the result (offsets in elements do not depend on the dtype)."""
-    out = np.full(problem.out_shape, np.nan)
+    span = 1 + sum((n - 1) * s for n, s in zip(problem.out_shape, problem.out_strides)) if all(problem.out_shape) else 0
+    flat = np.full(max(span, 1), np.nan)
+    out = np.lib.stride_tricks.as_strided(flat, problem.out_shape, [8 * s for s in problem.out_strides])
     arrays = _grouped_problem.reference_arrays(problem, offs)
     a_ptr, b_ptr = a.__array_interface__["data"][0], b.__array_interface__["data"][0]
-    flat = out.reshape(-1)
     for (ra, ca, lda, oa), (rb, cb, ldb, ob), (rd, cd, ldd, od) in zip(arrays["a"], arrays["b"], arrays["d"]):
         cublas_a = _strided(b_ptr + 2 * oa, 2, ra, ca, lda).astype(np.float64)
         cublas_b = _strided(a_ptr + 2 * ob, 2, rb, cb, ldb).astype(np.float64)
@@ -63,7 +64,8 @@ def _random(rng, shape, layout):
     return np.swapaxes(swapped, -1, -2)
 
 
-SIZES = {1: [5], 3: [4, 0, 7], 5: [1, 6, 0, 3, 8]}
+# boundaries on 16 bytes (8 float16 elements): where the ragged extent runs along memory, plans assume it
+SIZES = {1: [16], 3: [8, 0, 24], 5: [8, 16, 0, 8, 32]}
 
 
 @pytest.mark.parametrize("groups", [1, 3, 5])
@@ -74,7 +76,7 @@ def test_every_group_is_laid_out_as_its_matrices_are(form, a_layout, b_layout, g
     rng = np.random.default_rng(groups * 7 + len(form))
     sizes = SIZES[groups]
     total = sum(sizes)
-    m, n, k = 6, 10, 12
+    m, n, k = 8, 16, 24  # 16-byte rows: what cuBLASLt's grouped kernels need
     ends = np.cumsum(sizes).astype(np.int32)
     offs = ends
     a_shape, b_shape = {"2d3d": ((total, k), (groups, k, n)), "3d2d": ((groups, m, k), (k, total)),
@@ -88,6 +90,28 @@ def test_every_group_is_laid_out_as_its_matrices_are(form, a_layout, b_layout, g
     want = expected(form, a, b, offs, groups)
     assert not np.isnan(got).any(), "an element of the result was never written"
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    for matrix in (problem.a, problem.b, problem.d):  # every group's matrix on 16 bytes
+        assert matrix.alignment >= 16, matrix
+
+
+def test_a_boundary_off_16_bytes_along_memory_empties_that_group_and_only_that_one():
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((6, 16)).astype(np.float16)             # (M, ΣK), K along memory
+    b = rng.standard_normal((16, 8)).astype(np.float16)
+    offs = np.array([8, 11, 16], np.int32)                          # group 1 is 3 elements: off 16 bytes
+    problem = _grouped_problem.describe(op(a, "a"), op(b, "b"), op(offs, "offs"))
+    assert problem.b.contiguous_ragged
+    got = emulate(problem, a, b, offs)
+    want = expected("2d2d", a, b, offs, 3)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    assert (got[1] == 0).all() and (got[2] == 0).all()  # 11 is off too, so group 2 starts misaligned: K = 0
+    sizes = [rows * cols for rows, cols, _, _ in _grouped_problem.reference_arrays(problem, offs)["b"]]
+    assert sizes[0] > 0 and sizes[1] == 0 and sizes[2] == 0
+
+
+def test_results_rows_start_on_16_bytes():
+    problem = _grouped_problem.describe(op(_f16(5, 8)), op(_f16(2, 8, 7)), op(np.array([2, 5], np.int32)))
+    assert problem.out_shape == (5, 7) and problem.out_strides == (8, 1)
 
 
 def test_row_major_weights_transposed_in_memory_run_as_tn():
@@ -108,6 +132,12 @@ def test_the_plan_key_ignores_the_ragged_total_and_sees_alignment():
     small = _grouped_problem.describe(op(rng.standard_normal((7, 8)).astype(np.float16)), op(b), op(offs))
     large = _grouped_problem.describe(op(rng.standard_normal((700, 8)).astype(np.float16)), op(b), op(offs))
     assert small.key == large.key and small.total == 7 and large.total == 700
+    # 3-D × 2-D: the leading dimension of b and of the result is the ragged total; the kernel writes it per call
+    a3 = op(_f16(2, 8, 16))
+    narrow = _grouped_problem.describe(a3, op(_f16(16, 16)), op(np.array([8, 16], np.int32)))
+    wide = _grouped_problem.describe(a3, op(_f16(16, 800)), op(np.array([8, 800], np.int32)))
+    assert narrow.key == wide.key
+    assert (narrow.a.ld, wide.a.ld) == (16, 800) and (narrow.d.ld, wide.d.ld) == (16, 800)
     storage = np.zeros(7 * 8 + 1, np.float16)
     shifted = storage[1:].reshape(7, 8)  # 2 bytes past an aligned pointer
     misaligned = _grouped_problem.describe(op(shifted), op(b), op(offs))

@@ -89,3 +89,14 @@ def test_the_grouped_bench_splits_every_token_and_skews_with_empty_experts(skewe
     sizes = split(torch, 8192, 128, skewed, seed=3)
     assert int(sizes.sum()) == 8192 and bool((sizes >= 0).all())
     assert (int((sizes == 0).sum()) >= 16) if skewed else int(sizes.max() - sizes.min()) <= 8192 % 128 + 0
+
+
+def test_operands_whose_groups_are_not_matrices_are_copied_for_cublaslt():
+    from nvblaslt.torch._grouped import _per_group_matrices
+
+    expanded = torch.ones(()).expand(6, 8)                  # what out.sum().backward() hands the backward
+    assert _per_group_matrices(expanded).stride() == (8, 1)
+    weights = torch.randn(3, 8, 4)
+    assert _per_group_matrices(weights.transpose(1, 2)).data_ptr() == weights.data_ptr()  # column-major: as it is
+    strided = torch.randn(6, 16)[:, ::2]
+    assert _per_group_matrices(strided).is_contiguous()
