@@ -19,7 +19,8 @@ class _LazyRuntime:
     def __getattr__(self, name: str):
         runtime = importlib.import_module("cuda.bindings.runtime")
         for module_name, module in list(sys.modules.items()):
-            if module_name.startswith("nvblaslt") and getattr(module, "cudart", None) is self:
+            # the module's own dict: a module __getattr__ (nvblaslt.lt loads the library) must not run
+            if module_name.startswith("nvblaslt") and vars(module).get("cudart") is self:
                 setattr(module, "cudart", runtime)
         return getattr(runtime, name)
 

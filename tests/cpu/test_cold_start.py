@@ -52,3 +52,18 @@ def test_the_lazy_runtime_answers_like_the_module(name):
     from nvblaslt._cuda import _LazyRuntime
 
     assert getattr(_LazyRuntime(), name) is getattr(runtime, name)
+
+
+def test_the_first_runtime_call_loads_no_library_through_a_module_getattr():
+    # nvblaslt.lt answers unknown attributes by loading libcublasLt: the rebinding must not ask it
+    out = _run("""
+        import sys
+        import nvblaslt, nvblaslt.lt
+        from nvblaslt import _cuda, _loader
+        def refuse(*args, **kwargs):
+            raise AssertionError("the library was loaded")
+        _loader.load = refuse
+        _cuda.device_count()
+        print("ok", "libcublasLt" in open("/proc/self/maps").read())
+    """)
+    assert out.strip() == "ok False"
