@@ -411,15 +411,21 @@ class Matmul(OperandResets):
         if staged:
             inputs.update((key, copy) for key, (copy, _) in staged.items())
             prepared = _epilogs.prepare(epilog, problem, inputs, aux_dtype, prefs.epilog.aux_amax)
+        previous_aux = self._scales.value("aux")
         if aux_scale is not None:
             self._scales.write({"aux": aux_scale}, self.stream)
         # 3. the launch: descriptors, the caller's algorithms or the heuristics' (and the tuning cache's), workspace
-        launch, found, remembered = Launch.planned(
-            lib, problem, prepared, options=self.options, preferences=prefs, scales=self._scales,
-            operands=self._operands, aux_scale=aux_scale is not None, device=self.device, alpha=self.alpha,
-            beta=self.beta, algorithms=algorithms, stream=self._last_stream)
-        results = Results(launch, problem, prepared, framework=self._framework, host=self._host, device=self.device,
-                          result_amax=bool(self.options.result_amax))
+        try:
+            launch, found, remembered = Launch.planned(
+                lib, problem, prepared, options=self.options, preferences=prefs, scales=self._scales,
+                operands=self._operands, aux_scale=aux_scale is not None, device=self.device, alpha=self.alpha,
+                beta=self.beta, algorithms=algorithms, stream=self._last_stream)
+            results = Results(launch, problem, prepared, framework=self._framework, host=self._host,
+                              device=self.device, result_amax=bool(self.options.result_amax))
+        except BaseException:
+            if aux_scale is not None:  # the committed plan reads the aux scale's slot: its value goes back
+                self._scales.restore("aux", previous_aux, self.stream)
+            raise
         # 4. commit: the previous plan goes, this one takes its place
         self._planned = False  # until the new plan is whole: execute() must not launch with what is released here
         self._release_plan()

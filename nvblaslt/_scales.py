@@ -185,6 +185,18 @@ class Scales:
                             "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
 
+    def value(self, key: str):
+        """The checked value held for ``key`` (a float or an Operand), or None."""
+        return self._values.get(key)
+
+    def restore(self, key: str, value, stream: int) -> None:
+        """Put back ``key``'s earlier ``value`` (None: it had none), the buffer's slot included, after a
+        plan that wrote a new one failed: the committed plan reads that slot."""
+        if value is None:
+            self._values.pop(key, None)
+        else:
+            self.write({key: value}, stream)
+
     def forget_arrays(self) -> None:
         """Drop the references to the caller's scale arrays; their pointers stay in use."""
         for value in self._values.values():
