@@ -69,6 +69,7 @@ def test_every_example_has_a_test():
     tested = {"epilog_tutorial.py", "linear_layer.py", "digits_mlp.py", "gelu_fusion.py", "torch_autograd.py",
               "descriptor_level.py", "regenerate_bindings.py",
               "conv_bias_relu.py",  # run by test_example_conv.py (GPU) and tests/cpu/test_conv.py (CPU)
+              "moe_experts.py",  # run by test_grouped_gpu.py (GPU) and tests/cpu/test_grouped_torch.py (CPU)
               "torch_ddp_mlp.py"}  # run under torchrun by test_examples_torch.py
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 

@@ -293,3 +293,18 @@ def test_host_offsets_are_refused_by_name():
     b = torch.randn(2, 16, 8, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(NvblasltValueError, match="offs: expected an array on the GPU"):
         grouped_matmul(a, b, torch.tensor([3, 8], dtype=torch.int32))
+
+
+@needs_grouped
+def test_the_moe_example_on_cublaslt():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "examples" / "moe_experts.py")], capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in ("grouped GEMMs on cuda (cuBLASLt), torch.bfloat16", "the empty expert's weight gradients are zero: "
+                 "True", "all checks passed: True"):
+        assert line in done.stdout, done.stdout
