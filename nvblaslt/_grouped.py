@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import statistics
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from ._launch import raw_function
 from ._loader import library
 from ._memory import DeviceBuffer
 from ._streams import stream_handle
+from ._timing import Timer, shuffled_rounds
 
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
 _ENV_CHECK = "NVBLASLT_CHECK_OFFSETS"
@@ -206,6 +208,64 @@ class GroupedMatmul:
                 self.workspace.release()
             self.workspace = DeviceBuffer(algorithm.workspace_size, self._last_stream)
         self.algorithm = algorithm
+
+    def autotune(self, *, iterations: int = 5) -> list[tuple[HeuristicResult, float]]:
+        """Time every planned algorithm on the plan's last operands and select the fastest.
+
+        Each runs once to warm up, then ``iterations`` times in shuffled interleaved rounds, timed
+        with CUDA events (L2 flushed before each run), the derive kernel included; the lowest median
+        wins. The timed runs write into scratch memory, never the caller's arrays. Waits for the GPU.
+
+        Parameters
+        ----------
+        iterations : int, optional
+            Timed runs of each algorithm (default 5).
+
+        Returns
+        -------
+        list of (HeuristicResult, float)
+            Each algorithm with its median milliseconds, fastest first.
+
+        Raises
+        ------
+        NvblasltStateError
+            Before ``plan()``, after ``release_operands()``, or while a CUDA graph is captured on the stream.
+        NvblasltValueError
+            ``iterations`` is not a positive int.
+        """
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise NvblasltValueError(f"iterations: expected a positive int, got {iterations!r}")
+        if not self.algorithms or self.algorithm is None:
+            raise NvblasltStateError("autotune: plan() first: there are no algorithms to time")
+        if self._operands[0] is None or self._operands[1] is None:
+            raise NvblasltStateError("autotune: the plan's operands were released (release_operands); execute() "
+                                     "with operands first")
+        stream = self._last_stream
+        if _cuda.is_capturing(stream):
+            raise NvblasltStateError("autotune: waits for the GPU, which a CUDA graph being captured forbids")
+        bound = bind(None, None, None, stream, self.out_dtype, defaults=self._operands)
+        problem = bound.problem
+        scratch, _ = _memory.own_allocator(problem.out_shape, problem.out_strides, problem.d.dtype,
+                                           self.device)(stream, stream)
+        chosen = self.algorithm
+
+        def run() -> None:
+            self.run(bound, out=scratch, stream=stream, check_offsets=False)
+        try:
+            with _cuda.on_device(self.device), Timer(self.device, stream) as timer:
+                for result in self.algorithms:  # warm-up, and every workspace made before timing
+                    self.select(result)
+                    run()
+                samples = shuffled_rounds(self.algorithms, iterations,
+                                          lambda result: timer(run, prepare=lambda: self.select(result)))
+        except BaseException:
+            self.select(chosen)
+            raise
+        finally:
+            scratch.buffer.release()
+        timed = sorted(zip(self.algorithms, (statistics.median(s) for s in samples)), key=lambda pair: pair[1])
+        self.select(timed[0][0])
+        return timed
 
     def _describe(self) -> str:
         p = self.problem

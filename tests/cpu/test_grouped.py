@@ -264,3 +264,16 @@ def test_the_derive_kernel_compiles_for_hopper_and_blackwell():
         raise
     assert all(cubin[:4] == b"\x7fELF" and len(cubin) > 1000 for cubin in cubins)
     assert _grouped_arrays.KERNEL.encode() in cubins[0]
+
+
+def test_autotune_refuses_bad_iterations_and_an_unplanned_plan():
+    from nvblaslt import GroupedMatmul
+    from nvblaslt._errors import NvblasltStateError
+
+    plan = GroupedMatmul.__new__(GroupedMatmul)  # as __init__ leaves it before plan(), without the GPU
+    plan.algorithms, plan.algorithm, plan._operands = [], None, (None, None, None)
+    for bad in (0, -1, 2.5, True, "5"):
+        with pytest.raises(NvblasltValueError, match="iterations: expected a positive int"):
+            plan.autotune(iterations=bad)
+    with pytest.raises(NvblasltStateError, match=r"autotune: plan\(\) first"):
+        plan.autotune()

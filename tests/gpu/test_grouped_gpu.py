@@ -143,6 +143,26 @@ def test_a_plan_runs_again_with_new_offsets_and_a_new_token_count():
 
 
 @needs_grouped
+def test_autotune_times_every_algorithm_and_keeps_the_results_right():
+    torch.manual_seed(3)
+    a = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4, 384, 256, device="cuda", dtype=torch.bfloat16)
+    ends = _ends([128, 0, 256, 128])
+    plan = GroupedMatmul(a, w.transpose(1, 2), ends)
+    found = plan.plan(limit=8)
+    out = torch.full((512, 384), float("nan"), device="cuda", dtype=torch.bfloat16)
+    plan.execute(out=out)
+    before = out.clone()
+    timed = plan.autotune(iterations=3)
+    torch.cuda.synchronize()
+    assert torch.equal(out, before), "autotune wrote into the caller's result"
+    assert sorted(r.algo_id for r, _ in timed) == sorted(r.algo_id for r in found)
+    assert [ms for _, ms in timed] == sorted(ms for _, ms in timed) and timed[0][1] > 0
+    assert plan.algorithm is timed[0][0]
+    _check(plan.execute(), _reference("2d3d", a, w.transpose(1, 2), ends, 4), torch.bfloat16)
+
+
+@needs_grouped
 def test_bad_offsets_are_refused_by_the_debug_check_and_never_reach_outside():
     a = torch.randn(20, 16, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2, 16, 8, device="cuda", dtype=torch.bfloat16)
