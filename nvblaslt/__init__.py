@@ -34,7 +34,8 @@ from ._errors import (
 from ._epilogs import MatmulEpilog
 from ._loader import Library, library, load
 from ._function_form import clear_plan_cache, matmul
-from ._grouped import GroupedMatmul, clear_grouped_plans, grouped_matmul
+from ._grouped import GroupedMatmul
+from ._grouped_function import clear_grouped_plans, grouped_matmul
 from ._options import (MatmulEpilogPreferences, MatmulOptions, MatmulPlanPreferences, MatmulQuantizationScales,
                        qualifiers_dtype)
 from ._plan import Matmul

@@ -1,9 +1,9 @@
-"""Grouped GEMM: one cuBLASLt call for every group of a ragged split (mixture-of-experts layers).
+"""``GroupedMatmul``: one cuBLASLt call for every group of a ragged split (mixture-of-experts layers).
 
-``grouped_matmul(a, b, offs)`` has ``torch._grouped_mm``'s semantics (``_grouped_problem`` lists the
-four forms) on any GPU arrays, and returns the result in the operands' package. ``GroupedMatmul``
-is the stateful form: a plan made once per (groups, extents but the ragged one, dtypes, layout,
-alignment) that runs again with new operands and new offsets, which never leave the GPU: each
+It has ``torch._grouped_mm``'s semantics (``_grouped_problem`` lists the four forms) on any GPU
+arrays, and returns the result in the operands' package; ``grouped_matmul`` (``_grouped_function``)
+is the function form. A plan is made once per (groups, extents but the ragged one, dtypes, layout,
+alignment) and runs again with new operands and new offsets, which never leave the GPU: each
 ``execute`` queues a small kernel (``_grouped_arrays``) that writes cuBLASLt's per-group arrays,
 then the GEMM, with no host synchronization, so it can be captured in a CUDA graph.
 
@@ -16,12 +16,10 @@ from __future__ import annotations
 import ctypes
 import os
 import statistics
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from . import _cuda, _dtypes, _grouped_problem, _memory, _operands
+from . import _cuda, _dtypes, _grouped_problem, _memory, _operands, _tuning_cache
 from ._cuda import cudart
 from ._descriptors import GroupedMatrixLayout, Handle, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
 from ._errors import CublasLtError, NvblasltStateError, NvblasltValueError
@@ -42,7 +40,7 @@ def _check_offsets_default() -> bool:
     return os.environ.get(_ENV_CHECK, "") not in ("", "0")
 
 
-def _stream(a, stream) -> int:
+def stream_of(a, stream) -> int:
     """``stream``'s handle, or the current stream of ``a``'s package on its device."""
     return stream_handle(stream) if stream is not None else _operands.framework_of(a).stream_of(a)
 
@@ -111,7 +109,7 @@ class GroupedMatmul:
 
     def __init__(self, a, b, offs=None, *, out_dtype: Any = None, stream: Any = None,
                  workspace_bytes: int = WORKSPACE_BYTES):
-        stream_h = _stream(a, stream)
+        stream_h = stream_of(a, stream)
         self.out_dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
         bound = bind(a, b, offs, stream_h, self.out_dtype)
         self.lib = library()
@@ -184,6 +182,10 @@ class GroupedMatmul:
             if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
                 raise
             found = []
+        if found and algorithm is None:
+            tuned, _ = _tuning_cache.recall(self)  # what an earlier autotune() chose for this problem
+            if tuned is not None:
+                found = [tuned, *(r for r in found if r.as_bytes() != tuned.as_bytes())]
         if not found:
             status = int(self.lib.api.CUBLAS_STATUS_NOT_SUPPORTED)
             raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, self.lib.status_name(status),
@@ -209,7 +211,24 @@ class GroupedMatmul:
             self.workspace = DeviceBuffer(algorithm.workspace_size, self._last_stream)
         self.algorithm = algorithm
 
-    def autotune(self, *, iterations: int = 5) -> list[tuple[HeuristicResult, float]]:
+    @property
+    def workspace_limit(self) -> int:
+        """The most workspace an algorithm may use (what the tuning cache checks a remembered one against)."""
+        return self.workspace_bytes
+
+    def check(self, algo) -> HeuristicResult | None:
+        """``algo`` (a ``cublasLtMatmulAlgo_t``) as cuBLASLt accepts it for this plan, or None."""
+        a, b, c, d = self.layouts
+        result = self.lib.api.cublasLtMatmulHeuristicResult_t()
+        try:
+            self.lib.cublasLtMatmulAlgoCheck(self.handle.handle, self.desc.handle, a.handle, b.handle, c.handle,
+                                             d.handle, ctypes.byref(algo), ctypes.byref(result))
+        except CublasLtError:
+            return None
+        result.algo = algo
+        return HeuristicResult(result, self.lib)
+
+    def autotune(self, *, iterations: int = 5, remember: bool = True) -> list[tuple[HeuristicResult, float]]:
         """Time every planned algorithm on the plan's last operands and select the fastest.
 
         Each runs once to warm up, then ``iterations`` times in shuffled interleaved rounds, timed
@@ -220,6 +239,9 @@ class GroupedMatmul:
         ----------
         iterations : int, optional
             Timed runs of each algorithm (default 5).
+        remember : bool, optional
+            Store the choice in the tuning cache (default), where ``plan()`` of the same problem finds
+            it, in this process and later ones.
 
         Returns
         -------
@@ -265,6 +287,8 @@ class GroupedMatmul:
             scratch.buffer.release()
         timed = sorted(zip(self.algorithms, (statistics.median(s) for s in samples)), key=lambda pair: pair[1])
         self.select(timed[0][0])
+        if remember:
+            _tuning_cache.remember(self, timed[0][0], timed[0][1])
         return timed
 
     def _describe(self) -> str:
@@ -404,98 +428,3 @@ class GroupedMatmul:
 
     def __exit__(self, *exc: object) -> None:
         self.free()
-
-
-_plans = threading.local()  # one cache per thread: cuBLASLt handles are per thread
-_MAX_PLANS = 64
-
-
-def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: Any = None,
-                   check_offsets: bool | None = None):
-    """``out_g = a_g · b_g`` for every group of a ragged split, in one cuBLASLt call (``torch._grouped_mm``).
-
-    =====================  =====================  =================  =========================
-    a                      b                      result             offs splits
-    =====================  =====================  =================  =========================
-    (ΣM, K)                (G, K, N)              (ΣM, N)            a's rows (tokens)
-    (G, M, K)              (K, ΣN)                (M, ΣN)            b's columns
-    (M, ΣK)                (ΣK, N)                (G, M, N)          K (a weight gradient)
-    (G, M, K)              (G, K, N)              (G, M, N)          nothing (``offs`` None)
-    =====================  =====================  =================  =========================
-
-    Parameters
-    ----------
-    a, b : GPU arrays of any package (DLPack or ``__cuda_array_interface__``)
-        bfloat16 or float16; each group's matrix row- or column-major.
-    offs : 1-D int32 or int64 GPU array
-        Cumulative group ends (``offs[g]`` is where group g ends; group 0 starts at 0). Never read on
-        the host. Rows of a 2-D result past ``offs[-1]`` are left unwritten, as in PyTorch.
-    out_dtype : dtype, optional
-        The operands' dtype (default) or float32.
-    out : array, optional
-        Where the result goes (contiguous, the result's shape and dtype); default a new array.
-    stream : int or stream object, optional
-        Default: the operands' package's current stream.
-    check_offsets : bool, optional
-        Wait for the GPU and refuse bad offsets (default ``$NVBLASLT_CHECK_OFFSETS``).
-
-    Returns
-    -------
-    array
-        The result, in the operands' package (``out`` if given).
-
-    Raises
-    ------
-    NvblasltUnsupportedError
-        cuBLASLt older than 13.4 (the message says how to get a newer one), or an unsupported dtype.
-    NvblasltTypeError, NvblasltValueError
-        Operands or offsets of the wrong kind, dtype, shape or device.
-    CublasLtError
-        cuBLASLt has no grouped algorithm for the problem on this GPU.
-
-    Examples
-    --------
-    .. code-block:: python
-
-        tokens = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)    # sorted by expert
-        experts = torch.randn(8, 14336, 4096, device="cuda", dtype=torch.bfloat16)
-        offs = torch.tensor([900, 2100, 2100, 4000, 5200, 6000, 7300, 8192], device="cuda", dtype=torch.int32)
-        hidden = nvblaslt.grouped_matmul(tokens, experts.transpose(1, 2), offs)   # (8192, 14336)
-    """
-    stream_h = _stream(a, stream)
-    dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
-    bound = bind(a, b, offs, stream_h, dtype)
-    cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
-    key = (bound.problem.key, dtype, bound.operands[0].device)
-    plan = cache.get(key)
-    if plan is None:
-        plan = GroupedMatmul(a, b, offs, out_dtype=dtype, stream=stream_h)
-        plan.plan()
-        plan.release_operands()  # the cache keeps no caller's array alive
-        cache[key] = plan
-        if len(cache) > _MAX_PLANS:
-            _retire(cache.popitem(last=False)[1])
-    else:
-        cache.move_to_end(key)
-    return plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
-
-
-def clear_grouped_plans() -> None:
-    """Free this thread's cached grouped plans (stream-ordered): their workspaces and arrays.
-
-    Examples
-    --------
-    >>> import nvblaslt
-    >>> nvblaslt.clear_grouped_plans()
-    """
-    cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
-    while cache:
-        _retire(cache.popitem()[1])
-
-
-def _retire(plan: GroupedMatmul) -> None:
-    """Free a plan leaving the cache, unless a CUDA graph captured it: then it is kept for the thread's life."""
-    if plan.captured:
-        _plans.__dict__.setdefault("captured", []).append(plan)
-    else:
-        plan.free()

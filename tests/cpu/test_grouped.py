@@ -277,3 +277,46 @@ def test_autotune_refuses_bad_iterations_and_an_unplanned_plan():
             plan.autotune(iterations=bad)
     with pytest.raises(NvblasltStateError, match=r"autotune: plan\(\) first"):
         plan.autotune()
+
+
+def test_a_grouped_plans_autotuned_choice_is_keyed_and_recalled(grouped_lib, monkeypatch, tmp_path):
+    # the tuning cache reads a grouped plan as it reads a Matmul's launch: from its C descriptors
+    from nvblaslt import GroupedMatmul, _tuning_cache
+    from nvblaslt._descriptors import HeuristicResult
+
+    monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_tuning_cache, "gpu_identity", lambda device: {"name": "test GPU", "cc": [9, 0], "sms": 132})
+
+    class FakeArrays:
+        def array(self, matrix, field):
+            return 0x7000_0000 + 0x1000 * matrix + 0x100 * field
+
+    def plan_for(groups):
+        w = np.zeros((groups, 32, 16), np.float16)
+        problem = _grouped_problem.describe(op(_f16(40, 16)), op(w.transpose(0, 2, 1)),
+                                            op(np.arange(1, groups + 1, dtype=np.int32) * (40 // groups)))
+        plan = GroupedMatmul.__new__(GroupedMatmul)
+        plan.lib, plan.problem, plan.arrays = grouped_lib, problem, FakeArrays()
+        plan.workspace_bytes, plan.device = 1 << 20, 0
+        plan.desc, plan.layouts, plan.preference = plan._descriptors()
+        # cuBLASLt's algorithm check needs a GPU: this one accepts any algorithm
+        plan.check = lambda algo: HeuristicResult(_result(grouped_lib, algo), grouped_lib)
+        return plan
+
+    four, eight = plan_for(4), plan_for(8)
+    assert _tuning_cache.key_of(four) != _tuning_cache.key_of(eight)
+    assert _tuning_cache.recall(four) == (None, {})
+    algo = grouped_lib.api.cublasLtMatmulAlgo_t()
+    algo.data[0] = 42  # any 64 bytes: the fake check accepts them
+    chosen = HeuristicResult(_result(grouped_lib, algo), grouped_lib)
+    assert _tuning_cache.remember(four, chosen, 0.5)
+    recalled, entry = _tuning_cache.recall(four)
+    assert recalled is not None and recalled.as_bytes() == chosen.as_bytes() and entry["ms"] == 0.5
+    assert _tuning_cache.recall(eight) == (None, {})
+
+
+def _result(lib, algo):
+    result = lib.api.cublasLtMatmulHeuristicResult_t()
+    result.algo = algo
+    result.workspaceSize = 0
+    return result

@@ -1,7 +1,8 @@
 """Grouped GEMM on the GPU (issue 24): every group against a float64 reference, on fresh random inputs.
 
 Needs cuBLASLt 13.4 or newer (``NVBLASLT_LIBRARY`` pointing at a newer ``libcublasLt.so.13`` where the
-machine's wheel is older; docs/internals.md says how on the GPU machine). With an older library only the refusal is tested.
+machine's wheel is older; docs/internals.md says how on the GPU machine). With an older library only
+the refusal is tested.
 The layout math alone is tested without a GPU in tests/cpu/test_grouped.py.
 """
 

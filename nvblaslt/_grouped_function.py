@@ -1,0 +1,110 @@
+"""``grouped_matmul``: the function form of grouped GEMM, with one cached plan per problem and thread.
+
+A plan (``GroupedMatmul``) is made on the first call of a problem and reused by every later one
+with the same groups, extents but the ragged one, dtypes, layout and alignment: a new token count
+or new offsets run the same plan. Cached plans keep no caller's array; a plan that a CUDA graph
+captured is never freed (the graph holds its arrays and workspace).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from . import _dtypes
+from ._grouped import GroupedMatmul, bind, stream_of
+
+_plans = threading.local()  # one cache per thread: cuBLASLt handles are per thread
+_MAX_PLANS = 64
+
+
+def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: Any = None,
+                   check_offsets: bool | None = None):
+    """``out_g = a_g · b_g`` for every group of a ragged split, in one cuBLASLt call (``torch._grouped_mm``).
+
+    =====================  =====================  =================  =========================
+    a                      b                      result             offs splits
+    =====================  =====================  =================  =========================
+    (ΣM, K)                (G, K, N)              (ΣM, N)            a's rows (tokens)
+    (G, M, K)              (K, ΣN)                (M, ΣN)            b's columns
+    (M, ΣK)                (ΣK, N)                (G, M, N)          K (a weight gradient)
+    (G, M, K)              (G, K, N)              (G, M, N)          nothing (``offs`` None)
+    =====================  =====================  =================  =========================
+
+    Parameters
+    ----------
+    a, b : GPU arrays of any package (DLPack or ``__cuda_array_interface__``)
+        bfloat16 or float16; each group's matrix row- or column-major.
+    offs : 1-D int32 or int64 GPU array
+        Cumulative group ends (``offs[g]`` is where group g ends; group 0 starts at 0). Never read on
+        the host. Rows of a 2-D result past ``offs[-1]`` are left unwritten, as in PyTorch.
+    out_dtype : dtype, optional
+        The operands' dtype (default) or float32.
+    out : array, optional
+        Where the result goes (contiguous, the result's shape and dtype); default a new array.
+    stream : int or stream object, optional
+        Default: the operands' package's current stream.
+    check_offsets : bool, optional
+        Wait for the GPU and refuse bad offsets (default ``$NVBLASLT_CHECK_OFFSETS``).
+
+    Returns
+    -------
+    array
+        The result, in the operands' package (``out`` if given).
+
+    Raises
+    ------
+    NvblasltUnsupportedError
+        cuBLASLt older than 13.4 (the message says how to get a newer one), or an unsupported dtype.
+    NvblasltTypeError, NvblasltValueError
+        Operands or offsets of the wrong kind, dtype, shape or device.
+    CublasLtError
+        cuBLASLt has no grouped algorithm for the problem on this GPU.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        tokens = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)    # sorted by expert
+        experts = torch.randn(8, 14336, 4096, device="cuda", dtype=torch.bfloat16)
+        offs = torch.tensor([900, 2100, 2100, 4000, 5200, 6000, 7300, 8192], device="cuda", dtype=torch.int32)
+        hidden = nvblaslt.grouped_matmul(tokens, experts.transpose(1, 2), offs)   # (8192, 14336)
+    """
+    stream_h = stream_of(a, stream)
+    dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
+    bound = bind(a, b, offs, stream_h, dtype)
+    cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
+    key = (bound.problem.key, dtype, bound.operands[0].device)
+    plan = cache.get(key)
+    if plan is None:
+        plan = GroupedMatmul(a, b, offs, out_dtype=dtype, stream=stream_h)
+        plan.plan()
+        plan.release_operands()  # the cache keeps no caller's array alive
+        cache[key] = plan
+        if len(cache) > _MAX_PLANS:
+            _retire(cache.popitem(last=False)[1])
+    else:
+        cache.move_to_end(key)
+    return plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
+
+
+def clear_grouped_plans() -> None:
+    """Free this thread's cached grouped plans (stream-ordered): their workspaces and arrays.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> nvblaslt.clear_grouped_plans()
+    """
+    cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
+    while cache:
+        _retire(cache.popitem()[1])
+
+
+def _retire(plan: GroupedMatmul) -> None:
+    """Free a plan leaving the cache, unless a CUDA graph captured it: then it is kept for the thread's life."""
+    if plan.captured:
+        _plans.__dict__.setdefault("captured", []).append(plan)
+    else:
+        plan.free()
