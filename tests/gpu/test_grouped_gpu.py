@@ -329,3 +329,33 @@ def test_the_moe_example_on_cublaslt():
     for line in ("grouped GEMMs on cuda (cuBLASLt), torch.bfloat16", "the empty expert's weight gradients are zero: "
                  "True", "all checks passed: True"):
         assert line in done.stdout, done.stdout
+
+
+COEXIST = """
+import os, torch, nvblaslt
+a = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(2, 32, 48, device="cuda", dtype=torch.bfloat16)
+offs = torch.tensor([16, 64], device="cuda", dtype=torch.int32)
+torch_out = torch.cat([a[:16] @ w[0], a[16:] @ w[1]])      # torch's own cuBLAS(Lt)
+ours = nvblaslt.grouped_matmul(a, w, offs)                  # the newer one nvblaslt loaded
+plain = nvblaslt.matmul(a, w[0])
+torch.cuda.synchronize()
+libs = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libcublasLt.so" in line})
+print(len(libs), nvblaslt.library().path in libs, float((ours.float() - torch_out.float()).abs().max()),
+      float((plain.float() - a.float() @ w[0].float()).abs().max()))
+"""
+
+
+@needs_grouped
+def test_the_newer_library_sits_beside_torchs_own():
+    import os
+    import subprocess
+    import sys
+
+    if not os.environ.get("NVBLASLT_LIBRARY"):
+        pytest.skip("the machine's own cuBLAS has grouped GEMM: nothing to load beside it")
+    done = subprocess.run([sys.executable, "-c", COEXIST], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, ours_loaded, grouped_error, plain_error = done.stdout.split()
+    assert int(count) == 2 and ours_loaded == "True", done.stdout  # torch's copy and nvblaslt's, both mapped
+    assert float(grouped_error) <= 0.25 and float(plain_error) <= 0.25, done.stdout  # bf16 rounding of |x| ~ 10
