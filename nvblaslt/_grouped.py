@@ -8,7 +8,9 @@ alignment) and runs again with new operands and new offsets, which never leave t
 then the GEMM, with no host synchronization, so it can be captured in a CUDA graph.
 
 Each plan owns its workspace and arrays. A plan used from another stream than last time makes that
-stream wait for the earlier work first, so two streams never share them at once.
+stream wait for the earlier work first, so two streams never share them at once; a CUDA graph's
+replays are the caller's to order with eager use of the plan it captured (``grouped_matmul`` gives
+such a plan up and makes a new one for later eager calls).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ._launch import raw_function
 from ._loader import library
 from ._memory import DeviceBuffer
 from ._streams import stream_handle
+from ._strides import span_elements
 from ._timing import Timer, shuffled_rounds
 
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
@@ -116,6 +119,7 @@ class GroupedMatmul:
         require_grouped(self.lib)
         self.problem, self._operands = bound.problem, bound.operands
         self.captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
+        self._graph_memory: list[DeviceBuffer] = []  # workspaces a captured graph may still use
         a_op = bound.operands[0]
         self.device, self.framework = a_op.device, a_op.framework
         self.stream = self._last_stream = stream_h
@@ -206,7 +210,9 @@ class GroupedMatmul:
         if not any(algorithm is r or algorithm.as_bytes() == r.as_bytes() for r in self.algorithms):
             raise NvblasltValueError("algorithm: expected one of this plan's algorithms (plan() returns them)")
         if algorithm.workspace_size > (self.workspace.size if self.workspace is not None else 0):
-            if self.workspace is not None:
+            if self.workspace is not None and self.captured:
+                self._graph_memory.append(self.workspace)  # a CUDA graph replays with it: kept for the plan's life
+            elif self.workspace is not None:
                 self.workspace.release()
             self.workspace = DeviceBuffer(algorithm.workspace_size, self._last_stream)
         self.algorithm = algorithm
@@ -275,17 +281,29 @@ class GroupedMatmul:
             self.run(bound, out=scratch, stream=stream, check_offsets=False)
         try:
             with _cuda.on_device(self.device), Timer(self.device, stream) as timer:
+                runnable = []
                 for result in self.algorithms:  # warm-up, and every workspace made before timing
                     self.select(result)
-                    run()
-                samples = shuffled_rounds(self.algorithms, iterations,
+                    try:
+                        run()
+                    except CublasLtError as error:  # one cuBLASLt refuses at launch: not a contestant
+                        if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
+                            raise
+                        continue
+                    runnable.append(result)
+                if not runnable:
+                    raise CublasLtError("cublasLtMatmul", int(self.lib.api.CUBLAS_STATUS_NOT_SUPPORTED),
+                                        "CUBLAS_STATUS_NOT_SUPPORTED", "the requested functionality is not supported",
+                                        "every algorithm the heuristics offered was refused at launch")
+                samples = shuffled_rounds(runnable, iterations,
                                           lambda result: timer(run, prepare=lambda: self.select(result)))
         except BaseException:
             self.select(chosen)
             raise
         finally:
             scratch.buffer.release()
-        timed = sorted(zip(self.algorithms, (statistics.median(s) for s in samples)), key=lambda pair: pair[1])
+        timed = sorted(zip(runnable, (statistics.median(s) for s in samples)), key=lambda pair: pair[1])
+        self.algorithms = [result for result, _ in timed]
         self.select(timed[0][0])
         if remember:
             _tuning_cache.remember(self, timed[0][0], timed[0][1])
@@ -303,9 +321,10 @@ class GroupedMatmul:
         ----------
         a, b, offs : arrays, optional
             New operands and offsets (each default: the last ones). They must match the plan in
-            everything but the ragged extent's total, their pointers aligned at least as the plan's were.
+            everything but the ragged extent's total, their pointers aligned as the plan's were.
         out : array, optional
-            Where the result goes (contiguous, the result's shape and dtype); default a new array.
+            Where the result goes: the result's shape and dtype, row-major with every row starting on
+            16 bytes (contiguous where a row is a multiple of 16 bytes); default a new array.
         stream : int or stream object, optional
             Default: the operands' package's current stream.
         check_offsets : bool, optional
@@ -367,8 +386,9 @@ class GroupedMatmul:
         else:
             out_op = _read(out, "out", stream_h)
             if out_op.shape != problem.out_shape or out_op.strides != problem.out_strides or out_op.dtype != out_dtype:
-                raise NvblasltValueError(f"out: expected a contiguous {out_dtype.name} array of shape "
-                                         f"{problem.out_shape}, got {out_op.describe()}")
+                raise NvblasltValueError(f"out: expected a {out_dtype.name} array of shape {problem.out_shape} and "
+                                         f"strides {problem.out_strides} (row-major, rows on 16 bytes), got "
+                                         f"{out_op.describe()}")
             result, out_pointer = out, out_op.ptr
         if _grouped_problem.pointer_alignment(out_pointer) < problem.d.alignment:
             raise NvblasltValueError(f"out: its pointer is aligned to {_grouped_problem.pointer_alignment(out_pointer)}"
@@ -387,7 +407,7 @@ class GroupedMatmul:
                 self._last_stream = stream_h
             if problem.form == "2d2d":
                 # a group with no K still has a result (zeros); cuBLASLt is not relied on to write one
-                nbytes = problem.out_shape[0] * problem.out_strides[0] * out_dtype.itemsize
+                nbytes = span_elements(problem.out_shape, problem.out_strides) * out_dtype.itemsize
                 _cuda.check(cudart.cudaMemsetAsync(out_pointer, 0, nbytes, stream_h), "cudaMemsetAsync")
             self.arrays.derive(offs_op.ptr if offs_op is not None else 0,
                                offs_op is not None and offs_op.dtype == _dtypes.INT64, problem.total,

@@ -51,11 +51,12 @@ extern "C" __global__ void nvblaslt_grouped_arrays(
     long long size = end - start;
     const unsigned long long bases[3] = {base_a, base_b, base_d};
     const long long lds[3] = {ld_a, ld_b, ld_d};
-    for (int x = 0; x < 3; ++x) {  // a boundary along memory off 16 bytes: the group would be misaligned
+    for (int x = 0; x < 3; ++x) {  // a start along memory off 16 bytes: the group would be misaligned
         const Spec s = specs[x];
-        if (s.contiguous && ((start * s.ragged_stride) % 16 != 0 || (size * s.ragged_stride) % 16 != 0)) {
+        if (s.contiguous && (start * s.ragged_stride) % 16 != 0) {
             atomicOr(status, 4);
-            size = 0;  // emptied: cuBLASLt never sees a misaligned group
+            size = 0;  // emptied, at its group's aligned base: cuBLASLt never sees a misaligned matrix
+            start = 0;
         }
     }
     for (int x = 0; x < 3; ++x) {
@@ -76,7 +77,7 @@ STATUS_MESSAGES = {
     1: "offsets out of order, negative, or past the operand's extent (those groups were clamped into it)",
     2: "the last offset is not the operand's extent along the groups (what lies past it takes part in no group, "
        "and a result's rows there are left uninitialised)",
-    4: "a group boundary along the operands' contiguous extent is not a multiple of 16 bytes (such groups were "
+    4: "a group starts along the operands' contiguous extent off a multiple of 16 bytes (such groups were "
        "emptied: cuBLASLt's grouped kernels need aligned matrices)",
 }
 

@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from . import _dtypes
+from . import _dtypes, _tuning_cache
 from ._grouped import GroupedMatmul, bind, stream_of
 
 _plans = threading.local()  # one cache per thread: cuBLASLt handles are per thread
@@ -42,7 +42,8 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
     out_dtype : dtype, optional
         The operands' dtype (default) or float32.
     out : array, optional
-        Where the result goes (contiguous, the result's shape and dtype); default a new array.
+        Where the result goes: the result's shape and dtype, row-major with every row starting on 16
+        bytes (contiguous where a row is a multiple of 16 bytes); default a new array.
     stream : int or stream object, optional
         Default: the operands' package's current stream.
     check_offsets : bool, optional
@@ -75,7 +76,10 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
     dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
     bound = bind(a, b, offs, stream_h, dtype)
     cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
-    key = (bound.problem.key, dtype, bound.operands[0].device)
+    if _plans.__dict__.get("generation") != _tuning_cache.generation:  # a choice was stored since: plan anew
+        _plans.generation = _tuning_cache.generation
+        clear_grouped_plans()
+    key = (bound.problem.key, bound.problem.d.dtype, bound.operands[0].device)
     plan = cache.get(key)
     if plan is None:
         plan = GroupedMatmul(a, b, offs, out_dtype=dtype, stream=stream_h)
@@ -86,7 +90,10 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
             _retire(cache.popitem(last=False)[1])
     else:
         cache.move_to_end(key)
-    return plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
+    result = plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
+    if plan.captured:  # the graph owns it now: eager calls get a plan of their own, never racing its replays
+        _retire(cache.pop(key))
+    return result
 
 
 def clear_grouped_plans() -> None:

@@ -100,9 +100,9 @@ def pointer_alignment(pointer: int) -> int:
     return min(256, pointer & -pointer) if pointer else 256
 
 
-# Where the ragged extent runs along memory, group boundaries are taken to be multiples of this many
-# bytes (PyTorch's precondition for its grouped GEMM too): cuBLASLt's grouped kernels need 16-byte
-# aligned matrices. The kernel checks it on the GPU and empties a group that breaks it.
+# Where the ragged extent runs along memory, groups are taken to start on multiples of this many bytes
+# (PyTorch's precondition for its grouped GEMM too): cuBLASLt's grouped kernels need 16-byte aligned
+# matrices. The kernel checks it on the GPU and empties a group that breaks it.
 BOUNDARY_BYTES = 16
 
 
@@ -206,7 +206,7 @@ def describe(a, b, offs, *, out_dtype: DType | None = None, out_pointer: int = 2
     if groups < 1:
         raise NvblasltValueError(f"a, b: expected at least one group, got {groups}")
 
-    out_strides = padded_strides(out_shape, out_dtype)
+    out_strides = padded_strides(out_shape, out_dtype.itemsize)
     ragged = RAGGED[form]
     a_group = a.strides[0] if len(a.shape) == 3 else 0
     b_group = b.strides[0] if len(b.shape) == 3 else 0
@@ -227,10 +227,10 @@ def describe(a, b, offs, *, out_dtype: DType | None = None, out_pointer: int = 2
                           per_group)
 
 
-def padded_strides(shape: tuple[int, ...], dtype: DType) -> tuple[int, ...]:
+def padded_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     """Row-major element strides for a result, each row starting on a ``BOUNDARY_BYTES`` boundary
     (as PyTorch pads its grouped GEMM's result), so that every group's matrix is aligned."""
-    per_row = max(1, BOUNDARY_BYTES // dtype.itemsize)
+    per_row = max(1, BOUNDARY_BYTES // itemsize)
     row = -(-shape[-1] // per_row) * per_row if shape[-1] > 0 else 1
     strides = [1, row]
     for extent in reversed(shape[1:-1]):
@@ -276,8 +276,8 @@ def reference_arrays(problem: GroupedProblem, offsets) -> dict[str, list[tuple[i
         for name in arrays:
             matrix = getattr(problem, name)
             step = matrix.ragged_stride * matrix.dtype.itemsize
-            if matrix.contiguous_ragged and (start * step % BOUNDARY_BYTES or size * step % BOUNDARY_BYTES):
-                size = 0  # the kernel empties a group it could not align
+            if matrix.contiguous_ragged and start * step % BOUNDARY_BYTES:
+                start, size = 0, 0  # the kernel empties a group it could not align, at its group's base
         for name in arrays:
             matrix = getattr(problem, name)
             rows, cols = matrix.extents(size)

@@ -346,6 +346,10 @@ _PER_CALL_POINTERS = frozenset({"BIAS_POINTER", "EPILOGUE_AUX_POINTER", "AMAX_D_
 # Checked at recall instead (a remembered algorithm must fit the plan's workspace), so that plans
 # with other limits still find the entry.
 _CHECKED_AT_RECALL = frozenset({"MAX_WORKSPACE_BYTES"})
+# A grouped plan's average group shape: a hint made from the first call's token count. Left out of the
+# key, so a choice tuned at one token count is found at another (the algorithm check still runs).
+_GROUPED_HINTS = frozenset({"GROUPED_AVERAGE_REDUCTION_DIM", "GROUPED_DESC_D_AVERAGE_ROWS",
+                            "GROUPED_DESC_D_AVERAGE_COLS"})
 
 
 @functools.lru_cache(maxsize=None)
@@ -383,11 +387,13 @@ def problem_description(launch) -> dict:
     """Everything the choice of kernel depends on, read from the launch's C descriptors: GPU,
     cuBLASLt version, every attribute of the four layouts, the matmul descriptor (pointers only as
     set or not) and the preference."""
+    layouts = [_attribute_values(layout, "cublasLtMatrixLayoutAttribute_t") for layout in launch.layouts]
+    grouped = int(getattr(launch.lib.api, "CUBLASLT_BATCH_MODE_GROUPED", -1))
+    skip = _CHECKED_AT_RECALL | (_GROUPED_HINTS if any(l.get("BATCH_MODE") == grouped for l in layouts) else set())
     return {"gpu": gpu_identity(launch.device), "cublaslt": list(launch.lib.version_tuple),
             "desc": _attribute_values(launch.desc, "cublasLtMatmulDescAttributes_t"),
-            "layouts": [_attribute_values(layout, "cublasLtMatrixLayoutAttribute_t") for layout in launch.layouts],
-            "preference": _attribute_values(launch.preference, "cublasLtMatmulPreferenceAttributes_t",
-                                            skip=_CHECKED_AT_RECALL)}
+            "layouts": layouts,
+            "preference": _attribute_values(launch.preference, "cublasLtMatmulPreferenceAttributes_t", skip=skip)}
 
 
 def problem_key(description: dict) -> str:

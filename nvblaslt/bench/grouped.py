@@ -8,7 +8,7 @@ round, in a fresh order), CUDA events around bursts of calls, median:
 
 - ``torch._grouped_mm`` (CUTLASS on Hopper), where this torch has it;
 - a per-expert ``torch.mm`` loop over the same split (its offsets read on the host once, before timing);
-- ``nvblaslt.grouped_matmul`` (heuristics' first algorithm, plan cached);
+- ``nvblaslt.grouped_matmul`` (its cached plan: the heuristics' first algorithm, or a tuned one the cache holds);
 - ``GroupedMatmul.execute(out=)`` with every algorithm the heuristics offer, the best kept.
 
 Each result is checked against the loop's first (bf16 rounding) before timing. TFLOP/s count 2·ΣM·K·N.

@@ -26,6 +26,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._grouped_problem import padded_strides
+
 _SCHEMA = "(Tensor a, Tensor b, Tensor? offs, ScalarType? out_dtype) -> Tensor"
 _NATIVE = (torch.bfloat16, torch.float16)
 
@@ -84,7 +86,10 @@ def _grouped_mm_op(a, b, offs, out_dtype):
 
 @_grouped_mm_op.register_fake
 def _grouped_mm_fake(a, b, offs, out_dtype):
-    return a.new_empty(_out_shape(a, b, offs), dtype=out_dtype or a.dtype)
+    dtype, shape = out_dtype or a.dtype, _out_shape(a, b, offs)
+    if a.is_cuda and a.dtype in _NATIVE:  # cuBLASLt's result: every row on 16 bytes, as the real op returns it
+        return a.new_empty_strided(shape, padded_strides(shape, dtype.itemsize), dtype=dtype)
+    return a.new_empty(shape, dtype=dtype)
 
 
 def _setup_context(ctx, inputs, output):

@@ -115,3 +115,21 @@ def test_the_moe_example_runs_its_checks_with_torch_matmuls():
                  "the empty expert's weight gradients are zero: True", "all checks passed: True"):
         assert line in done.stdout, done.stdout
     assert ": False" not in done.stdout
+
+
+def test_the_fake_gives_cuda_results_the_real_ops_padded_strides():
+    # cuBLASLt's result rows start on 16 bytes; torch.compile must be told the strides the op returns
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nvblaslt._grouped_problem import padded_strides
+
+    with FakeTensorMode():
+        a = torch.empty(10, 16, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty(2, 16, 7, device="cuda", dtype=torch.bfloat16)
+        offs = torch.empty(2, device="cuda", dtype=torch.int32)
+        out = torch.ops.nvblaslt.grouped_mm(a, b, offs, None)
+        wide = torch.ops.nvblaslt.grouped_mm(a, b, offs, torch.float32)
+        cpu = torch.ops.nvblaslt.grouped_mm(a.cpu(), b.cpu(), offs.cpu(), None)
+    assert out.shape == (10, 7) and out.stride() == (8, 1) == padded_strides((10, 7), 2)
+    assert wide.dtype == torch.float32 and wide.stride() == (8, 1)   # 4-byte elements: 4 per 16 bytes
+    assert cpu.stride() == (7, 1)                                      # torch matmuls off CUDA: contiguous
