@@ -293,8 +293,9 @@ def test_a_grouped_plans_autotuned_choice_is_keyed_and_recalled(grouped_lib, mon
             return 0x7000_0000 + 0x1000 * matrix + 0x100 * field
 
     def plan_for(groups, tokens=40):
-        w = np.zeros((groups, 32, 16), np.float16)
-        problem = _grouped_problem.describe(op(_f16(tokens, 16)), op(w.transpose(0, 2, 1)),
+        # 256-byte aligned operands: their alignment is part of the problem, and NumPy's varies
+        w = _aligned_f16(groups, 32, 16)
+        problem = _grouped_problem.describe(op(_aligned_f16(tokens, 16)), op(w.transpose(0, 2, 1)),
                                             op(np.arange(1, groups + 1, dtype=np.int32) * (tokens // groups)))
         plan = GroupedMatmul.__new__(GroupedMatmul)
         plan.lib, plan.problem, plan.arrays = grouped_lib, problem, FakeArrays()
@@ -318,6 +319,13 @@ def test_a_grouped_plans_autotuned_choice_is_keyed_and_recalled(grouped_lib, mon
     recalled, entry = _tuning_cache.recall(four)
     assert recalled is not None and recalled.as_bytes() == chosen.as_bytes() and entry["ms"] == 0.5
     assert _tuning_cache.recall(eight) == (None, {})
+
+
+def _aligned_f16(*shape):
+    count = int(np.prod(shape))
+    storage = np.zeros(count + 128, np.float16)
+    skip = (-storage.ctypes.data % 256) // 2
+    return storage[skip:skip + count].reshape(shape)
 
 
 def _result(lib, algo):
