@@ -6,22 +6,32 @@ import contextlib
 import functools
 import importlib
 import sys
+from typing import Any
 
 from ._errors import CudaError
+
+_runtime: Any = None  # cuda.bindings.runtime, once imported
 
 
 class _LazyRuntime:
     """``cuda.bindings.runtime``, imported when a call first needs it: its import is half the time of
     ``import nvblaslt``, and a user who only builds descriptors never needs it. The first attribute read
     imports it and rebinds every nvblaslt module's ``cudart`` name to the real module, so no call after
-    the first goes through this object."""
+    the first goes through this object (one kept elsewhere answers from the module it holds)."""
 
     def __getattr__(self, name: str):
-        runtime = importlib.import_module("cuda.bindings.runtime")
-        for module_name, module in list(sys.modules.items()):
-            # the module's own dict: a module __getattr__ (nvblaslt.lt loads the library) must not run
-            if module_name.startswith("nvblaslt") and vars(module).get("cudart") is self:
-                setattr(module, "cudart", runtime)
+        global _runtime
+        runtime = _runtime
+        if runtime is None:
+            runtime = _runtime = importlib.import_module("cuda.bindings.runtime")
+            globals()["cudart"] = runtime  # first: a module importing it from here now gets the real one
+            for module_name, module in list(sys.modules.items()):
+                # the module's own dict: a module __getattr__ (nvblaslt.lt loads the library) must not run;
+                # a None entry (a module blocked in sys.modules) has none
+                namespace = getattr(module, "__dict__", None)
+                if (module_name == "nvblaslt" or module_name.startswith("nvblaslt.")) and namespace is not None \
+                        and namespace.get("cudart") is self:
+                    namespace["cudart"] = runtime
         return getattr(runtime, name)
 
 

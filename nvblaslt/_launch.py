@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import logging
 import warnings
 
@@ -96,8 +97,12 @@ def workspace_cap(memory_limit, workspace_limit: int, device: int) -> int:
     leaves far more than a workspace of up to 1 GiB, so only then the device's memory is not read."""
     if memory_limit == "80%" and workspace_limit <= 1 << 30:
         return workspace_limit
-    total = _cuda.device_properties(device).totalGlobalMem
-    return min(workspace_limit, memory_limit_bytes(memory_limit, total))
+    return min(workspace_limit, memory_limit_bytes(memory_limit, _total_memory(device)))
+
+
+@functools.lru_cache(maxsize=None)
+def _total_memory(device: int) -> int:
+    return int(_cuda.device_properties(device).totalGlobalMem)
 
 
 class Launch:

@@ -17,13 +17,13 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading
+from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _reading
 from ._cuda import cudart
 from ._descriptors import HeuristicResult
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
-from ._errors import NvblasltArgumentError, NvblasltStateError, NvblasltTypeError, NvblasltValueError
+from ._errors import NvblasltArgumentError, NvblasltStateError, NvblasltValueError
 from ._launch import Launch, algorithm_ids
 from ._loader import library
 from ._options import (MatmulOptions, MatmulPlanPreferences, as_options, check_heuristics_limit, conjugate_flags,
@@ -412,9 +412,10 @@ class Matmul(OperandResets):
             inputs.update((key, copy) for key, (copy, _) in staged.items())
             prepared = _epilogs.prepare(epilog, problem, inputs, aux_dtype, prefs.epilog.aux_amax)
         previous_aux = self._scales.value("aux")
-        if aux_scale is not None:
-            self._scales.write({"aux": aux_scale}, self.stream)
+        if aux_scale is not None:  # its slot's address is known now; its value is written at commit
+            self._scales.stage({"aux": aux_scale}, self.stream)
         # 3. the launch: descriptors, the caller's algorithms or the heuristics' (and the tuning cache's), workspace
+        launch = None
         try:
             launch, found, remembered = Launch.planned(
                 lib, problem, prepared, options=self.options, preferences=prefs, scales=self._scales,
@@ -423,10 +424,15 @@ class Matmul(OperandResets):
             results = Results(launch, problem, prepared, framework=self._framework, host=self._host,
                               device=self.device, result_amax=bool(self.options.result_amax))
         except BaseException:
-            if aux_scale is not None:  # the committed plan reads the aux scale's slot: its value goes back
-                self._scales.restore("aux", previous_aux, self.stream)
+            if launch is not None:
+                launch.close()
+            if aux_scale is not None:  # the committed plan keeps its aux scale: its slot was never written
+                self._scales.unstage("aux", previous_aux)
             raise
         # 4. commit: the previous plan goes, this one takes its place
+        if aux_scale is not None:  # after the work queued so far, which may read the slot's old value
+            _memory.wait_for(self._last_stream, self.stream)
+            self._scales.write({"aux": aux_scale}, self.stream)
         self._planned = False  # until the new plan is whole: execute() must not launch with what is released here
         self._release_plan()
         self.problem, self.epilog, self.launch, self._prepared = problem, epilog, launch, prepared

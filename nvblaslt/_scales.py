@@ -189,13 +189,19 @@ class Scales:
         """The checked value held for ``key`` (a float or an Operand), or None."""
         return self._values.get(key)
 
-    def restore(self, key: str, value, stream: int) -> None:
-        """Put back ``key``'s earlier ``value`` (None: it had none), the buffer's slot included, after a
-        plan that wrote a new one failed: the committed plan reads that slot."""
+    def stage(self, values: dict, stream: int) -> None:
+        """Take checked ``values`` without writing them: their pointers are known (the buffer is made
+        on first use), and ``write`` puts them in place when the plan that reads them commits."""
+        self._values.update(values)
+        if self.buffer is None:
+            self.buffer = _memory.DeviceBuffer(len(_SCALE_KEYS) * _SCALE_SLOT, stream)
+
+    def unstage(self, key: str, value) -> None:
+        """Put back ``key``'s earlier ``value`` (None: it had none) after a plan that staged another failed."""
         if value is None:
             self._values.pop(key, None)
         else:
-            self.write({key: value}, stream)
+            self._values[key] = value
 
     def forget_arrays(self) -> None:
         """Drop the references to the caller's scale arrays; their pointers stay in use."""

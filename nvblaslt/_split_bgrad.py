@@ -39,7 +39,8 @@ class SplitBiasGradient:
         options = dataclasses.replace(options, result_amax=False, logger=None)
         masked = new_plan(a, b, c, stream=stream, options=options, alpha=alpha, beta=None if c is None else beta)
         masked.plan(epilog=MASKING[prepared.epilog], epilog_inputs=inputs,
-                    preferences={"limit": len(launch.algorithms), "workspace_limit": launch.workspace_limit})
+                    preferences={"limit": min(len(launch.algorithms), 1024),  # recalled + searched can pass it
+                                 "workspace_limit": launch.workspace_limit})
         if iterations:
             masked.autotune(iterations=iterations)
 

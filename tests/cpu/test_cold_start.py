@@ -67,3 +67,17 @@ def test_the_first_runtime_call_loads_no_library_through_a_module_getattr():
         print("ok", "libcublasLt" in open("/proc/self/maps").read())
     """)
     assert out.strip() == "ok False"
+
+
+def test_a_blocked_module_entry_and_a_kept_proxy_are_fine():
+    out = _run("""
+        import sys
+        import nvblaslt
+        from nvblaslt import _cuda
+        kept = _cuda.cudart                       # the proxy, held by someone before the first call
+        sys.modules["nvblaslt.blocked"] = None    # monkeypatch.setitem(sys.modules, ..., None), as tests do
+        _cuda.device_count()
+        from cuda.bindings import runtime
+        print(kept.cudaGetDeviceCount is runtime.cudaGetDeviceCount, _cuda.cudart is runtime)
+    """)
+    assert out.strip() == "True True"
