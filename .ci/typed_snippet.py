@@ -13,8 +13,9 @@ from torch import nn
 from typing_extensions import assert_type
 
 import nvblaslt
-from nvblaslt import HeuristicResult, Matmul, MatmulEpilog, MatmulOptions
-from nvblaslt.torch import AUTO_BACKWARD, BACKWARDS, FusedLinear, FusedSequential, autotune, fuse, linear
+from nvblaslt import GroupedMatmul, HeuristicResult, Matmul, MatmulEpilog, MatmulOptions
+from nvblaslt.torch import (AUTO_BACKWARD, BACKWARDS, FusedLinear, FusedSequential, GroupedLinear, autotune, fuse,
+                            grouped_mm, linear)
 
 
 def fused_layer(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> tuple[object, float, HeuristicResult]:
@@ -41,3 +42,15 @@ def fused_model(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     with autotune(iterations=3):
         out: torch.Tensor = stack.forward(y) if picked is None else model(y)
     return out
+
+
+def experts(tokens: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    hidden = nvblaslt.grouped_matmul(tokens, weights.transpose(1, 2), offs, check_offsets=True)
+    with GroupedMatmul(tokens, weights.transpose(1, 2), offs) as plan:
+        found: list[HeuristicResult] = plan.plan(limit=4)
+        fastest: float = plan.autotune(iterations=3)[0][1]
+        plan.execute(tokens, weights.transpose(1, 2), offs)
+    layer = GroupedLinear(8, 64, 128, dtype=torch.bfloat16)
+    assert_type(layer.forward(tokens, offs), torch.Tensor)
+    out = assert_type(grouped_mm(tokens, weights.transpose(1, 2), offs, out_dtype=torch.float32), torch.Tensor)
+    return out if found and fastest and hidden is not None else layer(tokens, offs)
