@@ -12,6 +12,8 @@ round, in a fresh order), CUDA events around bursts of calls, median:
 - ``GroupedMatmul.execute(out=)`` with every algorithm the heuristics offer, the best kept.
 
 Each result is checked against the loop's first (bf16 rounding) before timing. TFLOP/s count 2·ΣM·K·N.
+The ``train`` section times the experts layer's forward + backward (input and weight gradients) the
+three ways, under autograd: ``nvblaslt.torch.grouped_mm``, ``torch._grouped_mm``, the loop (6·ΣM·K·N).
 ``--quick`` runs the 8k-token cases only. Needs cuBLASLt 13.4 or newer (``NVBLASLT_LIBRARY``).
 """
 
@@ -103,12 +105,64 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
             "algorithm_ms": per_algorithm}
 
 
+def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *, device: str = "cuda",
+               dtype=None, timer=event_rounds) -> dict[str, Any]:
+    """One experts layer's forward + backward (input and weight gradients): ``nvblaslt.torch.grouped_mm``,
+    ``torch._grouped_mm`` under autograd where this torch has it, and a per-expert ``torch.mm`` loop."""
+    from nvblaslt.torch import grouped_mm
+
+    dtype = dtype or torch.bfloat16
+    sizes = split(torch, tokens, shape.groups, skewed, seed=shape.groups + tokens + 1)
+    offs = sizes.cumsum(0).to(device=device, dtype=torch.int32)
+    x = torch.randn(tokens, shape.k, device=device, dtype=dtype, requires_grad=True)
+    weights = (torch.randn(shape.groups, shape.n, shape.k, device=device) / shape.k ** 0.5).to(dtype).requires_grad_()
+    grad = torch.randn(tokens, shape.n, device=device, dtype=dtype)
+    ends = offs.tolist()
+    starts = [0, *ends[:-1]]
+
+    def loop():
+        out = torch.cat([x[s:e] @ weights[g].T for g, (s, e) in enumerate(zip(starts, ends))])
+        return torch.autograd.grad(out, (x, weights), grad)
+
+    def ours():
+        return torch.autograd.grad(grouped_mm(x, weights.transpose(1, 2), offs), (x, weights), grad)
+
+    cases: list[tuple[str, Any]] = [("torch mm loop", loop), ("nvblaslt.torch.grouped_mm", ours)]
+    try:
+        torch_grouped = torch._grouped_mm
+    except AttributeError:  # a torch without it (before 2.8)
+        pass
+    else:
+        cases.append(("torch._grouped_mm", lambda: torch.autograd.grad(torch_grouped(x, weights.transpose(1, 2),
+                                                                                     offs=offs), (x, weights), grad)))
+    reference = loop()
+    errors, refused = {}, {}
+    for name, fn in list(cases):
+        try:
+            got = fn()
+        except RuntimeError as error:  # torch._grouped_mm takes bf16/fp16/fp32 on some GPUs only
+            refused[name] = f"{type(error).__name__}: {error}"
+            cases.remove((name, fn))
+            continue
+        errors[name] = max(float((g.double() - r.double()).abs().max() / r.double().abs().max().clamp_min(1e-30))
+                           for g, r in zip(got, reference))
+    times = timer(torch, cases, rounds, 1, seed=tokens) if device == "cuda" else [[0.0] for _ in cases]
+    flops = 3 * 2 * tokens * shape.k * shape.n  # the forward and the two gradients
+    rows = {name: {"ms": statistics.median(t), "tflops": flops / max(statistics.median(t), 1e-9) / 1e9}
+            for (name, _), t in zip(cases, times)}
+    return {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
+            "routing": "skewed" if skewed else "balanced", "rows": rows, "errors": errors, "refused": refused}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8k tokens only, fewer rounds")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--sections", default="forward,train",
+                        help="forward (the GEMM alone), train (the experts layer's forward + backward), or both")
     args = parser.parse_args(argv)
+    sections = set(args.sections.split(","))
     import torch
 
     import nvblaslt
@@ -120,19 +174,23 @@ def main(argv: list[str] | None = None) -> int:
               f"torch {torch.__version__}, Python {platform.python_version()}, bf16")
     print(header)
     results = []
-    for shape in SHAPES:
-        for tokens in token_counts:
-            for skewed in (False, True):
-                progress(f"{shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
-                case = run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5)
-                results.append(case)
-                base = case["rows"].get("torch._grouped_mm", case["rows"]["torch mm loop"])["ms"]
-                print(f"\n{case['shape']} (G={case['groups']}, K={case['k']}, N={case['n']}), {tokens} tokens, "
-                      f"{case['routing']} ({case['empty_groups']} empty)")
-                for name, row in case["rows"].items():
-                    print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {base / row['ms']:5.2f}× "
-                          f"torch  err {case['errors'].get(name, float('nan')):.1e}")
-                free_memory(torch)
+    cases = [(section, shape, tokens, skewed) for section in ("forward", "train") if section in sections
+             for shape in SHAPES for tokens in token_counts for skewed in (False, True)]
+    for section, shape, tokens, skewed in cases:
+        progress(f"{section}: {shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
+        case = (run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5) if section == "forward"
+                else train_case(torch, shape, tokens, skewed, rounds))
+        case["section"] = section
+        results.append(case)
+        base = case["rows"].get("torch._grouped_mm", case["rows"]["torch mm loop"])["ms"]
+        print(f"\n{section}: {case['shape']} (G={case['groups']}, K={case['k']}, N={case['n']}), {tokens} tokens, "
+              f"{case['routing']}")
+        for name, row in case["rows"].items():
+            print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {base / row['ms']:5.2f}× torch  "
+                  f"err {case['errors'].get(name, float('nan')):.1e}")
+        for name, why in case.get("refused", {}).items():
+            print(f"  {name:36s} not timed: {why}")
+        free_memory(torch)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": header, "cases": results}, handle, indent=1)

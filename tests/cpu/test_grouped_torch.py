@@ -133,3 +133,12 @@ def test_the_fake_gives_cuda_results_the_real_ops_padded_strides():
     assert out.shape == (10, 7) and out.stride() == (8, 1) == padded_strides((10, 7), 2)
     assert wide.dtype == torch.float32 and wide.stride() == (8, 1)   # 4-byte elements: 4 per 16 bytes
     assert cpu.stride() == (7, 1)                                      # torch matmuls off CUDA: contiguous
+
+
+def test_the_grouped_bench_train_section_checks_its_gradients_on_the_cpu():
+    from nvblaslt.bench.grouped import Experts, train_case
+
+    case = train_case(torch, Experts("tiny", 4, 16, 24), 64, True, 1, device="cpu", dtype=torch.float64)
+    assert set(case["rows"]) >= {"torch mm loop", "nvblaslt.torch.grouped_mm"}
+    assert case["errors"]["nvblaslt.torch.grouped_mm"] < 1e-12  # float64: the same gradients as the loop
+    assert set(case["refused"]) <= {"torch._grouped_mm"}  # torch's takes no float64: left out, said why
