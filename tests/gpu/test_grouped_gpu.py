@@ -312,6 +312,39 @@ def test_the_torch_op_trains_experts_against_float64():
     assert experts.weight.grad[1].abs().max() == 0
 
 
+@needs_grouped
+def test_the_torch_op_under_compile_fullgraph_and_in_a_cuda_graph():
+    from nvblaslt.torch import GroupedLinear, grouped_mm
+
+    torch.manual_seed(8)
+    experts = GroupedLinear(4, 64, 96, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(160, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    offs = _ends([32, 0, 64, 64])
+    eager = experts(x, offs)
+    eager_grads = torch.autograd.grad(eager.float().square().sum(), (x, experts.weight))
+    compiled = torch.compile(lambda x, offs: experts(x, offs), fullgraph=True)
+    out = compiled(x, offs)
+    grads = torch.autograd.grad(out.float().square().sum(), (x, experts.weight))
+    assert torch.equal(out, eager)  # the same cuBLASLt calls
+    for got, want in zip(grads, eager_grads):
+        assert torch.equal(got, want)
+    # a CUDA graph: the plan is made by a call before the capture, then replayed with new offsets
+    w = experts.weight.detach().transpose(1, 2)
+    static_x = x.detach().clone()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        grouped_mm(static_x, w, offs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static_out = grouped_mm(static_x, w, offs)
+    for sizes in ([160, 0, 0, 0], [8, 8, 8, 136]):
+        offs.copy_(_ends(sizes))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(static_out, _reference("2d3d", static_x, w, offs, 4), torch.bfloat16)
+
+
 def test_host_offsets_are_refused_by_name():
     a = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2, 16, 8, device="cuda", dtype=torch.bfloat16)
