@@ -1,0 +1,136 @@
+"""GroupedMatmul and grouped_matmul driven end to end without a GPU: the handle, the heuristics, the derive
+kernel and cublasLtMatmul are stand-ins that record their calls; everything else (reading the operands,
+the problem, the descriptors on the real library, plan reuse and its refusals, the function form's cache)
+is the real code. What the calls carry is checked against the layout the problem describes."""
+
+from __future__ import annotations
+
+import pytest
+
+import nvblaslt
+from nvblaslt import GroupedMatmul, NvblasltStateError, NvblasltValueError, _grouped, _grouped_function
+from nvblaslt._descriptors import HeuristicResult
+from tests.fakes import FakeDLPack
+
+A, B, OUT, OFFS, OUT2 = 0x7F0000000000, 0x7F0000100000, 0x7F0000200000, 0x7F0000300000, 0x7F0000400000
+
+
+@pytest.fixture
+def gpu_standins(monkeypatch, default_lib):
+    lib = default_lib
+    if lib.version < 130200:
+        pytest.skip("the loaded cuBLASLt has no grouped layouts")
+    calls: dict[str, list] = {"arrays": [], "derive": [], "matmul": [], "heuristics": 0}
+
+    class Handle:
+        handle = 0x1234
+
+    class Arrays:  # GroupedArrays without device memory or the kernel
+        def __init__(self, problem, device, stream):
+            self.groups = problem.groups
+            calls["arrays"].append(problem.groups)
+
+        def array(self, matrix, field):
+            return 0x6000_0000 + 0x1000 * matrix + 0x100 * field
+
+        def pointer_array(self, matrix):
+            return 0x6100_0000 + 0x1000 * matrix
+
+        def derive(self, offsets, offsets_64, total, bases, lds, stream, *, check=False):
+            calls["derive"].append((offsets, offsets_64, total, bases, lds, stream, check))
+
+        def release(self):
+            pass
+
+    def heuristics(handle, desc, a, b, c, d, preference, count=8):
+        calls["heuristics"] += 1
+        result = lib.api.cublasLtMatmulHeuristicResult_t()
+        result.algo.data[0] = 7
+        result.workspaceSize = 0
+        return [HeuristicResult(result, lib)]
+
+    def matmul(*arguments):
+        calls["matmul"].append([getattr(x, "value", x) for x in arguments])
+        return 0
+
+    monkeypatch.setattr(_grouped.Handle, "for_device", classmethod(lambda cls, device: Handle()))
+    monkeypatch.setattr(_grouped, "GroupedArrays", Arrays)
+    monkeypatch.setattr(_grouped, "heuristics", heuristics)
+    monkeypatch.setattr(_grouped, "raw_function", lambda function: matmul)
+    monkeypatch.setattr(_grouped, "require_grouped", lambda lib: None)  # 13.4 and newer: the stand-ins run
+    monkeypatch.setattr(_grouped._tuning_cache, "recall", lambda plan: (None, {}))
+    monkeypatch.setattr(_grouped_function._tuning_cache, "generation", 0)
+    _grouped_function.clear_grouped_plans()
+    yield calls
+    _grouped_function.clear_grouped_plans()
+
+
+def operands(tokens=40, groups=4, k=64, n=96, a_ptr=A):
+    a = FakeDLPack((tokens, k), dtype="bfloat16", ptr=a_ptr)
+    weights = FakeDLPack((groups, n, k), dtype="bfloat16", ptr=B)           # (G, N, K) as nn.Linear keeps them
+    b = FakeDLPack((groups, k, n), (n * k, 1, k), dtype="bfloat16", ptr=B)  # its (G, K, N) transpose
+    offs = FakeDLPack((groups,), dtype="int32", ptr=OFFS)
+    return a, b, offs, weights
+
+
+def test_a_plan_runs_its_kernel_then_cublaslt_with_the_problems_layout(gpu_standins):
+    a, b, offs, _ = operands()
+    out = FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT)
+    plan = GroupedMatmul(a, b, offs)
+    plan.plan()
+    assert plan.execute(out=out) is out
+    (offsets, wide, total, bases, lds, stream, check), = gpu_standins["derive"]
+    assert (offsets, wide, total, bases, lds, check) == (OFFS, False, 40, (B, A, OUT), (64, 64, 96), False)
+    call, = gpu_standins["matmul"]
+    # handle, desc, alpha, A's pointers, A, B's pointers, B, beta, C's (D's), C, D's, D, algo, workspace, size, stream
+    assert call[0] == 0x1234 and call[3] == 0x6100_0000 and call[5] == 0x6100_1000
+    assert call[8] == call[10] == 0x6100_2000 and call[13] in (None, 0) and call[14] == 0
+    assert plan.desc.get("TRANSA") == nvblaslt.lt.CUBLAS_OP_T  # weights stored (G, N, K): TN
+    # new tokens and offsets run the same plan; the kernel gets the new total
+    a2, _, _, _ = operands(tokens=88)
+    plan.execute(a2, out=FakeDLPack((88, 96), dtype="bfloat16", ptr=OUT2))
+    assert gpu_standins["derive"][-1][2] == 88 and gpu_standins["arrays"] == [4]
+
+
+def test_a_plan_refuses_other_operands_and_released_ones(gpu_standins):
+    a, b, offs, _ = operands()
+    plan = GroupedMatmul(a, b, offs)
+    plan.plan()
+    other_k = FakeDLPack((40, 32), dtype="bfloat16", ptr=A)
+    with pytest.raises(NvblasltValueError):
+        plan.execute(other_k, FakeDLPack((4, 32, 96), dtype="bfloat16", ptr=B), offs,
+                     out=FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT))
+    with pytest.raises(NvblasltValueError, match="differ in more than the ragged extent"):
+        plan.execute(FakeDLPack((40, 64), dtype="bfloat16", ptr=A + 2), out=FakeDLPack((40, 96), dtype="bfloat16",
+                                                                                        ptr=OUT))
+    with pytest.raises(NvblasltValueError, match=r"out: expected a bfloat16 array of shape \(40, 96\)"):
+        plan.execute(out=FakeDLPack((40, 96), dtype="float32", ptr=OUT))
+    plan.release_operands()
+    with pytest.raises(NvblasltStateError, match="a, b, offs: expected arrays"):
+        plan.execute(out=FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT))
+    with pytest.raises(NvblasltStateError, match=r"autotune: plan\(\) first|released"):
+        plan.autotune()
+
+
+def test_the_function_form_plans_once_per_problem(gpu_standins):
+    a, b, offs, _ = operands()
+    for tokens, ptr in ((40, OUT), (64, OUT2), (40, OUT)):
+        a, _, _, _ = operands(tokens=tokens)
+        nvblaslt.grouped_matmul(a, b, offs, out=FakeDLPack((tokens, 96), dtype="bfloat16", ptr=ptr))
+    assert gpu_standins["arrays"] == [4] and gpu_standins["heuristics"] == 1 and len(gpu_standins["matmul"]) == 3
+    nvblaslt.grouped_matmul(a, b, offs, out_dtype="float32", out=FakeDLPack((40, 96), dtype="float32", ptr=OUT))
+    assert gpu_standins["arrays"] == [4, 4]  # another result type: another plan
+    nvblaslt.clear_grouped_plans()
+    nvblaslt.grouped_matmul(a, b, offs, out=FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT))
+    assert gpu_standins["arrays"] == [4, 4, 4]
+
+
+def test_check_offsets_reaches_the_kernel_and_the_environment_sets_it(gpu_standins, monkeypatch):
+    a, b, offs, _ = operands()
+    out = FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT)
+    nvblaslt.grouped_matmul(a, b, offs, out=out, check_offsets=True)
+    monkeypatch.setenv("NVBLASLT_CHECK_OFFSETS", "1")
+    nvblaslt.grouped_matmul(a, b, offs, out=out)
+    monkeypatch.setenv("NVBLASLT_CHECK_OFFSETS", "0")
+    nvblaslt.grouped_matmul(a, b, offs, out=out)
+    assert [call[-1] for call in gpu_standins["derive"]] == [True, True, False]
