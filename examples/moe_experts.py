@@ -50,9 +50,13 @@ class MoE(nn.Module):
         self.up = GroupedLinear(experts, features, hidden)
         self.down = GroupedLinear(experts, hidden, features)
 
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top-1 expert and its probability."""
+        weight, expert = self.router(x).softmax(dim=-1).max(dim=-1)
+        return weight, expert
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probabilities = self.router(x).softmax(dim=-1)
-        weight, expert = probabilities.max(dim=-1)                   # top-1
+        weight, expert = self.route(x)
         order = expert.argsort(stable=True)                          # tokens sorted by expert
         counts = torch.bincount(expert, minlength=self.up.groups)
         offs = counts.cumsum(0).to(torch.int32)                      # where each expert's tokens end
@@ -62,11 +66,13 @@ class MoE(nn.Module):
         return out * weight[:, None]
 
 
-def loop_reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
-    """The same layer as a loop over the experts, in float64."""
+def loop_reference(moe: MoE, x: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+    """The same layer as a loop over the experts, in float64, each token sent to ``expert`` (the bf16
+    model's choice: a token whose top two router scores are within bf16 rounding may pick another
+    expert in float64, and its row would then differ by design, not by error)."""
     x = x.double()
     probabilities = (x @ moe.router.weight.double().T + moe.router.bias.double()).softmax(dim=-1)
-    weight, expert = probabilities.max(dim=-1)
+    weight = probabilities.gather(-1, expert[:, None]).squeeze(-1)
     out = torch.zeros_like(x)
     for e in range(moe.up.groups):
         rows = (expert == e).nonzero().flatten()
@@ -87,7 +93,9 @@ out.square().mean().backward()
 reference_moe = MoE(experts, features, hidden).to(device=device, dtype=torch.float64)
 reference_moe.load_state_dict({k: v.double() for k, v in moe.state_dict().items()})
 x64 = x.detach().double().requires_grad_()
-want = loop_reference(reference_moe, x64)
+with torch.no_grad():
+    _, routed = moe.route(x)
+want = loop_reference(reference_moe, x64, routed)
 want.square().mean().backward()
 
 tolerance = 1e-9 if dtype == torch.float64 else 3e-2
@@ -103,7 +111,7 @@ for name, (got, expected) in checks.items():
     ok = error <= tolerance
     every &= ok
     print(f"{name}: max error {error:.1e} relative to the largest value, within {tolerance:g}: {ok}")
-tokens_per_expert = torch.bincount(moe.router(x).argmax(-1), minlength=experts).tolist()
+tokens_per_expert = torch.bincount(routed, minlength=experts).tolist()
 print(f"tokens per expert: {tokens_per_expert}; the empty expert's weight gradients are zero: "
       f"{bool(moe.up.weight.grad[3].abs().max() == 0 and moe.down.weight.grad[3].abs().max() == 0)}")
 print(f"all checks passed: {every}")

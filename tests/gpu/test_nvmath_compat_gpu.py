@@ -321,7 +321,7 @@ def test_a_reset_epilog_input_is_compared_with_the_original_inputs_package():
     """plan() takes a bias from another package than the operands'; a reset takes one like it."""
     cupy = pytest.importorskip("cupy")
     a, b = cupy.asarray(host(rand((24, 16)))), cupy.asarray(host(rand((16, 40))))
-    bias, bias2 = rand((24,)), rand((24,))  # torch
+    bias, bias2 = rand((24,), "float64"), rand((24,), "float64")  # torch, in the operands' dtype
     with Matmul(a, b) as mm:
         mm.plan(epilog=E.BIAS, epilog_inputs={"bias": bias})
         mm.reset_operands(epilog_inputs={"bias": bias2})
