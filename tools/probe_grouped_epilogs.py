@@ -41,11 +41,12 @@ def _reference(x, b, offs, bias=None, relu=False):
     return torch.cat(out)
 
 
-def offered(plan) -> int:
+def offered(plan) -> tuple[int, str]:
+    """How many algorithms the heuristics offer, and cuBLASLt's status where it refuses."""
     try:
-        return len(plan.plan(limit=8))
+        return len(plan.plan(limit=8)), "CUBLAS_STATUS_SUCCESS"
     except nvblaslt.CublasLtError as error:
-        return -1 if error.status_name == "CUBLAS_STATUS_NOT_SUPPORTED" else -2
+        return 0, error.status_name
 
 
 def main() -> None:
@@ -58,7 +59,8 @@ def main() -> None:
         bias_like = "BIAS" in name or "BGRAD" in name
         if bias_like and "BGRAD" not in name:
             plan.desc.set("BIAS_DATA_TYPE", int(lib.api.CUDA_R_16BF))
-        print(f"{name:24s} algorithms offered: {offered(plan)}")
+        count, status = offered(plan)
+        print(f"{name:24s} algorithms offered: {count} ({status})")
         plan.free()
     # bias: which pointer does cuBLASLt read in grouped mode?
     bias = torch.randn(G, N, device="cuda", dtype=torch.bfloat16)
@@ -70,8 +72,9 @@ def main() -> None:
         plan.desc.set("BIAS_DATA_TYPE", int(lib.api.CUDA_R_16BF))
         plan.desc.set("BIAS_POINTER", pointer)
         plan.desc.set("BIAS_BATCH_STRIDE", N)
-        if offered(plan) <= 0:
-            print(f"BIAS with {how}: no algorithm")
+        count, status = offered(plan)
+        if not count:
+            print(f"BIAS with {how}: no algorithm ({status})")
             continue
         out = plan.execute(check_offsets=True)
         torch.cuda.synchronize()

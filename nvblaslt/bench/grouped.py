@@ -9,11 +9,14 @@ round, in a fresh order), CUDA events around bursts of calls, median:
 - ``torch._grouped_mm`` (CUTLASS on Hopper), where this torch has it;
 - a per-expert ``torch.mm`` loop over the same split (its offsets read on the host once, before timing);
 - ``nvblaslt.grouped_matmul`` (its cached plan: the heuristics' first algorithm, or a tuned one the cache holds);
-- ``GroupedMatmul.execute(out=)`` with every algorithm the heuristics offer, the best kept.
+- ``GroupedMatmul.execute(out=)`` with every algorithm the heuristics offer, the best kept;
+- ``GroupedMatmul.execute()`` after ``autotune()`` (its pick, allocating the result as the function form does).
 
 Each result is checked against the loop's first (bf16 rounding) before timing. TFLOP/s count 2·ΣM·K·N.
 The ``train`` section times the experts layer's forward + backward (input and weight gradients) the
-three ways, under autograd: ``nvblaslt.torch.grouped_mm``, ``torch._grouped_mm``, the loop (6·ΣM·K·N).
+three ways, under autograd: ``nvblaslt.torch.grouped_mm``, ``torch._grouped_mm``, the loop (6·ΣM·K·N);
+then its three GEMMs one at a time (forward, input gradient, weight gradient), and the same after each
+is autotuned and remembered (in a tuning cache of the run's own; ``--no-tune`` leaves it out).
 ``--quick`` runs the 8k-token cases only. Needs cuBLASLt 13.4 or newer (``NVBLASLT_LIBRARY``).
 """
 
@@ -21,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
+import tempfile
 from typing import Any, NamedTuple
 
 from .common import free_memory, max_relative, progress
@@ -93,12 +98,19 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
             event_rounds(torch, [("one", lambda: plan.execute(out=out))], max(3, rounds // 2), calls)[0]))
     best = min(range(len(algorithms)), key=per_algorithm.__getitem__)
     plan.select(algorithms[best])
+    errors["GroupedMatmul best of heuristics"] = errors[f"algorithm {algorithms[best].algo_id}"]
     cases.append(("GroupedMatmul best of heuristics", lambda: plan.execute(out=out)))
+    tuned = nvblaslt.GroupedMatmul(x, b, offs)
+    tuned.plan(limit=16)
+    tuned.autotune(remember=False)  # autotune()'s own pick (L2 flushed), as a tuned function form would run it
+    errors["GroupedMatmul autotuned, execute()"] = max_relative(torch, tuned.execute(), reference)
+    cases.append(("GroupedMatmul autotuned, execute()", lambda: tuned.execute()))
     times = event_rounds(torch, cases, rounds, calls, seed=tokens)
     flops = 2 * tokens * shape.k * shape.n
     rows = {name: {"ms": statistics.median(t), "tflops": flops / statistics.median(t) / 1e9} for (name, _), t in
             zip(cases, times)}
     plan.free()
+    tuned.free()
     return {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
             "routing": "skewed" if skewed else "balanced", "empty_groups": int((sizes == 0).sum()),
             "rows": rows, "errors": errors, "algorithms": [r.algo_id for r in algorithms],
@@ -106,7 +118,7 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
 
 
 def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *, device: str = "cuda",
-               dtype=None, timer=event_rounds) -> dict[str, Any]:
+               dtype=None, timer=event_rounds, tune: bool = False) -> dict[str, Any]:
     """One experts layer's forward + backward (input and weight gradients): ``nvblaslt.torch.grouped_mm``,
     ``torch._grouped_mm`` under autograd where this torch has it, and a per-expert ``torch.mm`` loop."""
     from nvblaslt.torch import grouped_mm
@@ -144,14 +156,53 @@ def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *,
             refused[name] = f"{type(error).__name__}: {error}"
             cases.remove((name, fn))
             continue
-        errors[name] = max(float((g.double() - r.double()).abs().max() / r.double().abs().max().clamp_min(1e-30))
-                           for g, r in zip(got, reference))
+        errors[name] = max(max_relative(torch, g, r) for g, r in zip(got, reference))
+        del got
+    del reference
     times = timer(torch, cases, rounds, 1, seed=tokens) if device == "cuda" else [[0.0] for _ in cases]
     flops = 3 * 2 * tokens * shape.k * shape.n  # the forward and the two gradients
     rows = {name: {"ms": statistics.median(t), "tflops": flops / max(statistics.median(t), 1e-9) / 1e9}
             for (name, _), t in zip(cases, times)}
-    return {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
-            "routing": "skewed" if skewed else "balanced", "rows": rows, "errors": errors, "refused": refused}
+    case = {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
+            "routing": "skewed" if skewed else "balanced", "rows": rows, "errors": errors, "refused": refused,
+            "forms": form_rows(torch, x.detach(), weights.detach(), grad, offs, rounds, timer) if device == "cuda"
+            else {}}
+    if tune and device == "cuda":
+        case["tuned"] = tuned_rows(torch, x, weights, grad, offs, ours, dict(cases).get("torch._grouped_mm"),
+                                   rounds, timer)
+    return case
+
+
+def tuned_rows(torch, x, weights, grad, offs, ours, theirs, rounds: int, timer) -> dict[str, Any]:
+    """After each of the step's three grouped GEMMs is autotuned and remembered (``GroupedMatmul.autotune``),
+    the step and the GEMMs again: the op's cached plans are made anew with the tuned picks. Timed in rounds
+    of their own, with torch's step beside them."""
+    import nvblaslt
+
+    data, w = x.detach(), weights.detach()
+    for a, b in ((data, w.transpose(1, 2)), (grad, w), (data.T, grad)):
+        plan = nvblaslt.GroupedMatmul(a, b, offs)
+        plan.plan(limit=16)
+        plan.autotune(remember=True)
+        plan.free()
+    cases = [("nvblaslt.torch.grouped_mm, tuned", ours)] + ([("torch._grouped_mm", theirs)] if theirs else [])
+    times = timer(torch, cases, rounds, 1, seed=11)
+    return {"step": {name: statistics.median(t) for (name, _), t in zip(cases, times)},
+            "forms": form_rows(torch, data, w, grad, offs, rounds, timer)}
+
+
+def form_rows(torch, x, weights, grad, offs, rounds: int, timer) -> dict[str, dict[str, float]]:
+    """The step's three grouped GEMMs one by one, ms: nvblaslt's function form (its cached plan) beside
+    ``torch._grouped_mm`` — forward x @ Wᵀ, input gradient grad @ W, weight gradient xᵀ @ grad (ragged K)."""
+    import nvblaslt
+
+    forms = {"forward": (x, weights.transpose(1, 2)), "input gradient": (grad, weights),
+             "weight gradient": (x.T, grad)}
+    cases = [(f"{form} nvblaslt", lambda a=a, b=b: nvblaslt.grouped_matmul(a, b, offs)) for form, (a, b) in forms.items()]
+    if hasattr(torch, "_grouped_mm"):
+        cases += [(f"{form} torch", lambda a=a, b=b: torch._grouped_mm(a, b, offs=offs)) for form, (a, b) in forms.items()]
+    times = timer(torch, cases, rounds, 1, seed=7)
+    return {name: statistics.median(t) for (name, _), t in zip(cases, times)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,8 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--sections", default="forward,train",
                         help="forward (the GEMM alone), train (the experts layer's forward + backward), or both")
+    parser.add_argument("--no-tune", action="store_true", help="leave out the tuned rows (autotune of each GEMM)")
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
+    # the tuned rows remember their picks: in a cache of this run's own, never the user's
+    os.environ.setdefault("NVBLASLT_CACHE_DIR", tempfile.mkdtemp(prefix="nvblaslt-bench-grouped-"))
     import torch
 
     import nvblaslt
@@ -179,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     for section, shape, tokens, skewed in cases:
         progress(f"{section}: {shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
         case = (run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5) if section == "forward"
-                else train_case(torch, shape, tokens, skewed, rounds))
+                else train_case(torch, shape, tokens, skewed, rounds, tune=not args.no_tune))
         case["section"] = section
         results.append(case)
         base = case["rows"].get("torch._grouped_mm", case["rows"]["torch mm loop"])["ms"]
@@ -190,6 +244,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"err {case['errors'].get(name, float('nan')):.1e}")
         for name, why in case.get("refused", {}).items():
             print(f"  {name:36s} not timed: {why}")
+        if case.get("forms"):
+            print("  one GEMM at a time, ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in case["forms"].items()))
+        if case.get("tuned"):
+            step = case["tuned"]["step"]
+            mine, theirs = step["nvblaslt.torch.grouped_mm, tuned"], step.get("torch._grouped_mm")
+            print(f"  tuned (own rounds): nvblaslt.torch.grouped_mm {mine:.3f} ms"
+                  + (f", torch._grouped_mm {theirs:.3f} ms, {theirs / mine:.2f}× torch" if theirs else ""))
+            print("  tuned, one GEMM at a time, ms: "
+                  + ", ".join(f"{name} {ms:.3f}" for name, ms in case["tuned"]["forms"].items()))
         free_memory(torch)
     if args.json:
         with open(args.json, "w") as handle:
