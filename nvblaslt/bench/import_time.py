@@ -1,14 +1,42 @@
-"""The ``import`` section: ``import nvblaslt`` in fresh interpreters."""
+"""The ``import`` section: cold start in fresh interpreters — ``import nvblaslt`` beside ``import cupy``,
+and the time to a first result (import, first GEMM on CuPy arrays, synchronize) of nvblaslt, CuPy and
+nvmath-python. Each row runs in its own fresh process, the rows interleaved round by round."""
 
 from __future__ import annotations
 
+import random
 import statistics
 import subprocess
 import sys
 
+_CLOCK = "import time; t = time.perf_counter()\n"
+_DONE = "\nprint(time.perf_counter() - t)"
+_OPERANDS = ("import cupy\na = cupy.random.standard_normal((256, 128), dtype=cupy.float32)\n"
+             "b = cupy.random.standard_normal((128, 64), dtype=cupy.float32)\n")
+_SYNC = "\ncupy.cuda.Device().synchronize()"
+ROWS = {
+    "import nvblaslt": "import nvblaslt",
+    "import cupy": "import cupy",
+    "first result, nvblaslt.matmul": _OPERANDS + "import nvblaslt\nr = nvblaslt.matmul(a, b)" + _SYNC,
+    "first result, cupy a @ b": _OPERANDS + "r = a @ b" + _SYNC,
+    "first result, nvmath matmul": _OPERANDS + "import nvmath\nr = nvmath.linalg.advanced.matmul(a, b)" + _SYNC,
+}
+
+
+def _fresh(code: str) -> float | None:
+    done = subprocess.run([sys.executable, "-c", _CLOCK + code + _DONE], capture_output=True, text=True)
+    return float(done.stdout.split()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+
 
 def section(args, torch, results: dict) -> None:
-    code = "import time; t = time.perf_counter(); import nvblaslt; print(time.perf_counter() - t)"
-    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 check=True).stdout) for _ in range(3 if args.quick else 5)]
-    results["import"] = {"seconds": statistics.median(runs), "runs": runs}
+    rounds = 3 if args.quick else 7
+    runs: dict[str, list[float]] = {name: [] for name in ROWS}
+    for _ in range(rounds):
+        order = list(ROWS)
+        random.shuffle(order)
+        for name in order:
+            seconds = _fresh(ROWS[name])
+            if seconds is not None:  # a package missing here (CuPy, nvmath-python): the row is left out
+                runs[name].append(seconds)
+    results["import"] = {name: {"seconds": statistics.median(times), "runs": times}
+                         for name, times in runs.items() if times}

@@ -109,7 +109,10 @@ def summary_lines(results: dict) -> list[str]:
         lines += ["", "mlp training step (nvblaslt.bench.mlp), ms and × eager PyTorch:"]
         lines += [f"  {line}" for line in mlp.get("summary_lines", [])] or [f"  {mlp.get('skipped') or 'see JSON'}"]
     if "import" in results:
-        lines += ["", f"import nvblaslt: {results['import']['seconds'] * 1000:.0f} ms (median of fresh interpreters)"]
+        lines += ["", "cold start, fresh interpreters (median ms; a first result: imports, the first GEMM on CuPy "
+                      "arrays, synchronize)"]
+        lines += [f"  {name:34s} {row['seconds'] * 1000:8.0f} ms" for name, row in results["import"].items()
+                  if isinstance(row, dict)]
     for section, error in results.get("errors", {}).items():
         lines.append(f"!! section {section} failed: {error}")
     return lines
