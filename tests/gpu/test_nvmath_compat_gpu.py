@@ -270,6 +270,26 @@ def test_fp8_operands_with_a_16_bit_bias_and_a_float32_result(bias_dtype, form):
     check(d, expected, "fp8")
 
 
+@pytest.mark.parametrize("form", ["Matmul", "matmul"])
+def test_fp8_scales_as_a_quantization_scales_object_with_numpy_values(form):
+    """nvmath-python's test_quantization_scales_as_object: the scales as a MatmulQuantizationScales of NumPy
+    float64s (one negative), a float16 C and result. Its own run of it fails on nvblaslt only where
+    NVIDIA's reference helper hands our object to nvmath-python; this is the same call against float64."""
+    m, n, k = 16, 16, 16
+    a, b = fp8_tn(m, n, k)
+    c = rand((m, n), "float16", order="F")
+    scales = nvblaslt.MatmulQuantizationScales(a=np.float64(-0.3), b=np.float64(0.17))
+    expected = 0.8 * (-0.3 * 0.17) * (host(a) @ host(b)) + 0.12 * host(c)
+    if form == "matmul":
+        d = matmul(a, b, c, alpha=0.8, beta=0.12, quantization_scales=scales)
+    else:
+        with Matmul(a, b, c, alpha=0.8, beta=0.12, quantization_scales=scales) as mm:
+            mm.plan()
+            d = mm.execute()
+    assert d.dtype == torch.float16
+    check(d, expected, "fp8")
+
+
 # ---- refusals ----------------------------------------------------------------------------------------
 def test_a_one_dimensional_c_is_refused():
     a, b, c = rand((M, K)), rand((K, N)), rand((N,))
