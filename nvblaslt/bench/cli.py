@@ -58,7 +58,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                         help="interleaved rounds re-timing the search section's plans (default 24, quick 8)")
     parser.add_argument("--layer-rounds", type=int, help="interleaved rounds per layer (default 21, quick 7)")
     parser.add_argument("--calls", type=int, help="calls per burst, per-call section (default 2000, quick 500)")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds, per-call section (default 7, quick 5)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds of the per-call and import sections (default 7; quick 5 and 3)")
     parser.add_argument("--limit", type=int, default=8, help="algorithms the heuristics return (autotune times them)")
     parser.add_argument("--no-torch", dest="torch", action="store_false", help="no torch rows at the seed shape")
     parser.add_argument("--compile", action="store_true", help="include torch.compile at the seed shape (slow)")

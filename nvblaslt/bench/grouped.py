@@ -199,8 +199,12 @@ def form_rows(torch, x, weights, grad, offs, rounds: int, timer) -> dict[str, di
     forms = {"forward": (x, weights.transpose(1, 2)), "input gradient": (grad, weights),
              "weight gradient": (x.T, grad)}
     cases = [(f"{form} nvblaslt", lambda a=a, b=b: nvblaslt.grouped_matmul(a, b, offs)) for form, (a, b) in forms.items()]
-    if hasattr(torch, "_grouped_mm"):
-        cases += [(f"{form} torch", lambda a=a, b=b: torch._grouped_mm(a, b, offs=offs)) for form, (a, b) in forms.items()]
+    try:
+        theirs = torch._grouped_mm
+    except AttributeError:  # a torch without it (before 2.8)
+        pass
+    else:
+        cases += [(f"{form} torch", lambda a=a, b=b: theirs(a, b, offs=offs)) for form, (a, b) in forms.items()]
     times = timer(torch, cases, rounds, 1, seed=7)
     return {name: statistics.median(t) for (name, _), t in zip(cases, times)}
 

@@ -29,7 +29,7 @@ def _fresh(code: str) -> float | None:
 
 
 def section(args, torch, results: dict) -> None:
-    rounds = 3 if args.quick else 7
+    rounds = args.rounds or (3 if args.quick else 7)
     runs: dict[str, list[float]] = {name: [] for name in ROWS}
     for _ in range(rounds):
         order = list(ROWS)

@@ -179,3 +179,6 @@ def test_the_cheap_sections_run_on_the_gpu(tmp_path):
     results = json.loads((tmp_path / "bench.json").read_text())
     assert code == 0, results["errors"]
     assert results["percall"]["bare_matches_matmul"] < 1e-5
+    cold = results["import"]  # each row ran in fresh interpreters; CuPy is on the GPU machine
+    assert {"import nvblaslt", "import cupy", "first result, nvblaslt.matmul"} <= set(cold)
+    assert all(len(row["runs"]) == 2 and row["seconds"] > 0 for row in cold.values())
