@@ -204,7 +204,7 @@ class EpilogOutput:
 
 def _batch_stride_of(op, matrix_ndim: int, problem, name: str, what: str) -> int:
     """The batch stride of an epilog input (``what``: "bias", "relu_aux auxiliary input"): 0 for one
-    matrix/vector broadcast over the batch."""
+    matrix/vector broadcast over the batch. Checked before the matrix's own strides, as nvmath-python does."""
     batch_shape = op.shape[:-matrix_ndim] if matrix_ndim else op.shape
     if not batch_shape:
         return 0
@@ -212,7 +212,9 @@ def _batch_stride_of(op, matrix_ndim: int, problem, name: str, what: str) -> int
         raise NvblasltValueError(f"{name}: The batch dimensions of the {what} {tuple(batch_shape)} must match with "
                                  f"that of the matrix multiplication definition "
                                  f"{tuple(problem.batch_shape) or '(none)'}, or be absent to use one for every batch")
-    return batch_stride(tuple(batch_shape), op.strides[:len(batch_shape)], name) if problem.batch_count > 1 else 0
+    if problem.batch_count == 1:
+        return 0
+    return batch_stride(tuple(batch_shape), op.strides[:len(batch_shape)], name, f"the {what}")
 
 
 def bias_types(types) -> tuple:
@@ -234,11 +236,12 @@ def check_bias(op, problem) -> EpilogInput:
     elif len(shape) >= 1 and shape[-1] == m:
         vector_ndim, stride = 1, strides[-1]
     else:
-        raise NvblasltValueError(f"{name}: expected shape (M,) or (M, 1) with M={m} (one value per row of the result), "
-                           f"or batched (…, M, 1), got {shape}")
-    if stride != 1 and m > 1:
-        raise NvblasltValueError(f"{name}: expected unit stride along M, got strides {strides}")
+        raise NvblasltValueError(f"{name}: The extents {shape} of the bias must match the result's M={m} (one value "
+                                 f"per row of the result): expected (M,) or (M, 1), or batched (…, M, 1)")
     batch_stride = _batch_stride_of(op, vector_ndim, problem, name, "bias")
+    if stride != 1 and m > 1:
+        raise NvblasltValueError(f"{name}: The stride of the bias along M ({stride}, in element strides {strides}) "
+                                 f"must be 1: its M values must be contiguous")
     allowed = bias_types(problem.types)
     if op.dtype not in allowed:
         raise NvblasltArgumentError(f"{name}: expected dtype {' or '.join(d.name for d in allowed)} for a "
@@ -256,26 +259,31 @@ def check_aux(op, key: str, problem) -> EpilogInput:
     m, n = problem.m, problem.n
     if key == "relu_aux":
         if op.dtype not in (_dtypes.INT8, _dtypes.UINT8):
-            raise NvblasltArgumentError(f"{name}: The dtype of the {key} auxiliary input must be int8 or uint8 (the "
-                                        f"bitmask RELU_AUX returns), got {op.dtype.name}")
+            raise NvblasltArgumentError(f"{name}: The dtype of the {key} auxiliary input ({op.dtype.name}) must be "
+                                        f"int8 or uint8 (the bitmask RELU_AUX returns)")
         ld_min, multiple, unit = relu_aux_ld_min(m), RELU_AUX_LD_MULTIPLE_BITS // 8, "bytes"
     else:
         if op.dtype != problem.types.d:
-            raise NvblasltArgumentError(f"{name}: The dtype of the {key} auxiliary input must be "
-                                        f"{problem.types.d.name} (as GELU_AUX returns it), got {op.dtype.name}")
+            raise NvblasltArgumentError(f"{name}: The dtype of the {key} auxiliary input ({op.dtype.name}) must be "
+                                        f"{problem.types.d.name} (as GELU_AUX returns it)")
         ld_min, multiple, unit = m, GELU_AUX_LD_MULTIPLE, "elements"
     if len(op.shape) < 2:
         raise NvblasltValueError(f"{name}: expected a (…, ld, {n}) matrix as the forward epilog returns it, got shape "
                            f"{op.shape}")
     rows, cols = op.shape[-2:]
-    if cols != n or (op.strides[-2] != 1 and rows > 1) or (op.strides[-1] != rows and cols > 1):
+    batch_stride = _batch_stride_of(op, 2, problem, name, f"{key} auxiliary input")
+    if cols != n:
         raise NvblasltValueError(f"{name}: The auxiliary epilog input {key} must have the MM shape, as the forward "
-                                 f"epilog returns it: a contiguous column-major ({rows}, {n}) matrix; got shape "
-                                 f"{op.shape} with strides {op.strides}")
+                                 f"epilog returns it: (…, ld, N) with N={n}; got shape {op.shape}")
+    for axis, what, stride in ((-2, "M", 1), (-1, "N", rows)):  # contiguous column-major: the ld is the rows
+        if op.strides[axis] != stride and op.shape[axis] > 1:
+            raise NvblasltValueError(f"{name}: The stride of the {key} auxiliary input of shape {op.shape} must be "
+                                     f"{stride} along the dimension {len(op.shape) + axis}, which corresponds to the "
+                                     f"{what} dimension (contiguous column-major, as the forward epilog returns it); "
+                                     f"got strides {op.strides}")
     if rows < ld_min or rows % multiple:
         raise NvblasltValueError(f"{name}: leading dimension {rows} {unit} must be ≥ {ld_min} and a multiple of "
                            f"{multiple} (as the forward epilog makes it for M={m})")
-    batch_stride = _batch_stride_of(op, 2, problem, name, f"{key} auxiliary input")
     ld = rows * 8 if key == "relu_aux" else rows  # cuBLASLt counts the ReLU mask's ld in bits
     return EpilogInput(key, op.ptr, op.dtype, ld, batch_stride * (8 if key == "relu_aux" else 1), op.alignment)
 

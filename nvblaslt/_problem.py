@@ -22,7 +22,7 @@ from ._dtypes import DType
 from ._epilogs import SPECS, MatmulEpilog, transposed_epilog
 from ._errors import NvblasltUnsupportedError, NvblasltValueError
 from ._generated.cublaslt_13 import cublasLtOrder_t, cublasOperation_t
-from ._strides import batch_stride, c_strides
+from ._strides import batch_order, batch_stride, c_strides
 from ._operands import Operand
 
 OP_N, OP_T, OP_C = cublasOperation_t.N, cublasOperation_t.T, cublasOperation_t.C
@@ -90,9 +90,28 @@ def _matrix(op: Operand, name: str, promote: str | None = None) -> Matrix:
     if any(s < 0 for n, s in zip(shape, strides) if n > 1):
         raise NvblasltValueError(f"{name}: negative strides are not supported, got shape {op.shape} with element "
                                  f"strides {op.strides}")
+    label = name.upper()  # nvmath-python's name for the operand: A, B, C
     matrix = Matrix(op, shape[-2], shape[-1], strides[-2], strides[-1], tuple(shape[:-2]),
-                    batch_stride(shape[:-2], strides[:-2], name))
+                    batch_stride(shape[:-2], strides[:-2], name, label, of=f"operand {label}"))
     return matrix
+
+
+def _check_batch_orders(a: Operand, b: Operand) -> None:
+    """A and B with the same batch dimensions, refused as a pair where their batch axis orders differ
+    or share one nvblaslt cannot walk (any other batch layout is refused by ``_matrix``, one by one)."""
+    ab, bb = a.shape[:-2], b.shape[:-2]
+    if not ab or ab != bb or any(s <= 0 for x in (a, b) for n, s in zip(x.shape[:-2], x.strides[:-2]) if n != 1):
+        return  # nothing to pair, other batch dimensions, or broadcast / reversed axes
+    oa, ob = batch_order(ab, a.strides[:-2]), batch_order(bb, b.strides[:-2])
+    c_order = tuple(sorted(oa))
+    given = f"a: shape {a.shape} with element strides {a.strides}, b: shape {b.shape} with element strides {b.strides}"
+    if oa != ob:
+        raise NvblasltValueError(f"a, b: The batch order of operands A {oa} and B {ob} (their batch axes by "
+                                 f"decreasing stride) must match, and be C order {c_order}; got {given}")
+    if oa != c_order:  # nvmath-python takes any order all operands share: nvblaslt, C order only
+        raise NvblasltValueError(f"a, b: The batch order {oa} of operands A and B (their batch axes by decreasing "
+                                 f"stride) is not supported: nvblaslt walks batches in C order {c_order} only; got "
+                                 f"{given}")
 
 
 def _check_extents(op: Operand, name: str) -> None:
@@ -118,6 +137,7 @@ class Operands:
             if given is not None:
                 _check_extents(given, name)
         self.a_vector, self.b_vector = len(a.shape) == 1, len(b.shape) == 1
+        _check_batch_orders(a, b)
         self.a = _matrix(a, "a", "row" if self.a_vector else None)
         self.b = _matrix(b, "b", "col" if self.b_vector else None)
         self.m, self.k = self.a.rows, self.a.cols
@@ -128,8 +148,8 @@ class Operands:
         self.n = self.b.cols
         ab, bb = self.a.batch_shape, self.b.batch_shape
         if ab and bb and ab != bb:
-            raise NvblasltValueError(f"a, b: batch dimensions {ab} and {bb} must match (or one operand must be "
-                                     f"a single matrix, which is broadcast)")
+            raise NvblasltValueError(f"a, b: The batch dimensions of operands A {ab} and B {bb} must match (or one "
+                                     f"operand must be a single matrix, which is broadcast)")
         self.batch_shape = ab or bb
         self.batch_count = math.prod(self.batch_shape) if self.batch_shape else 1
         self.inplace = inplace
@@ -140,14 +160,16 @@ class Operands:
             mc, nc = self.c.rows, self.c.cols
             if mc != self.m or nc not in (self.n, 1) or (inplace and nc != self.n):
                 want = f"({self.m}, {self.n})" if inplace else f"({self.m}, {self.n}) or ({self.m}, 1)"
-                which = f"M dimension of the c matrix ({mc}) must match the M dimension of a" if mc != self.m else \
-                    f"N dimension of the c matrix ({nc}) must match the N dimension of b"
+                which = f"M dimension of the C matrix ({mc}) must match the M dimension of A ({self.m})" \
+                    if mc != self.m else \
+                    f"N dimension of the C matrix ({nc}) must match the N dimension of B ({self.n})"
                 raise NvblasltValueError(f"c: The {which}. Expected shape (…, {want[1:-1]}) for a {self.m}×{self.k} @ "
                                          f"{self.k}×{self.n} product, got {c.shape}"
                                          + ("; in place, c must hold the whole result" if inplace else ""))
             if self.c.batch_shape and self.c.batch_shape != self.batch_shape:
-                raise NvblasltValueError(f"c: batch dimensions {self.c.batch_shape} must match a and b's "
-                                         f"{self.batch_shape}")
+                raise NvblasltValueError(f"c: The batch dimension of operand C {self.c.batch_shape} must match with "
+                                         f"that of the other operands {self.batch_shape or '(none: single matrices)'}, "
+                                         f"or be absent to use one c for every batch")
             if inplace and self.batch_shape and self.c.batch_shape != self.batch_shape:
                 raise NvblasltValueError(f"c: in place, c must hold every batch {self.batch_shape}, got shape "
                                          f"{c.shape}")

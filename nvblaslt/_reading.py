@@ -63,11 +63,12 @@ _SAME = {"shape": "The extents {new} of the new operand must match the extents {
          "conjugated": "the plan was made for conjugated={old}, got {new}"}
 
 
-def require_same(name: str, old, new, what_matters=("shape", "strides", "dtype", "device", "conjugated")) -> None:
+def require_same(name: str, old, new, what_matters=("shape", "strides", "dtype", "device", "conjugated"),
+                 remedy: str = "make a new Matmul for a different problem") -> None:
     for what in what_matters:
         if getattr(old, what) != getattr(new, what):
             mismatch = _SAME[what].format(old=getattr(old, what), new=getattr(new, what))
-            raise NvblasltValueError(f"{name}: {mismatch}; make a new Matmul for a different problem")
+            raise NvblasltValueError(f"{name}: {mismatch}; {remedy}")
     if "device" in what_matters and new.alignment < old.alignment:
         raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but the "
                                  f"plan's algorithms assume {old.alignment}; make a new Matmul")
@@ -117,25 +118,27 @@ def read_reset_inputs(epilog_inputs: dict, planned: bool, epilog, checked: dict,
     for key, value in epilog_inputs.items():
         name = f"epilog_inputs['{key}']"
         op = _operands.read(value, name, stream)
-        original = staged[key].framework  # the input's own package (plan() takes one unlike the operands')
-        if framework_of(value) is not original:
+        package = staged[key].framework  # the input's own package (plan() takes one unlike the operands')
+        if framework_of(value) is not package:
             raise NvblasltTypeError(f"{name}: Library package mismatch: expected an array like the original "
-                                    f"({original}); got one of {framework_of(value)}")
+                                    f"({package}); got one of {framework_of(value)}")
         if op.host != host:
             raise NvblasltArgumentError(f"{name}: The operand {key} is on device {_place(op.host, op.device)}, but it "
                                         f"should be on device {_place(host, staged[key].device)} (the plan's)")
         if not op.host and op.device != staged[key].device:
             raise NvblasltValueError(f"{name}: on GPU {op.device}, but the plan is on GPU {staged[key].device}")
-        if op.host:
-            copy = staged[key]
-            if op.shape != copy.shape or op.dtype != copy.dtype:
-                raise NvblasltValueError(f"{name}: the plan was made for shape {copy.shape} and dtype "
-                                         f"{copy.dtype.name}, got {op.shape} and {op.dtype.name}")
+        original, remedy = staged[key], "call plan() again with it"
+        if op.host:  # copied into the plan's device copy, in its layout: any strides do
+            require_same(name, original, op, ("shape", "dtype"), remedy)
             found[key] = (op, None)
             continue
+        if op.dtype != original.dtype:  # an argument error, as plan()'s dtype refusals (another shape may be fine)
+            raise NvblasltArgumentError(f"{name}: {_SAME['dtype'].format(old=original.dtype, new=op.dtype)}; {remedy}")
         old, new = checked[key], check_input(key, op, problem)
-        if (new.ld, new.batch_stride, new.dtype) != (old.ld, old.batch_stride, old.dtype):
-            raise NvblasltValueError(f"{name}: the plan was made for another layout or dtype; make a new plan for it")
+        if (new.ld, new.batch_stride) != (old.ld, old.batch_stride):
+            raise NvblasltValueError(f"{name}: The extents {op.shape} and strides {op.strides} of the new operand must "
+                                     f"match the layout the plan was made for (extents {original.shape}, strides "
+                                     f"{original.strides}); {remedy}")
         if new.alignment < old.alignment:
             raise NvblasltValueError(f"{name}: pointer 0x{new.ptr:x} is aligned to {new.alignment} bytes, but the "
                                      f"plan assumed {old.alignment}")

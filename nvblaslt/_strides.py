@@ -70,17 +70,32 @@ def overlaps(x: Strided, y: Strided) -> bool:
     return x.ptr < y.ptr + extent_bytes(y) and y.ptr < x.ptr + extent_bytes(x)
 
 
-def batch_stride(shape: tuple[int, ...], strides: tuple[int, ...], name: str) -> int:
-    """The one stride that walks the (C-order) batch dimensions, or 0 when all are broadcast."""
+def batch_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """The batch axes of extent above one, from the largest stride to the smallest: the order memory
+    nests them in. C order (``0, 1, …``) is the only one ``batch_stride`` walks; equal strides keep it."""
+    return tuple(sorted((i for i, n in enumerate(shape) if n != 1), key=lambda i: -strides[i]))
+
+
+def batch_stride(shape: tuple[int, ...], strides: tuple[int, ...], name: str, what: str | None = None,
+                 of: str | None = None) -> int:
+    """The one stride that walks the (C-order) batch dimensions, or 0 when all are broadcast. ``what``
+    names the array in a refusal ("C", "the bias"; ``name`` if None), ``of`` after "batch axis order of"
+    ("operand C"; ``what`` if None)."""
+    what = what or name
     dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
-    if not dims:
-        return 0
     if all(s == 0 for _, s in dims):
         return 0
-    for (n_outer, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]):
-        if s_outer != s_inner * n_inner:
-            raise NvblasltValueError(f"{name}: batch dimensions {shape} with element strides {strides} cannot be "
-                                     f"walked with one stride (cuBLASLt batches are strided)")
-    if dims[-1][1] <= 0:
-        raise NvblasltValueError(f"{name}: batch stride {dims[-1][1]} must be positive (or 0 to broadcast)")
+    given = f"batch dimensions {shape} with element strides {strides}"
+    if any(s < 0 for _, s in dims):
+        raise NvblasltValueError(f"{name}: {given}: batch strides must be positive (or all 0 to broadcast)")
+    order, partial = batch_order(shape, strides), any(s == 0 for _, s in dims)  # partial: broadcast on some axes
+    if not partial and order != tuple(sorted(order)):
+        raise NvblasltValueError(f"{name}: The batch axis order of {of or what} {order} (its batch axes by decreasing "
+                                 f"stride) must match with that of the other operands: nvblaslt walks every batch in "
+                                 f"C order {tuple(sorted(order))}; got {given}")
+    if partial or any(s_outer != s_inner * n_inner for (_, s_outer), (n_inner, s_inner) in zip(dims, dims[1:])):
+        why = "a batch axis is broadcast (stride 0) and another not" if partial else "one stride cannot walk it"
+        raise NvblasltValueError(f"{name}: The batch layout for {what} corresponding to shape {shape} (its batch "
+                                 f"dimensions) with element strides {strides} is currently not supported because it is "
+                                 f"not tileable: {why} (cuBLASLt batches are strided)")
     return dims[-1][1]

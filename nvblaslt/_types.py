@@ -164,12 +164,10 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
             inplace: bool = False) -> Types:
     """Check the operand types and settle compute, scale, C and D types as nvmath-python does:
     D is ``result_type``, else C's type, else A's; compute and scale types follow each other."""
-    if a not in _dtypes.MATMUL_TYPES:
-        raise NvblasltArgumentError(f"a: unsupported dtype {a.name}; expected one of "
-                                f"{', '.join(t.name for t in _dtypes.MATMUL_TYPES)}")
-    if b not in _dtypes.MATMUL_TYPES:
-        raise NvblasltArgumentError(f"b: unsupported dtype {b.name}; expected one of "
-                                f"{', '.join(t.name for t in _dtypes.MATMUL_TYPES)}")
+    for name, dtype in (("a", a), ("b", b)):
+        if dtype not in _dtypes.MATMUL_TYPES:
+            raise NvblasltArgumentError(f"{name}: The dtype of operand {name.upper()} ({dtype.name}) is not "
+                                        f"supported; expected one of {', '.join(t.name for t in _dtypes.MATMUL_TYPES)}")
     if (a, b) not in _DEFAULT_COMPUTE:
         raise NvblasltArgumentError(f"a, b: Unsupported combination of dtypes for operands A {a.name} and B {b.name}: "
                                     f"they cannot be multiplied; supported: equal types "

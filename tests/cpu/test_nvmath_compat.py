@@ -10,6 +10,7 @@ GPU operands are stand-ins (tests/fakes.py): their pointers are never read. Wher
 from __future__ import annotations
 
 import pickle
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -101,8 +102,9 @@ def test_the_error_classes_derive_from_what_nvmath_python_raises():
 ARGUMENT_ERRORS = {
     "float16 x float32": (lambda: (host((4, 3), np.float16), host((3, 6))),
                           r"^a, b: Unsupported combination of dtypes for operands A float16 and B float32"),
-    "int64": (lambda: (host((4, 3), np.int64), host((3, 6), np.int64)), r"^a: unsupported dtype"),
-    "int8": (lambda: (host((4, 3), np.int8), host((3, 6), np.int8)), r"^a: unsupported dtype int8"),
+    "int64": (lambda: (host((4, 3), np.int64), host((3, 6), np.int64)),
+              r"^a: The dtype of operand A \(int64\) is not supported; expected one of float32"),
+    "int8": (lambda: (host((4, 3), np.int8), host((3, 6), np.int8)), r"^a: The dtype of operand A \(int8\) is not"),
     "host and GPU": (lambda: (FakeDLPack((4, 3), ptr=A_PTR), HostDLPack(host((3, 6)))),
                      r"^a, b, c: operands are not on the same device: they must all be in GPU memory or all in host"),
 }
@@ -188,9 +190,9 @@ PHRASES = {
                  r"^a, b: The 'K' extent must match for the operands: K=3 in operand A is not equal to K=5 in "
                  r"operand B"),
     "M of c": (lambda: (host((4, 3)), host((3, 6)), host((5, 6))), {"beta": 1.0},
-               r"^c: The M dimension of the c matrix \(5\) must match the M dimension of a"),
+               r"^c: The M dimension of the C matrix \(5\) must match the M dimension of A \(4\)"),
     "N of c": (lambda: (host((4, 3)), host((3, 6)), host((4, 5))), {"beta": 1.0},
-               r"^c: The N dimension of the c matrix \(5\) must match the N dimension of b"),
+               r"^c: The N dimension of the C matrix \(5\) must match the N dimension of B \(6\)"),
     "empty a": (lambda: (host((0, 3)), host((3, 6))), {}, r"^a: The extents must be strictly positive"),
     "empty b": (lambda: (host((4, 3)), host((3, 0))), {}, r"^b: The extents must be strictly positive"),
     "1-D c": (lambda: (host((4, 3)), host((3, 6)), host((6,))), {"beta": 1.0}, r"^c: `c` must be at least 2-D\."),
@@ -707,3 +709,233 @@ def test_a_refused_plan_leaves_the_committed_plans_aux_scale_in_place(monkeypatc
     with pytest.raises(Reached):
         mm.plan(epilog="GELU_AUX", epilog_inputs={"aux_quantization_scale": 3.0}, preferences=aux_fp8)
     assert [w["aux"] for w in written if "aux" in w] == [2.0] and mm._scales.value("aux") == 2.0
+
+
+# ---- nvmath-python's own suite: the refusals whose regexes read only the message ---------------------
+# Its test_epilog (test_invalid_bias, test_aux_handler_validation), test_input (test_batch_matrix_negative)
+# and test_reset (test_dtype_mismatch, test_shape_mismatch) match these phrases with re.search: each case
+# here is one of theirs, its regex copied, and the message must also start with the argument's name.
+# Strides are in elements: theirs are CuPy byte strides, which CuPy exports divided by the item size
+# (float32 byte strides (4, 12, 1, 4) read as (1, 3, 0, 1)).
+def refused_as_nvmath_python_says(call, error, nvmath_regex: str, argument: str) -> str:
+    with pytest.raises(Exception) as info:
+        call()
+    message = str(info.value)
+    assert type(info.value) is error, message
+    assert message.startswith(f"{argument}: "), message
+    assert re.search(nvmath_regex, message), message
+    return message
+
+
+def batch_of(shape, dtype="float32", strides=None, ptr=A_PTR):
+    return FakeDLPack(shape, strides, dtype, ptr=ptr)
+
+
+def swapped(shape, ptr):
+    """A (B1, B0, …) C-order batch seen with its two batch axes swapped, as ``transpose(1, 0, 2, 3)``."""
+    strides = FakeDLPack(shape).strides
+    return FakeDLPack((shape[1], shape[0], *shape[2:]), (strides[1], strides[0], *strides[2:]), ptr=ptr)
+
+
+def sliced(shape, keep, ptr):
+    """``x[:, :keep]`` of a C-order (B0, B1, …) batch: its outer batches are B1 matrices apart, not ``keep``."""
+    return FakeDLPack((shape[0], keep, *shape[2:]), FakeDLPack(shape).strides, ptr=ptr)
+
+
+M3, K4, N5 = 3, 4, 5
+OPERAND_CASES = {  # test_batch_matrix_negative's cases: (a, b, c), nvmath-python's regex, the argument named
+    "not_tileable_a": (lambda: (sliced((2, 3, M3, K4), 2, A_PTR), batch_of((2, 2, K4, N5), ptr=B_PTR), None),
+                       "batch layout for A .* is not tileable", "a"),
+    "not_tileable_b": (lambda: (batch_of((2, 2, M3, K4)), sliced((2, 3, K4, N5), 2, B_PTR), None),
+                       "batch layout for B .* is not tileable", "b"),
+    "batch_shape_mismatch": (lambda: (batch_of((2, M3, K4)), batch_of((3, K4, N5), ptr=B_PTR), None),
+                             "batch dimensions of operands A .* and B .* must match", "a, b"),
+    "batch_order_mismatch": (lambda: (batch_of((2, 3, M3, K4)), swapped((3, 2, K4, N5), B_PTR), None),
+                             "batch order of operands A .* and B .* must match", "a, b"),
+    "c_m_dimension_mismatch": (lambda: (batch_of((M3, K4)), batch_of((K4, N5), ptr=B_PTR),
+                                        batch_of((M3 + 1, N5), ptr=C_PTR)),
+                               "The M dimension of the C matrix .* must match the M dimension of A", "c"),
+    "c_n_dimension_mismatch": (lambda: (batch_of((M3, K4)), batch_of((K4, N5), ptr=B_PTR),
+                                        batch_of((M3, N5 + 1), ptr=C_PTR)),
+                               "The N dimension of the C matrix .* must match the N dimension of B", "c"),
+    "c_batch_shape_mismatch": (lambda: (batch_of((2, 2, M3, K4)), batch_of((2, 2, K4, N5), ptr=B_PTR),
+                                        batch_of((3, 2, M3, N5), ptr=C_PTR)),
+                               "The batch dimension of operand C .* must match with that of the other operands", "c"),
+    "c_batch_order_mismatch": (lambda: (batch_of((2, 3, M3, K4)), batch_of((2, 3, K4, N5), ptr=B_PTR),
+                                        swapped((3, 2, M3, N5), C_PTR)),
+                               "The batch axis order of operand C .* must match with that of the other", "c"),
+    "c_not_tileable": (lambda: (batch_of((2, 2, M3, K4)), batch_of((2, 2, K4, N5), ptr=B_PTR),
+                                sliced((2, 3, M3, N5), 2, C_PTR)),
+                       "The batch layout for C corresponding to shape .* is currently not supported because it is "
+                       "not tileable", "c"),
+}
+
+
+@FORMS
+@pytest.mark.parametrize("case", OPERAND_CASES)
+def test_batch_layout_refusals_carry_nvmath_pythons_phrase(case, form, fake_gpu):
+    make, nvmath_regex, argument = OPERAND_CASES[case]
+    a, b, c = make()
+    keywords = {"beta": 1.0} if c is not None else {}
+    refused_as_nvmath_python_says(lambda: both_forms(form, a, b, c, **keywords), NvblasltValueError, nvmath_regex,
+                                  argument)
+
+
+def test_operands_sharing_a_batch_order_other_than_c_order_are_refused_as_a_pair(fake_gpu):
+    """nvmath-python takes batch axes in any order the operands share; nvblaslt walks C order only."""
+    message = refused_as_nvmath_python_says(
+        lambda: Matmul(swapped((3, 2, M3, K4), A_PTR), swapped((3, 2, K4, N5), B_PTR)), NvblasltValueError,
+        r"The batch order \(1, 0\) of operands A and B .* is not supported: nvblaslt walks batches in C order "
+        r"\(0, 1\) only", "a, b")
+    assert "shape (2, 3, 3, 4) with element strides (12, 24, 4, 1)" in message
+    with pytest.raises(Reached):  # the same operands in C order get past every check
+        Matmul(batch_of((2, 3, M3, K4)), batch_of((2, 3, K4, N5), ptr=B_PTR)).plan()
+
+
+def test_an_unsupported_dtype_carries_nvmath_pythons_phrase_after_the_arguments_name(no_gpu_work):
+    # nvmath-python's test_unsupported_type anchors its regex, ^The dtype of operand.*not supported: a message
+    # that starts with the argument's name cannot match it (the one such case left, documented as such)
+    zeros = np.zeros((2, 2), np.int64)
+    refused_as_nvmath_python_says(lambda: matmul(zeros, zeros, zeros, beta=1), NvblasltArgumentError,
+                                  "The dtype of operand.*not supported", "a")
+
+
+BIAS_EPILOGS = [E.BIAS, E.RELU_BIAS, E.GELU_BIAS, E.RELU_AUX_BIAS, E.GELU_AUX_BIAS]
+BIAS_CASES = {  # test_invalid_bias's cases: a, b and bias shapes, the bias's element strides, the regex
+    "mismatch_batch_size": ((2, 4, 5), (2, 5, 8), (3, 4, 1), None, "batch dimensions of the bias.*must match"),
+    "mismatched_batch_axis_order": ((2, 3, 4, 5), (2, 3, 5, 8), (2, 3, 4, 1), (1, 3, 0, 1),
+                                    "batch axis order of the bias.*must match"),
+    "non_tileable_batch": ((2, 3, 4, 5), (2, 3, 5, 8), (2, 3, 4, 1), (4, 1, 0, 1),
+                           "not supported because it is not tileable"),
+    "invalid_stride": ((4, 5), (5, 8), (4, 1), (0, 0), "stride of the bias.*must be 1"),
+    "invalid_stride, every other value": ((4, 5), (5, 8), (4, 1), (2, 1), "stride of the bias.*must be 1"),
+}
+
+
+@FORMS
+@pytest.mark.parametrize("epilog", BIAS_EPILOGS)
+@pytest.mark.parametrize("case", BIAS_CASES)
+def test_bias_refusals_carry_nvmath_pythons_phrase(case, epilog, form, fake_gpu):
+    a_shape, b_shape, bias_shape, strides, nvmath_regex = BIAS_CASES[case]
+    a, b = batch_of(a_shape), batch_of(b_shape, ptr=B_PTR)
+    inputs = {"bias": batch_of(bias_shape, strides=strides, ptr=BIAS_PTR)}
+    call = (lambda: Matmul(a, b).plan(epilog=epilog, epilog_inputs=inputs)) if form == "Matmul" else \
+        (lambda: matmul(a, b, epilog=epilog, epilog_inputs=inputs))
+    refused_as_nvmath_python_says(call, NvblasltValueError, nvmath_regex, "epilog_inputs['bias']")
+
+
+# test_aux_handler_validation's cases: a, b shapes, the aux (shape, element strides for each epilog, dtype or
+# None for the one the forward epilog returns), the class, the regex. Its aux is uint8 for DRELU, float32 for
+# DGELU: CuPy byte strides (2, 16) read as (2, 16) and (0, 4).
+AUX = {E.DRELU: ("relu_aux", "uint8", "float16", 1), E.DGELU: ("gelu_aux", "float32", "uint8", 4)}
+AUX_CASES = {
+    "wrong_dtype": ((16, 32), (32, 16), (16, 16), lambda item: None, "other", NvblasltArgumentError,
+                    r"The dtype of the .* auxiliary input .* must be"),
+    "wrong_mm_shape": ((16, 32), (32, 16), (24, 24), lambda item: None, None, NvblasltValueError,
+                       r"The auxiliary epilog input .* must have the MM shape"),
+    "wrong_stride": ((16, 32), (32, 16), (16, 16), lambda item: (2 // item, 16 // item), None, NvblasltValueError,
+                     r"The stride of the .* auxiliary input .* must be 1 along the dimension "
+                     r".* which corresponds to the M dimension"),
+    "batch_shape_mismatch": ((2, 3, 16, 32), (2, 3, 32, 16), (2, 4, 16, 16), lambda item: None, None,
+                             NvblasltValueError, r"The batch dimensions of the .* auxiliary input .* must match with "
+                                                 r"that of the matrix multiplication definition"),
+    "batch_axis_order_mismatch": ((2, 3, 16, 32), (2, 3, 32, 16), (2, 3, 16, 16),
+                                  lambda item: (256 // item, 512 // item, 1 // item, 16 // item), None,
+                                  NvblasltValueError, r"The batch axis order of the .* auxiliary input .* must match "
+                                                      r"with that of the other operands"),
+    "non_tileable_batch": ((2, 3, 16, 32), (2, 3, 32, 16), (2, 3, 16, 16),
+                           lambda item: (5376 // item, 1280 // item, 1 // item, 16 // item), None, NvblasltValueError,
+                           r"The batch layout for .* auxiliary input .* is currently not supported because it is not "
+                           r"tileable"),
+}
+
+
+@pytest.mark.parametrize("epilog", list(AUX))
+@pytest.mark.parametrize("case", AUX_CASES)
+def test_aux_input_refusals_carry_nvmath_pythons_phrase(case, epilog, fake_gpu):
+    key, dtype, other, item = AUX[epilog]
+    a_shape, b_shape, aux_shape, strides, given, error, nvmath_regex = AUX_CASES[case]
+    aux = batch_of(aux_shape, other if given == "other" else dtype, strides(item), ptr=BIAS_PTR)
+    mm = Matmul(batch_of(a_shape), batch_of(b_shape, ptr=B_PTR))
+    refused_as_nvmath_python_says(lambda: mm.plan(epilog=epilog, epilog_inputs={key: aux}), error, nvmath_regex,
+                                  f"epilog_inputs['{key}']")
+
+
+def test_an_aux_input_strided_along_n_is_refused_by_the_dimension_it_takes():
+    problem = SimpleNamespace(m=16, n=16, batch_shape=(), batch_count=1, types=SimpleNamespace(d=_dtypes.FLOAT32))
+    aux = nvblaslt._operands.read(FakeDLPack((16, 16), (1, 32), ptr=BIAS_PTR), "epilog_inputs['gelu_aux']", 0)
+    with pytest.raises(NvblasltValueError, match=r"^epilog_inputs\['gelu_aux'\]: The stride of the gelu_aux auxiliary "
+                                                 r"input of shape \(16, 16\) must be 16 along the dimension 1, which "
+                                                 r"corresponds to the N dimension .*; got strides \(1, 32\)$"):
+        _epilogs.check_aux(aux, "gelu_aux", problem)
+    column_major = nvblaslt._operands.read(fortran((16, 16), ptr=BIAS_PTR), "epilog_inputs['gelu_aux']", 0)
+    assert _epilogs.check_aux(column_major, "gelu_aux", problem).ld == 16
+
+
+class _StubLaunch:
+    """What ``plan()`` asks of the launch it made once the checks passed: nothing reaches cuBLASLt."""
+
+    def pointer_setter(self, attribute):
+        return lambda pointer: None
+
+    def bind(self, *pointers):
+        pass
+
+    def select(self, algorithm):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def committed_plans(monkeypatch, default_lib):
+    """``plan()`` commits with a stand-in launch; host arrays are 'staged' to a fake device pointer."""
+    import dataclasses
+
+    def stage(op, device, stream):
+        copy = dataclasses.replace(op, ptr=_FakeBuffer.pointer, strides=_host.device_strides(op), device=device,
+                                   host=False, conjugated=False)
+        return copy, _FakeBuffer()
+    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (_StubLaunch(), ["algo"], {})))
+    monkeypatch.setattr(_host, "stage", stage)
+    monkeypatch.setattr(_host, "refresh", lambda *args: None)
+
+
+@pytest.mark.parametrize("memory", ["gpu", "host"])
+def test_a_reset_bias_of_another_dtype_or_length_carries_nvmath_pythons_phrase(memory, committed_plans):
+    """test_reset's test_dtype_mismatch (M=19, RELU_BIAS) and test_shape_mismatch (M=54, BIAS), for a bias
+    in GPU memory (checked as plan() checks it, then against the plan's) and in host memory (copied into
+    the plan's device copy: compared with it)."""
+    def array(shape, dtype="float32", ptr=NEW_PTR):
+        return FakeDLPack(shape, dtype=dtype, ptr=ptr) if memory == "gpu" else host(shape, np.dtype(dtype))
+    # the class each path raised before: plan()'s dtype refusal on the GPU path, a value error on the host's
+    dtype_error = NvblasltArgumentError if memory == "gpu" else NvblasltValueError
+    for m, epilog, dtype, bad in ((19, "RELU_BIAS", "float32", "float64"), (19, "RELU_BIAS", "float64", "float32"),
+                                  (54, "BIAS", "float64", None)):
+        mm = Matmul(array((m, 10), dtype, A_PTR), array((10, 32), dtype, B_PTR))
+        mm.plan(epilog=epilog, epilog_inputs={"bias": array((m, 1), dtype, BIAS_PTR)})
+        if bad is not None:
+            refused_as_nvmath_python_says(lambda: mm.reset_operands(epilog_inputs={"bias": array((m, 1), bad)}),
+                                          dtype_error, "The data type of the new operand must match the data type "
+                                                       "of the original operand.", "epilog_inputs['bias']")
+        refused_as_nvmath_python_says(lambda: mm.reset_operands(epilog_inputs={"bias": array((m - 1, 1), dtype)}),
+                                      NvblasltValueError, "The extents .* must match", "epilog_inputs['bias']")
+        mm.reset_operands(epilog_inputs={"bias": array((m, 1), dtype)})  # one like the plan's is taken
+        if memory == "gpu":
+            assert mm._input_operands["bias"].ptr == NEW_PTR
+            mm.reset_operands(epilog_inputs={"bias": array((m,), dtype)})  # the same vector, another shape
+            every_other = FakeDLPack((m, 1), (2, 1), dtype, ptr=NEW_PTR)
+            refused_as_nvmath_python_says(lambda: mm.reset_operands(epilog_inputs={"bias": every_other}),
+                                          NvblasltValueError, "stride of the bias.*must be 1", "epilog_inputs['bias']")
+
+
+def test_a_reset_gpu_bias_read_in_another_layout_names_the_plans(committed_plans):
+    mm = Matmul(FakeDLPack((2, 8, 4), ptr=A_PTR), FakeDLPack((2, 4, 6), ptr=B_PTR))
+    mm.plan(epilog="BIAS", epilog_inputs={"bias": FakeDLPack((2, 8, 1), ptr=BIAS_PTR)})  # one bias per batch
+    with pytest.raises(NvblasltValueError, match=r"^epilog_inputs\['bias'\]: The extents \(8, 1\) and strides \(1, 1\) "
+                                                 r"of the new operand must match the layout the plan was made for "
+                                                 r"\(extents \(2, 8, 1\), strides \(8, 1, 1\)\); call plan\(\) again"):
+        mm.reset_operands(epilog_inputs={"bias": FakeDLPack((8, 1), ptr=NEW_PTR)})  # one for every batch
+    mm.reset_operands(epilog_inputs={"bias": FakeDLPack((2, 8), ptr=NEW_PTR)})  # the same layout, read as (…, M)
+    assert mm._input_operands["bias"].ptr == NEW_PTR

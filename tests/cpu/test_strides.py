@@ -81,12 +81,22 @@ def test_broadcast_batches_have_stride_zero():
 
 def test_batches_no_single_stride_walks_are_refused_by_name():
     x = np.zeros((3, 2, 4, 5), dtype=np.float32).transpose(1, 0, 2, 3)  # batch axes swapped
-    with pytest.raises(NvblasltValueError, match=r"^b: batch dimensions \(2, 3\) .* cannot be walked"):
-        batch_stride(x.shape[:-2], element_strides(x)[:-2], "b")
+    with pytest.raises(NvblasltValueError, match=r"^b: The batch axis order of operand B \(1, 0\) .* must match "
+                                                 r"with that of the other operands: nvblaslt walks every batch in C "
+                                                 r"order \(0, 1\); got batch dimensions \(2, 3\) with element "
+                                                 r"strides \(20, 40\)$"):
+        batch_stride(x.shape[:-2], element_strides(x)[:-2], "b", "B", of="operand B")
     with pytest.raises(NvblasltValueError, match="must be positive"):
         batch_stride((3,), (-20,), "a")
-    with pytest.raises(NvblasltValueError, match="cannot be walked"):
+    with pytest.raises(NvblasltValueError, match=r"^a: The batch layout for a corresponding to shape \(2, 3\) .* is "
+                                                 r"currently not supported because it is not tileable: a batch axis is "
+                                                 r"broadcast \(stride 0\) and another not"):
         batch_stride((2, 3), (0, 20), "a")  # broadcast outside, strided inside
+    with pytest.raises(NvblasltValueError, match=r"^c: The batch layout for C corresponding to shape \(2, 2\) \(its "
+                                                 r"batch dimensions\) with element strides \(45, 15\) is currently "
+                                                 r"not supported because it is not tileable: one stride cannot walk "
+                                                 r"it"):
+        batch_stride((2, 2), (45, 15), "c", "C")  # C order, but a gap between the outer batches
 
 
 def test_overlaps_reads_the_spans_of_two_views_of_one_buffer():
