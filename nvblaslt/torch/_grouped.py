@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .._grouped_problem import padded_strides
+from ._tuning import first_search
 
 _SCHEMA = "(Tensor a, Tensor b, Tensor? offs, ScalarType? out_dtype) -> Tensor"
 _NATIVE = (torch.bfloat16, torch.float16)
@@ -74,13 +75,41 @@ def _per_group_matrices(t: Tensor) -> Tensor:
     return t.contiguous()
 
 
+def _problem_key(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> tuple:
+    return "grouped", tuple((t.shape, t.stride(), t.dtype, t.device) for t in (a, b) if t is not None), \
+        None if offs is None else (offs.shape, offs.dtype), dtype
+
+
+def _tune(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype, iterations: int) -> None:
+    """Time the heuristics' algorithms for this problem on these operands and remember the fastest:
+    ``grouped_matmul``'s cached plans are made again and recall it (here, in the autograd engine's
+    thread, and in later processes). Skipped while a CUDA graph is captured (timing waits for the GPU)."""
+    import nvblaslt
+
+    if a.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    with nvblaslt.GroupedMatmul(a, b, offs, out_dtype=dtype) as plan:
+        plan.plan(limit=16)  # the heuristics' first pick can be 2x slower than the best of 16 (G=128, H100)
+        plan.autotune(iterations=iterations, remember=True)
+
+
+def _native(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The cuBLASLt path: tuned first inside an ``nvblaslt.torch.autotune()`` context that has not seen
+    the problem yet."""
+    import nvblaslt
+
+    a, b = _per_group_matrices(a), _per_group_matrices(b)
+    iterations = first_search(lambda: _problem_key(a, b, offs, dtype))  # the key only while tuning
+    if iterations is not None:
+        _tune(a, b, offs, dtype, iterations)
+    return nvblaslt.grouped_matmul(a, b, offs, out_dtype=dtype)
+
+
 @torch.library.custom_op("nvblaslt::grouped_mm", mutates_args=(), schema=_SCHEMA)
 def _grouped_mm_op(a, b, offs, out_dtype):
     dtype = out_dtype or a.dtype
     if a.is_cuda and a.dtype in _NATIVE:
-        import nvblaslt
-
-        return nvblaslt.grouped_matmul(_per_group_matrices(a), _per_group_matrices(b), offs, out_dtype=dtype)
+        return _native(a, b, offs, dtype)
     return _reference(a, b, offs, dtype)
 
 

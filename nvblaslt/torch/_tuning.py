@@ -47,6 +47,10 @@ def autotune(*, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
     two-call form. The winners are remembered on disk, so that later plans of the same problems start
     from them. Each distinct problem is searched once per context (layers of one shape share the winner).
 
+    ``grouped_mm`` (and so ``GroupedLinear``) problems are autotuned the same way over up to 16 of the
+    heuristics' algorithms (``GroupedMatmul.autotune``; grouped plans have no search beyond the
+    heuristics yet), and its cached plans recall the winner.
+
     Run one training step inside it before the first ordinary step: the GEMMs run as usual, only
     slower. Plans that ``nvblaslt.matmul`` cached before (a warm-up step's, in any thread, the autograd
     engine's included) are made again on their next call and recall the winners; a new process picks

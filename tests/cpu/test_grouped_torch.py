@@ -142,3 +142,49 @@ def test_the_grouped_bench_train_section_checks_its_gradients_on_the_cpu():
     assert set(case["rows"]) >= {"torch mm loop", "nvblaslt.torch.grouped_mm"}
     assert case["errors"]["nvblaslt.torch.grouped_mm"] < 1e-12  # float64: the same gradients as the loop
     assert set(case["refused"]) <= {"torch._grouped_mm"}  # torch's takes no float64: left out, said why
+
+
+def test_autotune_context_tunes_each_grouped_problem_once_and_then_runs_it(monkeypatch):
+    """Inside ``nvblaslt.torch.autotune()``, the op's cuBLASLt path times the problem's algorithms
+    (``GroupedMatmul.autotune(remember=True)``, up to 16 of the heuristics') before running it, once per
+    problem and context; outside, it only runs. GroupedMatmul and grouped_matmul are stand-ins here."""
+    import nvblaslt
+    from nvblaslt.torch import _grouped, autotune
+
+    calls = []
+
+    class Plan:
+        def __init__(self, a, b, offs, *, out_dtype=None):
+            calls.append(("plan", tuple(a.shape), tuple(b.shape), out_dtype))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            calls.append(("free",))
+
+        def plan(self, *, limit):
+            calls.append(("heuristics", limit))
+
+        def autotune(self, *, iterations, remember):
+            calls.append(("autotune", iterations, remember))
+
+    def run(a, b, offs, *, out_dtype):
+        calls.append(("run", tuple(a.shape)))
+        return torch.zeros(a.shape[0], b.shape[-1], dtype=out_dtype)
+
+    monkeypatch.setattr(nvblaslt, "GroupedMatmul", Plan)
+    monkeypatch.setattr(nvblaslt, "grouped_matmul", run)
+    x, w = torch.randn(12, 8, dtype=torch.bfloat16), torch.randn(3, 8, 4, dtype=torch.bfloat16)
+    offs = torch.tensor([4, 4, 12], dtype=torch.int32)
+    _grouped._native(x, w, offs, torch.bfloat16)
+    assert calls == [("run", (12, 8))]  # no context: nothing timed
+    calls.clear()
+    with autotune(iterations=2):
+        _grouped._native(x, w, offs, torch.bfloat16)
+        _grouped._native(x, w, offs, torch.bfloat16)              # the same problem: tuned once
+        _grouped._native(x[:8], w, offs, torch.bfloat16)          # another: tuned too
+    assert calls == [("plan", (12, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True),
+                     ("free",), ("run", (12, 8)), ("run", (12, 8)),
+                     ("plan", (8, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True),
+                     ("free",), ("run", (8, 8))]

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import nvblaslt  # noqa: E402
 from nvblaslt import GroupedMatmul, NvblasltUnsupportedError, NvblasltValueError, grouped_matmul  # noqa: E402
-from nvblaslt import _grouped_problem  # noqa: E402
+from nvblaslt import _grouped_problem, _tuning_cache  # noqa: E402
 
 TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
 
@@ -164,6 +164,33 @@ def test_autotune_times_every_algorithm_and_keeps_the_results_right(monkeypatch,
     _check(plan.execute(), _reference("2d3d", a, w.transpose(1, 2), ends, 4), torch.bfloat16)
     again = GroupedMatmul(a, w.transpose(1, 2), ends)  # the same problem: the tuning cache's choice comes first
     assert again.plan()[0].as_bytes() == timed[0][0].as_bytes()
+
+
+@needs_grouped
+def test_a_step_under_the_torch_autotune_context_tunes_the_experts_three_gemms(monkeypatch, tmp_path):
+    """GroupedLinear's forward and its two gradients (2d×3d, 2d×3d, 2d×2d), run inside
+    ``nvblaslt.torch.autotune()``, are timed and remembered; a plan of each problem made afterwards
+    recalls the pick; and the gradients stay right."""
+    from nvblaslt.torch import GroupedLinear, autotune
+
+    monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path))
+    nvblaslt.clear_grouped_plans()
+    torch.manual_seed(4)
+    layer = GroupedLinear(4, 64, 96, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    ends = _ends([64, 0, 128, 64])
+    with autotune(iterations=2):
+        layer(x, ends).square().sum().backward()
+    torch.cuda.synchronize()
+    w = layer.weight.detach()
+    grad = (2 * layer(x, ends)).detach()
+    for a, b in ((x.detach(), w.transpose(1, 2)), (grad, w), (x.detach().T, grad)):
+        with GroupedMatmul(a, b, ends) as plan:
+            tuned, _ = _tuning_cache.recall(plan)
+            assert tuned is not None, f"not remembered: {tuple(a.shape)} @ {tuple(b.shape)}"
+            assert plan.plan()[0].as_bytes() == tuned.as_bytes()
+    want = _reference("2d3d", x.detach(), w.transpose(1, 2), ends, 4)
+    _check(layer(x, ends), want, torch.bfloat16)
 
 
 @needs_grouped
