@@ -4,6 +4,7 @@ GPU memory between sections."""
 from __future__ import annotations
 
 import gc
+import math
 import sys
 import time
 
@@ -24,21 +25,25 @@ def nvmath_advanced():
 
 
 def max_relative(torch, got, expected, *, chunk_bytes: int = 1 << 30) -> float:
-    """Largest |got - expected| over the largest |expected|, in float32 slices along the first axis
-    (a DeepSeek-sized weight gradient is 7.5 GB in bf16: one float64 copy of it would not fit)."""
+    """Largest |got - expected| over the largest |expected| (NaN if either holds a NaN where the other
+    differs), in slices along the first axis, each in float32 or the inputs' wider type: a DeepSeek-sized
+    weight gradient is 7.5 GB in bf16, and one float64 copy of it would not fit."""
     got = torch.as_tensor(got)
     expected = torch.as_tensor(expected, device=got.device)
     if got.shape != expected.shape:
         raise ValueError(f"max_relative: shapes differ, {tuple(got.shape)} and {tuple(expected.shape)}")
     if expected.numel() == 0:
         return 0.0
+    wide = torch.promote_types(torch.promote_types(got.dtype, expected.dtype), torch.float32)
     got, expected = got.reshape(-1, *got.shape[1:]), expected.reshape(-1, *expected.shape[1:])  # 0-d: one row
-    rows = max(1, chunk_bytes // (4 * max(1, expected[0].numel())))
+    rows = max(1, chunk_bytes // (torch.empty((), dtype=wide).element_size() * max(1, expected[0].numel())))
     worst = largest = 0.0
     for start in range(0, expected.shape[0], rows):
-        g, e = got[start:start + rows].float(), expected[start:start + rows].float()
-        worst = max(worst, float((g - e).abs().max()))
-        largest = max(largest, float(e.abs().max()))
+        g, e = got[start:start + rows].to(wide), expected[start:start + rows].to(wide)
+        difference = float((g - e).abs().max())
+        if math.isnan(difference):  # max() of Python floats would drop it
+            return math.nan
+        worst, largest = max(worst, difference), max(largest, float(e.abs().max()))
     return worst / max(largest, 1e-30)
 
 

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -91,39 +92,46 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
     for name, fn in cases:
         errors[name] = max_relative(torch, fn(), reference)
     per_algorithm = []
-    for result in algorithms:  # the heuristics' algorithms, each timed alone: the best is kept
+    for index, result in enumerate(algorithms):  # the heuristics' algorithms, each timed alone: the best is kept
         plan.select(result)
-        errors[f"algorithm {result.algo_id}"] = max_relative(torch, plan.execute(out=out), reference)
+        errors[f"algorithm #{index} (id {result.algo_id})"] = max_relative(torch, plan.execute(out=out), reference)
         per_algorithm.append(statistics.median(
             event_rounds(torch, [("one", lambda: plan.execute(out=out))], max(3, rounds // 2), calls)[0]))
     best = min(range(len(algorithms)), key=per_algorithm.__getitem__)
     plan.select(algorithms[best])
-    errors["GroupedMatmul best of heuristics"] = errors[f"algorithm {algorithms[best].algo_id}"]
+    errors["GroupedMatmul best of heuristics"] = errors[f"algorithm #{best} (id {algorithms[best].algo_id})"]
     cases.append(("GroupedMatmul best of heuristics", lambda: plan.execute(out=out)))
-    tuned = nvblaslt.GroupedMatmul(x, b, offs)
-    tuned.plan(limit=16)
-    tuned.autotune(remember=False)  # autotune()'s own pick (L2 flushed), as a tuned function form would run it
-    errors["GroupedMatmul autotuned, execute()"] = max_relative(torch, tuned.execute(), reference)
-    cases.append(("GroupedMatmul autotuned, execute()", lambda: tuned.execute()))
-    times = event_rounds(torch, cases, rounds, calls, seed=tokens)
+    with nvblaslt.GroupedMatmul(x, b, offs) as tuned:
+        tuned.plan(limit=16)
+        tuned.autotune(remember=False)  # autotune()'s own pick (L2 flushed), as a tuned function form runs it
+        errors["GroupedMatmul autotuned, execute()"] = max_relative(torch, tuned.execute(), reference)
+        cases.append(("GroupedMatmul autotuned, execute()", lambda: tuned.execute()))
+        times = event_rounds(torch, cases, rounds, calls, seed=tokens)
     flops = 2 * tokens * shape.k * shape.n
     rows = {name: {"ms": statistics.median(t), "tflops": flops / statistics.median(t) / 1e9} for (name, _), t in
             zip(cases, times)}
     plan.free()
-    tuned.free()
     return {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
             "routing": "skewed" if skewed else "balanced", "empty_groups": int((sizes == 0).sum()),
             "rows": rows, "errors": errors, "algorithms": [r.algo_id for r in algorithms],
             "algorithm_ms": per_algorithm}
 
 
-def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *, device: str = "cuda",
-               dtype=None, timer=event_rounds, tune: bool = False) -> dict[str, Any]:
-    """One experts layer's forward + backward (input and weight gradients): ``nvblaslt.torch.grouped_mm``,
-    ``torch._grouped_mm`` under autograd where this torch has it, and a per-expert ``torch.mm`` loop."""
+class _Step(NamedTuple):
+    x: Any
+    weights: Any
+    grad: Any
+    offs: Any
+    loop: Any
+    ours: Any
+    theirs: Any  # torch._grouped_mm's step, or None on a torch without it
+
+
+def _step(torch, shape: Experts, tokens: int, skewed: bool, device: str, dtype) -> _Step:
+    """The experts layer's operands and its training step three ways (each returns the input and weight
+    gradients)."""
     from nvblaslt.torch import grouped_mm
 
-    dtype = dtype or torch.bfloat16
     sizes = split(torch, tokens, shape.groups, skewed, seed=shape.groups + tokens + 1)
     offs = sizes.cumsum(0).to(device=device, dtype=torch.int32)
     x = torch.randn(tokens, shape.k, device=device, dtype=dtype, requires_grad=True)
@@ -139,15 +147,26 @@ def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *,
     def ours():
         return torch.autograd.grad(grouped_mm(x, weights.transpose(1, 2), offs), (x, weights), grad)
 
-    cases: list[tuple[str, Any]] = [("torch mm loop", loop), ("nvblaslt.torch.grouped_mm", ours)]
     try:
         torch_grouped = torch._grouped_mm
     except AttributeError:  # a torch without it (before 2.8)
-        pass
+        theirs = None
     else:
-        cases.append(("torch._grouped_mm", lambda: torch.autograd.grad(torch_grouped(x, weights.transpose(1, 2),
-                                                                                     offs=offs), (x, weights), grad)))
-    reference = loop()
+        def theirs():
+            return torch.autograd.grad(torch_grouped(x, weights.transpose(1, 2), offs=offs), (x, weights), grad)
+    return _Step(x, weights, grad, offs, loop, ours, theirs)
+
+
+def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *, device: str = "cuda",
+               dtype=None, timer=event_rounds) -> dict[str, Any]:
+    """One experts layer's forward + backward (input and weight gradients): ``nvblaslt.torch.grouped_mm``,
+    ``torch._grouped_mm`` under autograd where this torch has it, and a per-expert ``torch.mm`` loop; then
+    the step's three GEMMs one at a time. Plans as the tuning cache has them (none tuned, in the bench)."""
+    step = _step(torch, shape, tokens, skewed, device, dtype or torch.bfloat16)
+    cases: list[tuple[str, Any]] = [("torch mm loop", step.loop), ("nvblaslt.torch.grouped_mm", step.ours)]
+    if step.theirs is not None:
+        cases.append(("torch._grouped_mm", step.theirs))
+    reference = step.loop()
     errors, refused = {}, {}
     for name, fn in list(cases):
         try:
@@ -163,32 +182,30 @@ def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *,
     flops = 3 * 2 * tokens * shape.k * shape.n  # the forward and the two gradients
     rows = {name: {"ms": statistics.median(t), "tflops": flops / max(statistics.median(t), 1e-9) / 1e9}
             for (name, _), t in zip(cases, times)}
-    case = {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
+    return {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
             "routing": "skewed" if skewed else "balanced", "rows": rows, "errors": errors, "refused": refused,
-            "forms": form_rows(torch, x.detach(), weights.detach(), grad, offs, rounds, timer) if device == "cuda"
-            else {}}
-    if tune and device == "cuda":
-        case["tuned"] = tuned_rows(torch, x, weights, grad, offs, ours, dict(cases).get("torch._grouped_mm"),
-                                   rounds, timer)
-    return case
+            "forms": form_rows(torch, step.x.detach(), step.weights.detach(), step.grad, step.offs, rounds, timer)
+            if device == "cuda" else {}}
 
 
-def tuned_rows(torch, x, weights, grad, offs, ours, theirs, rounds: int, timer) -> dict[str, Any]:
-    """After each of the step's three grouped GEMMs is autotuned and remembered (``GroupedMatmul.autotune``),
+def tuned_rows(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, timer=event_rounds) -> dict[str, Any]:
+    """Each of the step's three grouped GEMMs autotuned and remembered (``GroupedMatmul.autotune``), then
     the step and the GEMMs again: the op's cached plans are made anew with the tuned picks. Timed in rounds
-    of their own, with torch's step beside them."""
+    of their own, with torch's step beside them. The bench runs these after every untuned row."""
     import nvblaslt
 
-    data, w = x.detach(), weights.detach()
-    for a, b in ((data, w.transpose(1, 2)), (grad, w), (data.T, grad)):
-        plan = nvblaslt.GroupedMatmul(a, b, offs)
-        plan.plan(limit=16)
-        plan.autotune(remember=True)
-        plan.free()
-    cases = [("nvblaslt.torch.grouped_mm, tuned", ours)] + ([("torch._grouped_mm", theirs)] if theirs else [])
+    step = _step(torch, shape, tokens, skewed, "cuda", torch.bfloat16)
+    data, w = step.x.detach(), step.weights.detach()
+    for a, b in ((data, w.transpose(1, 2)), (step.grad, w), (data.T, step.grad)):
+        with nvblaslt.GroupedMatmul(a, b, step.offs) as plan:
+            plan.plan(limit=16)
+            plan.autotune(remember=True)
+    cases = [("nvblaslt.torch.grouped_mm, tuned", step.ours)]
+    if step.theirs is not None:
+        cases.append(("torch._grouped_mm", step.theirs))
     times = timer(torch, cases, rounds, 1, seed=11)
     return {"step": {name: statistics.median(t) for (name, _), t in zip(cases, times)},
-            "forms": form_rows(torch, data, w, grad, offs, rounds, timer)}
+            "forms": form_rows(torch, data, w, step.grad, step.offs, rounds, timer)}
 
 
 def form_rows(torch, x, weights, grad, offs, rounds: int, timer) -> dict[str, dict[str, float]]:
@@ -209,6 +226,28 @@ def form_rows(torch, x, weights, grad, offs, rounds: int, timer) -> dict[str, di
     return {name: statistics.median(t) for (name, _), t in zip(cases, times)}
 
 
+def _print_case(case: dict[str, Any]) -> None:
+    base = case["rows"].get("torch._grouped_mm", case["rows"]["torch mm loop"])["ms"]
+    print(f"\n{case['section']}: {case['shape']} (G={case['groups']}, K={case['k']}, N={case['n']}), "
+          f"{case['tokens']} tokens, {case['routing']}")
+    for name, row in case["rows"].items():
+        print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {base / row['ms']:5.2f}× torch  "
+              f"err {case['errors'].get(name, float('nan')):.1e}")
+    for name, why in case.get("refused", {}).items():
+        print(f"  {name:36s} not timed: {why}")
+    if case.get("forms"):
+        print("  one GEMM at a time, ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in case["forms"].items()))
+
+
+def _print_tuned(case: dict[str, Any]) -> None:
+    step = case["tuned"]["step"]
+    mine, theirs = step["nvblaslt.torch.grouped_mm, tuned"], step.get("torch._grouped_mm")
+    print(f"\ntrain, tuned: {case['shape']}, {case['tokens']} tokens, {case['routing']}: nvblaslt.torch.grouped_mm "
+          f"{mine:.3f} ms" + (f", torch._grouped_mm {theirs:.3f} ms (own rounds), {theirs / mine:.2f}× torch"
+                              if theirs else ""))
+    print("  one GEMM at a time, ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in case["tuned"]["forms"].items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8k tokens only, fewer rounds")
@@ -219,12 +258,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tune", action="store_true", help="leave out the tuned rows (autotune of each GEMM)")
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
-    # the tuned rows remember their picks: in a cache of this run's own, never the user's
-    os.environ.setdefault("NVBLASLT_CACHE_DIR", tempfile.mkdtemp(prefix="nvblaslt-bench-grouped-"))
+    # A tuning cache of the run's own, read afresh by every plan: the untuned rows recall nothing (not the
+    # user's picks), and the tuned rows' picks never reach the user's cache.
+    cache_dir = tempfile.mkdtemp(prefix="nvblaslt-bench-grouped-")
+    previous = os.environ.get("NVBLASLT_CACHE_DIR")
+    os.environ["NVBLASLT_CACHE_DIR"] = cache_dir
+    try:
+        return _run(args, sections)
+    finally:
+        if previous is None:
+            os.environ.pop("NVBLASLT_CACHE_DIR", None)
+        else:
+            os.environ["NVBLASLT_CACHE_DIR"] = previous
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _run(args, sections: set[str]) -> int:
     import torch
 
     import nvblaslt
 
+    nvblaslt.clear_grouped_plans()
     rounds = args.rounds or (7 if args.quick else 15)
     token_counts = [8192] if args.quick else [8192, 32768]
     lib = nvblaslt.library()
@@ -234,30 +288,21 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     cases = [(section, shape, tokens, skewed) for section in ("forward", "train") if section in sections
              for shape in SHAPES for tokens in token_counts for skewed in (False, True)]
-    for section, shape, tokens, skewed in cases:
+    for section, shape, tokens, skewed in cases:  # every untuned row first: a tuned pick is remembered
         progress(f"{section}: {shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
         case = (run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5) if section == "forward"
-                else train_case(torch, shape, tokens, skewed, rounds, tune=not args.no_tune))
+                else train_case(torch, shape, tokens, skewed, rounds))
         case["section"] = section
         results.append(case)
-        base = case["rows"].get("torch._grouped_mm", case["rows"]["torch mm loop"])["ms"]
-        print(f"\n{section}: {case['shape']} (G={case['groups']}, K={case['k']}, N={case['n']}), {tokens} tokens, "
-              f"{case['routing']}")
-        for name, row in case["rows"].items():
-            print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {base / row['ms']:5.2f}× torch  "
-                  f"err {case['errors'].get(name, float('nan')):.1e}")
-        for name, why in case.get("refused", {}).items():
-            print(f"  {name:36s} not timed: {why}")
-        if case.get("forms"):
-            print("  one GEMM at a time, ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in case["forms"].items()))
-        if case.get("tuned"):
-            step = case["tuned"]["step"]
-            mine, theirs = step["nvblaslt.torch.grouped_mm, tuned"], step.get("torch._grouped_mm")
-            print(f"  tuned (own rounds): nvblaslt.torch.grouped_mm {mine:.3f} ms"
-                  + (f", torch._grouped_mm {theirs:.3f} ms, {theirs / mine:.2f}× torch" if theirs else ""))
-            print("  tuned, one GEMM at a time, ms: "
-                  + ", ".join(f"{name} {ms:.3f}" for name, ms in case["tuned"]["forms"].items()))
+        _print_case(case)
         free_memory(torch)
+    if "train" in sections and not args.no_tune:
+        for case, (section, shape, tokens, skewed) in zip(results, cases):
+            if section == "train":
+                progress(f"train, tuned: {shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
+                case["tuned"] = tuned_rows(torch, shape, tokens, skewed, rounds)
+                _print_tuned(case)
+                free_memory(torch)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": header, "cases": results}, handle, indent=1)

@@ -23,9 +23,16 @@ ROWS = {
 }
 
 
-def _fresh(code: str) -> float | None:
+def _fresh(name: str, code: str) -> float | None:
+    """Seconds to run ``code`` in a fresh interpreter; None where a peer package is missing there. A
+    failing nvblaslt row raises: the section must not report a cold start that did not happen."""
     done = subprocess.run([sys.executable, "-c", _CLOCK + code + _DONE], capture_output=True, text=True)
-    return float(done.stdout.split()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+    if done.returncode == 0 and done.stdout.strip():
+        return float(done.stdout.split()[-1])
+    if "nvblaslt" in name:
+        raise RuntimeError(f"{name}: the fresh interpreter failed (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-2000:]}")
+    return None
 
 
 def section(args, torch, results: dict) -> None:
@@ -35,7 +42,7 @@ def section(args, torch, results: dict) -> None:
         order = list(ROWS)
         random.shuffle(order)
         for name in order:
-            seconds = _fresh(ROWS[name])
+            seconds = _fresh(name, ROWS[name])
             if seconds is not None:  # a package missing here (CuPy, nvmath-python): the row is left out
                 runs[name].append(seconds)
     results["import"] = {name: {"seconds": statistics.median(times), "runs": times}

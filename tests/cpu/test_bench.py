@@ -4,6 +4,7 @@ GPU run of its cheapest sections."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -182,3 +183,24 @@ def test_the_cheap_sections_run_on_the_gpu(tmp_path):
     cold = results["import"]  # each row ran in fresh interpreters; CuPy is on the GPU machine
     assert {"import nvblaslt", "import cupy", "first result, nvblaslt.matmul"} <= set(cold)
     assert all(len(row["runs"]) == 2 and row["seconds"] > 0 for row in cold.values())
+
+
+def test_max_relative_keeps_nans_and_the_inputs_precision():
+    import torch
+
+    from nvblaslt.bench.common import max_relative
+
+    assert math.isnan(max_relative(torch, torch.tensor([[1.0, float("nan")]]), torch.ones(1, 2)))
+    exact = torch.randn(40, 3, dtype=torch.float64)
+    # float64 inputs are compared in float64, slice by slice: a 1e-12 difference is seen, not rounded away
+    assert 1e-13 < max_relative(torch, exact + 1e-12, exact, chunk_bytes=64) < 1e-11
+    with pytest.raises(ValueError, match="shapes differ"):
+        max_relative(torch, torch.ones(2, 3), torch.ones(3, 2))
+
+
+def test_a_failing_nvblaslt_cold_start_row_raises_and_a_missing_peer_is_left_out():
+    from nvblaslt.bench import import_time
+
+    assert import_time._fresh("import somepeer", "import a_package_that_is_not_there") is None
+    with pytest.raises(RuntimeError, match="fresh interpreter failed"):
+        import_time._fresh("import nvblaslt", "raise SystemExit(3)")
