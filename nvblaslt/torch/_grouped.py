@@ -83,14 +83,17 @@ def _problem_key(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) 
 def _tune(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype, iterations: int) -> None:
     """Time the heuristics' algorithms for this problem on these operands and remember the fastest:
     ``grouped_matmul``'s cached plans are made again and recall it (here, in the autograd engine's
-    thread, and in later processes). Skipped while a CUDA graph is captured (timing waits for the GPU)."""
+    thread, and in later processes)."""
     import nvblaslt
 
-    if a.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
     with nvblaslt.GroupedMatmul(a, b, offs, out_dtype=dtype) as plan:
         plan.plan(limit=16)  # the heuristics' first pick can be 2x slower than the best of 16 (G=128, H100)
         plan.autotune(iterations=iterations, remember=True)
+
+
+def _capturing(device: torch.device) -> bool:
+    with torch.cuda.device(device):  # the op runs on this device's current stream
+        return torch.cuda.is_current_stream_capturing()
 
 
 def _native(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> Tensor:
@@ -99,9 +102,12 @@ def _native(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> Te
     import nvblaslt
 
     a, b = _per_group_matrices(a), _per_group_matrices(b)
-    iterations = first_search(lambda: _problem_key(a, b, offs, dtype))  # the key only while tuning
-    if iterations is not None:
-        _tune(a, b, offs, dtype, iterations)
+    # never while a CUDA graph is captured (timing waits for the GPU); the problem stays unmarked, so a
+    # later eager call in the same context tunes it
+    if not (a.is_cuda and _capturing(a.device)):
+        iterations = first_search(lambda: _problem_key(a, b, offs, dtype))  # the key only while tuning
+        if iterations is not None:
+            _tune(a, b, offs, dtype, iterations)
     return nvblaslt.grouped_matmul(a, b, offs, out_dtype=dtype)
 
 

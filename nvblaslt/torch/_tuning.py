@@ -49,7 +49,9 @@ def autotune(*, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
 
     ``grouped_mm`` (and so ``GroupedLinear``) problems are autotuned the same way over up to 16 of the
     heuristics' algorithms (``GroupedMatmul.autotune``; grouped plans have no search beyond the
-    heuristics yet), and its cached plans recall the winner.
+    heuristics yet), and its cached plans recall the winner. Tuning times each candidate into scratch
+    memory of the result's size, beside the largest workspace among them: a step that barely fits the
+    GPU may not fit while it is tuned.
 
     Run one training step inside it before the first ordinary step: the GEMMs run as usual, only
     slower. Plans that ``nvblaslt.matmul`` cached before (a warm-up step's, in any thread, the autograd
