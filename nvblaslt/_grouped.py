@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _cuda, _dtypes, _grouped_problem, _memory, _operands, _tuning_cache
-from ._cuda import cudart
 from ._descriptors import GroupedMatrixLayout, Handle, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
 from ._errors import CublasLtError, NvblasltStateError, NvblasltValueError
 from ._grouped_arrays import GroupedArrays
@@ -32,7 +31,6 @@ from ._launch import raw_function
 from ._loader import library
 from ._memory import DeviceBuffer
 from ._streams import stream_handle
-from ._strides import span_elements
 from ._timing import Timer, shuffled_rounds
 
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
@@ -405,15 +403,13 @@ class GroupedMatmul:
                 if not capturing:  # a capture may not wait on work outside it; replays run in stream order
                     _memory.wait_for(self._last_stream, stream_h)  # arrays and workspace: one stream at a time
                 self._last_stream = stream_h
-            if problem.form == "2d2d":
-                # a group with no K still has a result (zeros); cuBLASLt is not relied on to write one
-                nbytes = span_elements(problem.out_shape, problem.out_strides) * out_dtype.itemsize
-                _cuda.check(cudart.cudaMemsetAsync(out_pointer, 0, nbytes, stream_h), "cudaMemsetAsync")
             self.arrays.derive(offs_op.ptr if offs_op is not None else 0,
                                offs_op is not None and offs_op.dtype == _dtypes.INT64, problem.total,
                                (b_op.ptr, a_op.ptr, out_pointer), (problem.a.ld, problem.b.ld, problem.d.ld), stream_h,
                                check=check)
             self._launch(stream_h)
+            if problem.form == "2d2d":  # a group with no K still has a result: zeros
+                self.arrays.zero_empty(out_dtype.itemsize, stream_h)
         return result
 
     def _launch(self, stream: int) -> None:

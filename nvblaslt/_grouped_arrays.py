@@ -8,6 +8,10 @@ host would cost a synchronization per call (and break CUDA-graph capture). So on
 Offsets out of order or outside the operands are clamped, so no group reads or writes outside its
 operand (the result is then wrong for those groups, never memory outside it), and flagged in a
 status word that ``check`` reads at the cost of a synchronization.
+
+In the weight-gradient form (ragged K) a group with no tokens still has a result, zeros. A second
+kernel writes them after the GEMM, into those groups' matrices only: cuBLASLt is not relied on to
+write a product over an empty K, and clearing the whole result first would cost a pass over it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ._grouped_problem import GroupedMatrix, GroupedProblem
 from ._memory import DeviceBuffer
 
 KERNEL = "nvblaslt_grouped_arrays"
+ZERO_KERNEL = "nvblaslt_grouped_zero_empty"
 SOURCE = r"""
 struct Spec {  // one GroupedMatrix: extents, raggedness and strides in bytes (leading dimensions come per call)
     long long rows, cols, ld_unused, rows_ragged, cols_ragged, group_stride, ragged_stride, contiguous;
@@ -30,7 +35,7 @@ extern "C" __global__ void nvblaslt_grouped_arrays(
         const void* offs, int offs_64, int groups, long long total, const Spec* specs,
         unsigned long long base_a, unsigned long long base_b, unsigned long long base_d,
         long long ld_a, long long ld_b, long long ld_d,
-        long long* shapes, unsigned long long* pointers, int* status) {
+        long long* shapes, unsigned long long* pointers, long long* sizes, int* status) {
     const int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= groups) return;
     long long start = 0, end = total;
@@ -59,6 +64,7 @@ extern "C" __global__ void nvblaslt_grouped_arrays(
             start = 0;
         }
     }
+    sizes[g] = size;
     for (int x = 0; x < 3; ++x) {
         const Spec s = specs[x];
         const bool ragged = s.rows_ragged || s.cols_ragged;
@@ -68,11 +74,31 @@ extern "C" __global__ void nvblaslt_grouped_arrays(
         pointers[x * groups + g] = bases[x] + g * s.group_stride + (ragged ? start * s.ragged_stride : 0);
     }
 }
+
+// Zeros in D for every group the derive kernel sized 0: `blocks_per_group` blocks per group, D's
+// rows contiguous (column-major, as cuBLASLt sees it), `itemsize` bytes an element.
+extern "C" __global__ void nvblaslt_grouped_zero_empty(
+        int groups, int blocks_per_group, int itemsize, const long long* shapes,
+        const unsigned long long* pointers, const long long* sizes) {
+    const int g = blockIdx.x / blocks_per_group;
+    if (g >= groups || sizes[g] != 0) return;
+    const long long rows = shapes[6 * groups + g], cols = shapes[7 * groups + g], ld = shapes[8 * groups + g];
+    char* d = reinterpret_cast<char*>(pointers[2 * groups + g]);
+    const long long count = rows * cols;
+    const long long step = (long long)blocks_per_group * blockDim.x;
+    for (long long i = (long long)(blockIdx.x % blocks_per_group) * blockDim.x + threadIdx.x; i < count; i += step) {
+        char* element = d + ((i / rows) * ld + i % rows) * itemsize;
+        for (int byte = 0; byte < itemsize; ++byte) element[byte] = 0;
+    }
+}
 """
 _SPEC_WORDS = 8
 _THREADS = 128
+_ZERO_BLOCKS_PER_GROUP = 32  # a group's matrix is large (M x N); blocks of groups not empty return at once
 _ARGUMENT_TYPES = (_jit.POINTER, _jit.INT32, _jit.INT32, _jit.INT64, _jit.POINTER, _jit.INT64, _jit.INT64,
-                   _jit.INT64, _jit.INT64, _jit.INT64, _jit.INT64, _jit.POINTER, _jit.POINTER, _jit.POINTER)
+                   _jit.INT64, _jit.INT64, _jit.INT64, _jit.INT64, _jit.POINTER, _jit.POINTER, _jit.POINTER,
+                   _jit.POINTER)
+_ZERO_ARGUMENT_TYPES = (_jit.INT32, _jit.INT32, _jit.INT32, _jit.POINTER, _jit.POINTER, _jit.POINTER)
 STATUS_MESSAGES = {
     1: "offsets out of order, negative, or past the operand's extent (those groups were clamped into it)",
     2: "the last offset is not the operand's extent along the groups (what lies past it takes part in no group, "
@@ -90,19 +116,21 @@ def _spec(matrix: GroupedMatrix) -> list[int]:
 
 class GroupedArrays:
     """The device arrays of one grouped plan: shapes (rows, cols, ld of A, B, D), pointers (A, B,
-    D; C shares D's), the matrices' specs and a status word. Made once per plan; every execute
+    D; C shares D's), the groups' sizes along the ragged extent, the matrices' specs and a status word. Made once per plan; every execute
     rewrites shapes and pointers on its stream."""
 
     def __init__(self, problem: GroupedProblem, device: int, stream: int):
         groups = problem.groups
         self.groups, self.device = groups, device
         self.kernel = _jit.kernel(SOURCE, KERNEL, device)
-        words = 12 * groups + 3 * _SPEC_WORDS + 1
+        self.zero_kernel: _jit.Kernel | None = None  # compiled with the source; loaded on first use
+        words = 13 * groups + 3 * _SPEC_WORDS + 1
         self.buffer = DeviceBuffer(8 * words, stream)
         base = self.buffer.pointer
         self.shapes = base
         self.pointers = base + 8 * 9 * groups
-        self.specs = base + 8 * 12 * groups
+        self.sizes = base + 8 * 12 * groups
+        self.specs = base + 8 * 13 * groups
         self.status = self.specs + 8 * 3 * _SPEC_WORDS
         values = _spec(problem.a) + _spec(problem.b) + _spec(problem.d) + [0]
         host = (ctypes.c_longlong * len(values))(*values)
@@ -125,12 +153,21 @@ class GroupedArrays:
         if check:
             _cuda.check(cudart.cudaMemsetAsync(self.status, 0, 4, stream), "cudaMemsetAsync")
         arguments = (offsets, int(offsets_64), self.groups, total, self.specs, *bases, *lds, self.shapes,
-                     self.pointers, self.status)
+                     self.pointers, self.sizes, self.status)
         blocks = (self.groups + _THREADS - 1) // _THREADS
         self.kernel.launch(self.device, blocks, _THREADS, stream, arguments, _ARGUMENT_TYPES)
         self.buffer.used_on(stream)
         if check:
             self.raise_on_status(stream, total)
+
+    def zero_empty(self, itemsize: int, stream: int) -> None:
+        """Queue the kernel that writes zeros into D for the groups ``derive`` sized 0 (after the GEMM)."""
+        if self.zero_kernel is None:
+            self.zero_kernel = _jit.kernel(SOURCE, ZERO_KERNEL, self.device)
+        arguments = (self.groups, _ZERO_BLOCKS_PER_GROUP, itemsize, self.shapes, self.pointers, self.sizes)
+        self.zero_kernel.launch(self.device, self.groups * _ZERO_BLOCKS_PER_GROUP, _THREADS, stream, arguments,
+                                _ZERO_ARGUMENT_TYPES)
+        self.buffer.used_on(stream)
 
     def raise_on_status(self, stream: int, total: int) -> None:
         """Wait for ``stream`` and refuse offsets the kernel flagged (the debug check)."""

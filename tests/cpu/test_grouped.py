@@ -264,7 +264,7 @@ def test_the_derive_kernel_compiles_for_hopper_and_blackwell():
             pytest.skip(f"no libnvrtc here: {error}")
         raise
     assert all(cubin[:4] == b"\x7fELF" and len(cubin) > 1000 for cubin in cubins)
-    assert _grouped_arrays.KERNEL.encode() in cubins[0]
+    assert _grouped_arrays.KERNEL.encode() in cubins[0] and _grouped_arrays.ZERO_KERNEL.encode() in cubins[0]
 
 
 def test_autotune_refuses_bad_iterations_and_an_unplanned_plan():

@@ -99,6 +99,29 @@ def test_every_group_matches_a_float64_reference(dtype, form, layouts, groups):
 
 
 @needs_grouped
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])  # 2- and 4-byte elements
+def test_a_weight_gradient_writes_zeros_for_its_empty_groups_into_a_nan_filled_result(out_dtype):
+    # only the empty groups' matrices are cleared (after the GEMM): every other element is the GEMM's
+    torch.manual_seed(3)
+    m, n = 40, 56
+    plan = None
+    for sizes in ([0, 24, 0, 40, 16, 0], [32, 0, 8, 0, 0, 24]):  # the same plan, other groups empty
+        ends = _ends(sizes)
+        a = _operand((m, sum(sizes)), torch.bfloat16, "col")
+        b = _operand((sum(sizes), n), torch.bfloat16, "row")
+        if plan is None:
+            plan = GroupedMatmul(a, b, ends, out_dtype=out_dtype)
+            plan.plan()
+        out = torch.full((len(sizes), m, n), float("nan"), device="cuda", dtype=out_dtype)
+        assert plan.execute(a, b, ends, out=out, check_offsets=True) is out
+        _check(out, _reference("2d2d", a, b, ends, len(sizes)), torch.bfloat16)
+        for g, size in enumerate(sizes):
+            if size == 0:
+                assert int(torch.count_nonzero(out[g])) == 0, f"group {g} (empty) is not all zeros"
+    plan.free()
+
+
+@needs_grouped
 def test_the_derive_kernel_writes_what_the_host_reference_says():
     torch.manual_seed(1)
     a = torch.randn(50, 32, device="cuda", dtype=torch.bfloat16)
