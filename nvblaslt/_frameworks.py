@@ -368,6 +368,23 @@ BY_MODULE: dict[str, Framework] = {module: f for f in BY_NAME.values() for modul
 _by_type: dict[type, Framework] = {}
 
 
+_fast_readers: dict[type, tuple | None] = {}  # array type -> (framework, read layouts, current stream on a device)
+
+
+def fast_reader(array) -> tuple | None:
+    """For the function forms' fast paths: ``(framework, read layouts, current stream on a device)``
+    for arrays of ``array``'s type (found once per type), or None where its package has no layout
+    reader (``Framework.layout_reader``)."""
+    cls = type(array)
+    try:
+        return _fast_readers[cls]
+    except KeyError:
+        framework = framework_of(array)
+        read = framework.layout_reader(cls)
+        path = _fast_readers[cls] = None if read is None else (framework, read, framework.stream_on)
+        return path
+
+
 def framework_of(array) -> Framework:
     """The adapter of ``array``'s package, from the top-level module of its type (remembered per
     type); the protocol-only adapter for every other type, nvblaslt's DeviceArray included."""

@@ -19,7 +19,7 @@ from ._options import MatmulOptions, MatmulPlanPreferences, as_options, with_sho
 from ._outputs import OutputChecker
 from ._plan import Matmul
 from ._problem import canonical
-from ._frameworks import framework_of
+from ._frameworks import fast_reader, framework_of
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
 from ._reading import one_package
 from ._streams import stream_handle
@@ -47,20 +47,6 @@ class _Plans(OrderedDict):
 def _signature(op) -> tuple | None:
     # conjugated: a lazy-conjugate view has the same memory layout as its base, but another plan
     return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment, op.conjugated)
-
-
-_fast_paths: dict[type, tuple | None] = {}  # array type -> (framework, read layouts, current stream on a device)
-
-
-def _fast_path(a) -> tuple | None:
-    """The fast path's readers for arrays of ``a``'s type (found once per type), or None."""
-    cls = type(a)
-    if cls in _fast_paths:
-        return _fast_paths[cls]
-    framework = framework_of(a)
-    read = framework.layout_reader(cls)
-    path = _fast_paths[cls] = None if read is None else (framework, read, framework.stream_on)
-    return path
 
 
 def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
@@ -267,7 +253,7 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
     # out=, scales, options or preferences. The key is the arrays' layouts, read with no DLPack export.
     if stream is None and out is None and options is None and qualifiers is None and algorithm is None \
             and quantization_scales is None and preferences is None:
-        path = _fast_paths.get(type(a)) or _fast_path(a)
+        path = fast_reader(a)
         if path is not None:
             framework, read, stream_on = path
             names = tuple(epilog_inputs) if epilog_inputs else ()

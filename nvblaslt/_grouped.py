@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import statistics
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,9 @@ class GroupedMatmul:
         self.algorithm: HeuristicResult | None = None
         self.workspace: DeviceBuffer | None = None
         self._matmul = raw_function(self.lib.cublasLtMatmul)
+        self._launch_arguments: tuple | None = None  # (algorithm, workspace, cublasLtMatmul's arguments)
+        self._allocators: dict[tuple[int, ...], Any] = {}  # result shape -> allocate
+        self._lock = threading.Lock()
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         with _cuda.on_device(self.device):
             if _cuda.is_capturing(stream_h):
@@ -371,64 +375,96 @@ class GroupedMatmul:
         array
             The result, in the operands' package (``out`` if given).
         """
+        a_op, b_op, offs_op = bound.operands
+        return self.launch(bound.problem, a_op.ptr, b_op.ptr, offs_op.ptr if offs_op is not None else 0,
+                           offs_op is not None and offs_op.dtype == _dtypes.INT64, out=out, stream=stream,
+                           check_offsets=check_offsets)
+
+    def launch(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int, offs_64: bool, *,
+               out, stream: int, check_offsets: bool | None):
+        """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
+        ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
+
+        Returns
+        -------
+        array
+            The result, in the plan's package (``out`` if given).
+        """
         if self.algorithm is None:
             raise NvblasltStateError("execute: plan() first: no algorithm is selected")
-        problem, (a_op, b_op, offs_op) = bound.problem, bound.operands
-        stream_h = stream
         out_dtype = problem.d.dtype
         if out is None:
-            allocate = _memory.strided_allocator(self.framework, problem.out_shape, problem.out_strides, out_dtype,
-                                                 self.device)
-            result, out_pointer = allocate(stream_h, stream_h)
+            allocate = self._allocators.get(problem.out_shape)
+            if allocate is None:
+                if len(self._allocators) >= 16:  # token counts that vary without end: keep the set small
+                    self._allocators.clear()
+                allocate = self._allocators[problem.out_shape] = _memory.strided_allocator(
+                    self.framework, problem.out_shape, problem.out_strides, out_dtype, self.device)
+            result, out_pointer = allocate(stream, stream)
             result = self.framework.hand_back(result)
         else:
-            out_op = _read(out, "out", stream_h)
+            out_op = _read(out, "out", stream)
             if out_op.shape != problem.out_shape or out_op.strides != problem.out_strides or out_op.dtype != out_dtype:
                 raise NvblasltValueError(f"out: expected a {out_dtype.name} array of shape {problem.out_shape} and "
                                          f"strides {problem.out_strides} (row-major, rows on 16 bytes), got "
                                          f"{out_op.describe()}")
             result, out_pointer = out, out_op.ptr
-        if _grouped_problem.pointer_alignment(out_pointer) < problem.d.alignment:
+        if out_pointer & (problem.d.alignment - 1):
             raise NvblasltValueError(f"out: its pointer is aligned to {_grouped_problem.pointer_alignment(out_pointer)}"
                                      f" bytes; this plan needs {problem.d.alignment}")
         check = _check_offsets_default() if check_offsets is None else bool(check_offsets)
-        with _cuda.on_device(self.device):
-            capturing = _cuda.is_capturing(stream_h)
-            if capturing:
-                if check:
-                    raise NvblasltStateError("check_offsets: waits for the GPU, which a CUDA graph being captured "
-                                             "on the stream forbids; check outside the capture")
-                self.captured = True
-            if stream_h != self._last_stream:
-                if not capturing:  # a capture may not wait on work outside it; replays run in stream order
-                    _memory.wait_for(self._last_stream, stream_h)  # arrays and workspace: one stream at a time
-                self._last_stream = stream_h
-            self.arrays.derive(offs_op.ptr if offs_op is not None else 0,
-                               offs_op is not None and offs_op.dtype == _dtypes.INT64, problem.total,
-                               (b_op.ptr, a_op.ptr, out_pointer), (problem.a.ld, problem.b.ld, problem.d.ld), stream_h,
-                               check=check)
-            self._launch(stream_h)
-            if problem.form == "2d2d":  # a group with no K still has a result: zeros
-                self.arrays.zero_empty(out_dtype.itemsize, stream_h)
+        with self._lock:  # the kernels' arguments and the GEMM's are the plan's own, set per call
+            if _cuda.several_devices():
+                with _cuda.on_device(self.device):
+                    self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check)
+            else:
+                self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check)
         return result
+
+    def _queue(self, problem: GroupedProblem, bases: tuple[int, int, int], offs_pointer: int, offs_64: bool,
+               stream: int, check: bool) -> None:
+        """The derive kernel, the GEMM and (weight gradients) the empty groups' zeros, on ``stream``;
+        ``bases`` are cuBLASLt's A, B and D (the caller's b, a and the result)."""
+        capturing = _cuda.is_capturing(stream)
+        if capturing:
+            if check:
+                raise NvblasltStateError("check_offsets: waits for the GPU, which a CUDA graph being captured "
+                                         "on the stream forbids; check outside the capture")
+            self.captured = True
+        if stream != self._last_stream:
+            if not capturing:  # a capture may not wait on work outside it; replays run in stream order
+                _memory.wait_for(self._last_stream, stream)  # arrays and workspace: one stream at a time
+            self._last_stream = stream
+        self.arrays.derive(offs_pointer, offs_64, problem.total, bases, (problem.a.ld, problem.b.ld, problem.d.ld),
+                           stream, check=check)
+        self._launch(stream)
+        if problem.form == "2d2d":  # a group with no K still has a result: zeros
+            self.arrays.zero_empty(problem.d.dtype.itemsize, stream)
 
     def _launch(self, stream: int) -> None:
         assert self.algorithm is not None
-        a, b, c, d = self.layouts
-        arrays = self.arrays
-        workspace = self.workspace.pointer if self.workspace is not None else 0
-        status = self._matmul(
-            ctypes.c_void_p(self.handle.handle), ctypes.c_void_p(self.desc.handle), ctypes.byref(self._alpha),
-            ctypes.c_void_p(arrays.pointer_array(0)), ctypes.c_void_p(a.handle),
-            ctypes.c_void_p(arrays.pointer_array(1)), ctypes.c_void_p(b.handle), ctypes.byref(self._beta),
-            ctypes.c_void_p(arrays.pointer_array(2)), ctypes.c_void_p(c.handle),
-            ctypes.c_void_p(arrays.pointer_array(2)), ctypes.c_void_p(d.handle),
-            ctypes.byref(self.algorithm.algorithm.algo), ctypes.c_void_p(workspace),
-            ctypes.c_size_t(self.algorithm.workspace_size), ctypes.c_void_p(stream))
+        built = self._launch_arguments
+        if built is None or built[0] is not self.algorithm or built[1] is not self.workspace:
+            built = self._launch_arguments = (self.algorithm, self.workspace, self._matmul_arguments())
+        status = self._matmul(*built[2], ctypes.c_void_p(stream))
         if status:
             raise CublasLtError("cublasLtMatmul", status, self.lib.status_name(status), self.lib.status_string(status))
         if self.workspace is not None:
             self.workspace.used_on(stream)
+
+    def _matmul_arguments(self) -> tuple:
+        """cublasLtMatmul's arguments but the stream, for the selected algorithm and workspace, as ctypes
+        objects (built when either changes, not per call)."""
+        assert self.algorithm is not None
+        a, b, c, d = self.layouts
+        arrays = self.arrays
+        pointer, size = ctypes.c_void_p, ctypes.c_size_t
+        workspace = self.workspace.pointer if self.workspace is not None else 0
+        return (pointer(self.handle.handle), pointer(self.desc.handle), ctypes.byref(self._alpha),
+                pointer(arrays.pointer_array(0)), pointer(a.handle), pointer(arrays.pointer_array(1)),
+                pointer(b.handle), ctypes.byref(self._beta), pointer(arrays.pointer_array(2)), pointer(c.handle),
+                pointer(arrays.pointer_array(2)), pointer(d.handle), ctypes.byref(self.algorithm.algorithm.algo),
+                pointer(workspace or None), size(self.algorithm.workspace_size))
 
     def free(self) -> None:
         """Release the workspace and arrays, stream-ordered after the work queued so far. A CUDA graph

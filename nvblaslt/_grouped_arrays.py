@@ -98,6 +98,7 @@ _ZERO_BLOCKS_PER_GROUP = 32  # a group's matrix is large (M x N); blocks of grou
 _ARGUMENT_TYPES = (_jit.POINTER, _jit.INT32, _jit.INT32, _jit.INT64, _jit.POINTER, _jit.INT64, _jit.INT64,
                    _jit.INT64, _jit.INT64, _jit.INT64, _jit.INT64, _jit.POINTER, _jit.POINTER, _jit.POINTER,
                    _jit.POINTER)
+_PER_CALL = (0, 1, 3, 5, 6, 7, 8, 9, 10)  # the derive kernel's arguments that change between calls
 _ZERO_ARGUMENT_TYPES = (_jit.INT32, _jit.INT32, _jit.INT32, _jit.POINTER, _jit.POINTER, _jit.POINTER)
 STATUS_MESSAGES = {
     1: "offsets out of order, negative, or past the operand's extent (those groups were clamped into it)",
@@ -116,14 +117,14 @@ def _spec(matrix: GroupedMatrix) -> list[int]:
 
 class GroupedArrays:
     """The device arrays of one grouped plan: shapes (rows, cols, ld of A, B, D), pointers (A, B,
-    D; C shares D's), the groups' sizes along the ragged extent, the matrices' specs and a status word. Made once per plan; every execute
-    rewrites shapes and pointers on its stream."""
+    D; C shares D's), the groups' sizes along the ragged extent, the matrices' specs and a status
+    word. Made once per plan; every execute rewrites shapes, pointers and sizes on its stream."""
 
     def __init__(self, problem: GroupedProblem, device: int, stream: int):
         groups = problem.groups
         self.groups, self.device = groups, device
         self.kernel = _jit.kernel(SOURCE, KERNEL, device)
-        self.zero_kernel: _jit.Kernel | None = None  # compiled with the source; loaded on first use
+        self._zero: tuple[_jit.Kernel, _jit.Arguments] | None = None  # loaded on first use
         words = 13 * groups + 3 * _SPEC_WORDS + 1
         self.buffer = DeviceBuffer(8 * words, stream)
         base = self.buffer.pointer
@@ -137,6 +138,9 @@ class GroupedArrays:
         _cuda.check(cudart.cudaMemcpyAsync(self.specs, ctypes.addressof(host), ctypes.sizeof(host),
                                            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # before `host` goes
+        # per call: offsets, their width, the total, the three bases and leading dimensions (_PER_CALL)
+        self._derive_arguments = _jit.Arguments(_ARGUMENT_TYPES, (
+            0, 0, groups, 0, self.specs, 0, 0, 0, 0, 0, 0, self.shapes, self.pointers, self.sizes, self.status))
 
     def array(self, matrix: int, field: int) -> int:
         """Device pointer of one shape array: ``matrix`` 0/1/2 for A/B/D, ``field`` 0/1/2 for rows/cols/ld."""
@@ -152,21 +156,23 @@ class GroupedArrays:
         and ``lds`` are A's, B's and D's pointers and leading dimensions."""
         if check:
             _cuda.check(cudart.cudaMemsetAsync(self.status, 0, 4, stream), "cudaMemsetAsync")
-        arguments = (offsets, int(offsets_64), self.groups, total, self.specs, *bases, *lds, self.shapes,
-                     self.pointers, self.sizes, self.status)
-        blocks = (self.groups + _THREADS - 1) // _THREADS
-        self.kernel.launch(self.device, blocks, _THREADS, stream, arguments, _ARGUMENT_TYPES)
+        arguments = self._derive_arguments
+        for index, value in zip(_PER_CALL, (offsets, int(offsets_64), total, *bases, *lds)):
+            arguments.set(index, value)
+        self.kernel.launch(self.device, (self.groups + _THREADS - 1) // _THREADS, _THREADS, stream, arguments)
         self.buffer.used_on(stream)
         if check:
             self.raise_on_status(stream, total)
 
     def zero_empty(self, itemsize: int, stream: int) -> None:
         """Queue the kernel that writes zeros into D for the groups ``derive`` sized 0 (after the GEMM)."""
-        if self.zero_kernel is None:
-            self.zero_kernel = _jit.kernel(SOURCE, ZERO_KERNEL, self.device)
-        arguments = (self.groups, _ZERO_BLOCKS_PER_GROUP, itemsize, self.shapes, self.pointers, self.sizes)
-        self.zero_kernel.launch(self.device, self.groups * _ZERO_BLOCKS_PER_GROUP, _THREADS, stream, arguments,
-                                _ZERO_ARGUMENT_TYPES)
+        if self._zero is None:
+            self._zero = (_jit.kernel(SOURCE, ZERO_KERNEL, self.device), _jit.Arguments(
+                _ZERO_ARGUMENT_TYPES, (self.groups, _ZERO_BLOCKS_PER_GROUP, itemsize, self.shapes, self.pointers,
+                                       self.sizes)))
+        kernel, arguments = self._zero
+        arguments.set(2, itemsize)
+        kernel.launch(self.device, self.groups * _ZERO_BLOCKS_PER_GROUP, _THREADS, stream, arguments)
         self.buffer.used_on(stream)
 
     def raise_on_status(self, stream: int, total: int) -> None:

@@ -90,8 +90,8 @@ class Kernel:
     library: object  # CUlibrary: kept loaded for the process
     function: object  # its CUkernel as a CUfunction, which launches take (the driver API allows the cast)
 
-    def launch(self, device: int, grid: int, block: int, stream: int, arguments: tuple, types: tuple) -> None:
-        """Queue the kernel on ``stream`` (of ``device``, current) with ``arguments`` as C ``types``."""
+    def launch(self, device: int, grid: int, block: int, stream: int, arguments: Arguments) -> None:
+        """Queue the kernel on ``stream`` (of ``device``, current) with ``arguments``' values."""
         from cuda.bindings import driver
 
         if device not in getattr(_bound, "devices", ()):
@@ -99,8 +99,25 @@ class Kernel:
             # legacy / per-thread default streams: make the device's primary context current once
             _cuda.check(cudart.cudaSetDevice(device), "cudaSetDevice")
             _bound.devices = (*getattr(_bound, "devices", ()), device)
+        # the parameters are read (copied) by the launch itself, so arguments may change right after
         _driver_check(driver.cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, 0, driver.CUstream(stream),
-                                            (arguments, types), 0), f"cuLaunchKernel({self.name})")
+                                            arguments.address, 0), f"cuLaunchKernel({self.name})")
+
+
+class Arguments:
+    """A kernel's arguments as C values of their own, and the ``void*[]`` of their addresses that
+    ``cuLaunchKernel`` takes: a launch passes one integer, and an argument that changes between
+    launches is one store (``set``), not a packing of every argument per call."""
+
+    def __init__(self, types: tuple, values: tuple):
+        if len(types) != len(values):
+            raise ValueError(f"{len(values)} values for {len(types)} argument types")
+        self.values = [kind(value) for kind, value in zip(types, values)]
+        self.pointers = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in self.values))
+        self.address = ctypes.addressof(self.pointers)
+
+    def set(self, index: int, value: int) -> None:
+        self.values[index].value = value
 
 
 def kernel(source: str, name: str, device: int) -> Kernel:

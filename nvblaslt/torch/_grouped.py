@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .._grouped_problem import padded_strides
-from ._tuning import first_search
+from ._tuning import first_search, tuning
 
 _SCHEMA = "(Tensor a, Tensor b, Tensor? offs, ScalarType? out_dtype) -> Tensor"
 _NATIVE = (torch.bfloat16, torch.float16)
@@ -104,7 +104,7 @@ def _native(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> Te
     a, b = _per_group_matrices(a), _per_group_matrices(b)
     # never while a CUDA graph is captured (timing waits for the GPU); the problem stays unmarked, so a
     # later eager call in the same context tunes it
-    if not (a.is_cuda and _capturing(a.device)):
+    if tuning() and not (a.is_cuda and _capturing(a.device)):
         iterations = first_search(lambda: _problem_key(a, b, offs, dtype))  # the key only while tuning
         if iterations is not None:
             _tune(a, b, offs, dtype, iterations)

@@ -115,6 +115,11 @@ def _autotune(iterations: int) -> Iterator[None]:
         _active = previous
 
 
+def tuning() -> bool:
+    """Whether an ``autotune()`` context is open (a GEMM outside one asks nothing more)."""
+    return _active is not None
+
+
 def first_search(problem: Callable[[], Hashable]) -> int | None:
     """The iterations to search a problem with, when an ``autotune()`` context is active and has not
     searched it yet (it is then marked searched); None otherwise. ``problem()`` gives the problem's key,

@@ -333,3 +333,19 @@ def _result(lib, algo):
     result.algo = algo
     result.workspaceSize = 0
     return result
+
+
+def test_kernel_arguments_live_in_memory_a_launch_points_at():
+    import ctypes
+
+    from nvblaslt import _jit
+
+    arguments = _jit.Arguments((_jit.POINTER, _jit.INT32, _jit.INT64), (0x7F00_0000_0000, 3, -5))
+    addresses = [arguments.pointers[i] for i in range(3)]
+    assert ctypes.cast(arguments.address, ctypes.POINTER(ctypes.c_void_p))[1] == addresses[1]
+    arguments.set(2, 1 << 40)  # a new value, at the address the launch already holds
+    assert ctypes.c_longlong.from_address(addresses[2]).value == 1 << 40
+    assert ctypes.c_int.from_address(addresses[1]).value == 3
+    assert ctypes.c_void_p.from_address(addresses[0]).value == 0x7F00_0000_0000
+    with pytest.raises(ValueError, match="2 values for 3 argument types"):
+        _jit.Arguments((_jit.POINTER, _jit.INT32, _jit.INT64), (0, 1))

@@ -134,3 +134,34 @@ def test_check_offsets_reaches_the_kernel_and_the_environment_sets_it(gpu_standi
     monkeypatch.setenv("NVBLASLT_CHECK_OFFSETS", "0")
     nvblaslt.grouped_matmul(a, b, offs, out=out)
     assert [call[-1] for call in gpu_standins["derive"]] == [True, True, False]
+
+
+def test_the_function_form_recalls_a_known_layout_without_reading_the_arrays_again(gpu_standins, monkeypatch):
+    # a package with a layout reader (CuPy, PyTorch): a layout seen before runs its plan on the new pointers
+    from nvblaslt import _frameworks
+
+    def read(arrays):
+        layouts = tuple(None if x is None else (x.shape, x.strides, x.dtype, x.device, x.ptr & 255 and x.ptr & -x.ptr)
+                        for x in arrays)
+        return [None if x is None else x.ptr for x in arrays], layouts
+
+    monkeypatch.setitem(_frameworks._fast_readers, FakeDLPack, (None, read, lambda device: 0))
+    a, b, offs, _ = operands()
+    out = FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT)
+    nvblaslt.grouped_matmul(a, b, offs, out=out)
+    a2 = FakeDLPack((40, 64), dtype="bfloat16", ptr=A + 0x1000)  # new pointers, the same layout
+    offs2 = FakeDLPack((4,), dtype="int32", ptr=OFFS + 0x100)
+    nvblaslt.grouped_matmul(a2, b, offs2, out=FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT2))
+    assert a2.streams == offs2.streams == [] and gpu_standins["heuristics"] == 1  # no DLPack export
+    first, second = gpu_standins["derive"]
+    assert second[0] == OFFS + 0x100 and second[3] == (B, A + 0x1000, OUT2) and second[1:3] == first[1:3]
+    # another token count is another layout: read and bound once, the same plan run
+    a3 = FakeDLPack((88, 64), dtype="bfloat16", ptr=A)
+    nvblaslt.grouped_matmul(a3, b, offs, out=FakeDLPack((88, 96), dtype="bfloat16", ptr=OUT))
+    assert len(a3.streams) == 1 and gpu_standins["arrays"] == [4] and gpu_standins["derive"][-1][2] == 88
+    # a pointer off the plan's alignment is another layout too: another plan, for that alignment
+    nvblaslt.grouped_matmul(FakeDLPack((40, 64), dtype="bfloat16", ptr=A + 2), b, offs, out=out)
+    assert gpu_standins["arrays"] == [4, 4]
+    # an out the plan cannot write into is refused on the fast path as well
+    with pytest.raises(NvblasltValueError, match="out: expected a bfloat16 array of shape"):
+        nvblaslt.grouped_matmul(a2, b, offs2, out=FakeDLPack((40, 96), dtype="float32", ptr=OUT))
