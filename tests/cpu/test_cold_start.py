@@ -81,3 +81,28 @@ def test_a_blocked_module_entry_and_a_kept_proxy_are_fine():
         print(kept.cudaGetDeviceCount is runtime.cudaGetDeviceCount, _cuda.cudart is runtime)
     """)
     assert out.strip() == "True True"
+
+
+def test_the_first_runtime_call_imports_no_lazy_module_of_another_package():
+    # a lazy module (importlib.util.LazyLoader, as CuPy's cupyx.scipy uses) imports in full on its first
+    # attribute read: looking for nvblaslt's modules must not read one (cupyx.scipy's cost 0.4 s on an H200)
+    out = _run("""
+        import importlib.abc, importlib.machinery, importlib.util, sys
+        loaded = []
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return None
+            def exec_module(self, module):
+                loaded.append(module.__name__)
+        spec = importlib.machinery.ModuleSpec("lazy_elsewhere", importlib.util.LazyLoader(Loader()))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["lazy_elsewhere"] = module
+        import nvblaslt
+        from nvblaslt import _cuda
+        _cuda.device_count()
+        print(loaded)
+        module.__name__  # the stand-in works: its first attribute read loads it
+        print(loaded)
+    """)
+    assert out.split() == ["[]", "['lazy_elsewhere']"]
