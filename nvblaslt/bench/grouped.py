@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8k tokens only, fewer rounds")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--tokens", help="comma-separated token counts (default 8192,32768; --quick 8192)")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--sections", default="forward,train",
                         help="forward (the GEMM alone), train (the experts layer's forward + backward), or both")
@@ -281,6 +282,8 @@ def _run(args, sections: set[str]) -> int:
     nvblaslt.clear_grouped_plans()
     rounds = args.rounds or (7 if args.quick else 15)
     token_counts = [8192] if args.quick else [8192, 32768]
+    if args.tokens:
+        token_counts = [int(count) for count in args.tokens.split(",")]
     lib = nvblaslt.library()
     header = (f"{torch.cuda.get_device_name()}, cuBLASLt {'.'.join(map(str, lib.version_tuple))} ({lib.path}), "
               f"torch {torch.__version__}, Python {platform.python_version()}, bf16")
