@@ -75,31 +75,50 @@ extern "C" __global__ void nvblaslt_grouped_arrays(
     }
 }
 
-// Zeros in D for every group the derive kernel sized 0: `blocks_per_group` blocks per group, D's
-// rows contiguous (column-major, as cuBLASLt sees it), `itemsize` bytes an element.
+// Zeros in D for every group the derive kernel sized 0. Every thread of the grid takes part in each
+// empty group in turn (a group's matrix is large, M x N; the others cost one read each): 16-byte
+// stores over a dense matrix, element stores where columns are padded (ld > rows).
+__device__ void zero_span(char* p, long long bytes, long long thread, long long threads) {
+    long long head = (16 - (long long)((unsigned long long)p & 15)) & 15;
+    head = head < bytes ? head : bytes;
+    if (thread < head) p[thread] = 0;
+    uint4* vectors = reinterpret_cast<uint4*>(p + head);
+    const long long count = (bytes - head) / 16;
+    for (long long i = thread; i < count; i += threads) vectors[i] = make_uint4(0, 0, 0, 0);
+    const long long done = head + 16 * count;
+    if (thread < bytes - done) p[done + thread] = 0;
+}
+
 extern "C" __global__ void nvblaslt_grouped_zero_empty(
-        int groups, int blocks_per_group, int itemsize, const long long* shapes,
-        const unsigned long long* pointers, const long long* sizes) {
-    const int g = blockIdx.x / blocks_per_group;
-    if (g >= groups || sizes[g] != 0) return;
-    const long long rows = shapes[6 * groups + g], cols = shapes[7 * groups + g], ld = shapes[8 * groups + g];
-    char* d = reinterpret_cast<char*>(pointers[2 * groups + g]);
-    const long long count = rows * cols;
-    const long long step = (long long)blocks_per_group * blockDim.x;
-    for (long long i = (long long)(blockIdx.x % blocks_per_group) * blockDim.x + threadIdx.x; i < count; i += step) {
-        char* element = d + ((i / rows) * ld + i % rows) * itemsize;
-        for (int byte = 0; byte < itemsize; ++byte) element[byte] = 0;
+        int groups, int itemsize, const long long* shapes, const unsigned long long* pointers,
+        const long long* sizes) {
+    const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long threads = (long long)gridDim.x * blockDim.x;
+    for (int g = 0; g < groups; ++g) {
+        if (sizes[g] != 0) continue;
+        const long long rows = shapes[6 * groups + g], cols = shapes[7 * groups + g], ld = shapes[8 * groups + g];
+        char* d = reinterpret_cast<char*>(pointers[2 * groups + g]);
+        if (ld == rows || cols <= 1) {
+            zero_span(d, rows * cols * itemsize, thread, threads);
+            continue;
+        }
+        for (long long i = thread; i < rows * cols; i += threads) {  // column-major, columns padded to ld
+            char* element = d + ((i / rows) * ld + i % rows) * itemsize;
+            if (itemsize == 2) *reinterpret_cast<unsigned short*>(element) = 0;
+            else if (itemsize == 4) *reinterpret_cast<unsigned int*>(element) = 0;
+            else for (int byte = 0; byte < itemsize; ++byte) element[byte] = 0;
+        }
     }
 }
 """
 _SPEC_WORDS = 8
 _THREADS = 128
-_ZERO_BLOCKS_PER_GROUP = 32  # a group's matrix is large (M x N); blocks of groups not empty return at once
+_ZERO_THREADS, _ZERO_MOST_BLOCKS = 256, 1024  # the grid zeroes one empty group after another, all of it at once
 _ARGUMENT_TYPES = (_jit.POINTER, _jit.INT32, _jit.INT32, _jit.INT64, _jit.POINTER, _jit.INT64, _jit.INT64,
                    _jit.INT64, _jit.INT64, _jit.INT64, _jit.INT64, _jit.POINTER, _jit.POINTER, _jit.POINTER,
                    _jit.POINTER)
 _PER_CALL = (0, 1, 3, 5, 6, 7, 8, 9, 10)  # the derive kernel's arguments that change between calls
-_ZERO_ARGUMENT_TYPES = (_jit.INT32, _jit.INT32, _jit.INT32, _jit.POINTER, _jit.POINTER, _jit.POINTER)
+_ZERO_ARGUMENT_TYPES = (_jit.INT32, _jit.INT32, _jit.POINTER, _jit.POINTER, _jit.POINTER)
 STATUS_MESSAGES = {
     1: "offsets out of order, negative, or past the operand's extent (those groups were clamped into it)",
     2: "the last offset is not the operand's extent along the groups (what lies past it takes part in no group, "
@@ -125,6 +144,8 @@ class GroupedArrays:
         self.groups, self.device = groups, device
         self.kernel = _jit.kernel(SOURCE, KERNEL, device)
         self._zero: tuple[_jit.Kernel, _jit.Arguments] | None = None  # loaded on first use
+        d = problem.d  # the result's extent per group, where no extent of it is ragged (the weight gradient)
+        self.group_bytes = max(1, d.rows) * max(1, d.cols) * d.dtype.itemsize
         words = 13 * groups + 3 * _SPEC_WORDS + 1
         self.buffer = DeviceBuffer(8 * words, stream)
         base = self.buffer.pointer
@@ -168,11 +189,12 @@ class GroupedArrays:
         """Queue the kernel that writes zeros into D for the groups ``derive`` sized 0 (after the GEMM)."""
         if self._zero is None:
             self._zero = (_jit.kernel(SOURCE, ZERO_KERNEL, self.device), _jit.Arguments(
-                _ZERO_ARGUMENT_TYPES, (self.groups, _ZERO_BLOCKS_PER_GROUP, itemsize, self.shapes, self.pointers,
-                                       self.sizes)))
+                _ZERO_ARGUMENT_TYPES, (self.groups, itemsize, self.shapes, self.pointers, self.sizes)))
         kernel, arguments = self._zero
-        arguments.set(2, itemsize)
-        kernel.launch(self.device, self.groups * _ZERO_BLOCKS_PER_GROUP, _THREADS, stream, arguments)
+        arguments.set(1, itemsize)
+        # enough 16-byte stores for one group's matrix, up to a grid that fills the GPU
+        blocks = min(_ZERO_MOST_BLOCKS, max(1, -(-self.group_bytes // (16 * _ZERO_THREADS))))
+        kernel.launch(self.device, blocks, _ZERO_THREADS, stream, arguments)
         self.buffer.used_on(stream)
 
     def raise_on_status(self, stream: int, total: int) -> None:
