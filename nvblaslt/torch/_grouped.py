@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .._grouped_problem import padded_strides
+from ._eager import autograd_function, direct, wants_grad
 from ._tuning import first_search, tuning
 
 _SCHEMA = "(Tensor a, Tensor b, Tensor? offs, ScalarType? out_dtype) -> Tensor"
@@ -111,12 +112,16 @@ def _native(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> Te
     return nvblaslt.grouped_matmul(a, b, offs, out_dtype=dtype)
 
 
-@torch.library.custom_op("nvblaslt::grouped_mm", mutates_args=(), schema=_SCHEMA)
-def _grouped_mm_op(a, b, offs, out_dtype):
+def _grouped_mm_impl(a, b, offs, out_dtype):
     dtype = out_dtype or a.dtype
     if a.is_cuda and a.dtype in _NATIVE:
         return _native(a, b, offs, dtype)
     return _reference(a, b, offs, dtype)
+
+
+@torch.library.custom_op("nvblaslt::grouped_mm", mutates_args=(), schema=_SCHEMA)
+def _grouped_mm_op(a, b, offs, out_dtype):
+    return _grouped_mm_impl(a, b, offs, out_dtype)
 
 
 @_grouped_mm_op.register_fake
@@ -143,12 +148,22 @@ def _grouped_mm_autograd(ctx, grad):
     a, b, offs = ctx.saved_tensors
     grad = grad.to(a.dtype)
     needs = ctx.needs_input_grad
-    grad_a = torch.ops.nvblaslt.grouped_mm(grad, _swap(b), offs, a.dtype) if needs[0] else None
-    grad_b = torch.ops.nvblaslt.grouped_mm(_swap(a), grad, offs, b.dtype) if needs[1] else None
+    grad_a = _call(grad, _swap(b), offs, a.dtype) if needs[0] else None
+    grad_b = _call(_swap(a), grad, offs, b.dtype) if needs[1] else None
     return grad_a, grad_b, None, None
 
 
 _grouped_mm_op.register_autograd(_grouped_mm_autograd, setup_context=_setup_context)
+_GroupedMM = autograd_function("GroupedMM", _grouped_mm_impl, _setup_context, _grouped_mm_autograd)
+
+
+def _call(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype | None) -> Tensor:
+    """The op, or in plain eager mode its implementation and autograd formula without its dispatch."""
+    if direct(a, b, offs):
+        if wants_grad(a, b):
+            return _GroupedMM.apply(a, b, offs, out_dtype)
+        return _grouped_mm_impl(a, b, offs, out_dtype)
+    return torch.ops.nvblaslt.grouped_mm(a, b, offs, out_dtype)
 
 
 def grouped_mm(a: Tensor, b: Tensor, offs: Tensor | None = None, *, out_dtype: torch.dtype | None = None) -> Tensor:
@@ -178,7 +193,7 @@ def grouped_mm(a: Tensor, b: Tensor, offs: Tensor | None = None, *, out_dtype: t
     >>> torch.allclose(out[2:], tokens[2:] @ experts[1])
     True
     """
-    return torch.ops.nvblaslt.grouped_mm(a, b, offs, out_dtype)
+    return _call(a, b, offs, out_dtype)
 
 
 class GroupedLinear(nn.Module):

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ._composite import (activation_backward, empty_aux, forward_composite, input_grad_composite, links, unused,
                          weight_grad_composite)
+from ._eager import autograd_function, direct, wants_grad
 from ._gemms import forward_cuda, input_grad_cuda, weight_grad_cuda
 
 _LINEAR_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, str activation, bool keep_aux, Tensor? prev_aux, "
@@ -35,12 +36,16 @@ def uses_cublaslt(x: Tensor) -> bool:
     return x.is_cuda
 
 
-@torch.library.custom_op("nvblaslt::linear", mutates_args=(), schema=_LINEAR_SCHEMA)
-def _linear_op(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias):
+def _linear_impl(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias):
     """(out, aux, link, link_bias) for a 2-D x; ``prev_*`` and the links only carry the backward pass."""
     forward = forward_cuda if uses_cublaslt(x) else forward_composite
     out, aux = forward(x, weight, bias, activation, keep_aux)
     return out, aux, *links(x, weight.shape[0], keep_aux and activation != "none")
+
+
+@torch.library.custom_op("nvblaslt::linear", mutates_args=(), schema=_LINEAR_SCHEMA)
+def _linear_op(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias):
+    return _linear_impl(x, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias)
 
 
 @_linear_op.register_fake
@@ -73,14 +78,20 @@ def _backward(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, p
     return tuple(unused(x) if t is None else t for t in (dx, dw, db, dprev_b))
 
 
-@torch.library.custom_op("nvblaslt::linear_backward", mutates_args=(), schema=_BACKWARD_SCHEMA)
-def _linear_backward_op(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
-                        prev_activation, prev_bias_grad, input_grad, weight_grad):
+def _linear_backward_impl(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
+                          prev_activation, prev_bias_grad, input_grad, weight_grad):
     """(grad_input, grad_weight, grad_bias, grad_prev_bias); empty tensors for what was not asked for.
     grad_input is w.r.t. x, or w.r.t. the previous layer's pre-activation when ``prev_activation`` is set."""
     cuda = uses_cublaslt(x) and x.numel() > 0 and weight.numel() > 0
     return _backward(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux, prev_activation,
                      prev_bias_grad, input_grad, weight_grad, cuda=cuda)
+
+
+@torch.library.custom_op("nvblaslt::linear_backward", mutates_args=(), schema=_BACKWARD_SCHEMA)
+def _linear_backward_op(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
+                        prev_activation, prev_bias_grad, input_grad, weight_grad):
+    return _linear_backward_impl(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
+                                 prev_activation, prev_bias_grad, input_grad, weight_grad)
 
 
 @_linear_backward_op.register_fake
@@ -121,9 +132,13 @@ def _linear_autograd(ctx, grad_out, grad_aux, grad_link, grad_link_bias):
         grad_bias, bias_grad = grad_link_bias, False
     input_grad = needs[_LINK] if ctx.linked else needs[_X]
     prev_bias_grad = ctx.prev_has_bias and needs[_LINK_BIAS]
-    dx, dw, db, dprev_b = torch.ops.nvblaslt.linear_backward(
-        grad_out, grad_link, x, weight, out, aux, ctx.activation, bias_grad, prev_aux, ctx.prev_activation,
-        prev_bias_grad, input_grad, needs[_WEIGHT])
+    arguments = (grad_out, grad_link, x, weight, out, aux, ctx.activation, bias_grad, prev_aux, ctx.prev_activation,
+                 prev_bias_grad, input_grad, needs[_WEIGHT])
+    # the backward op has no autograd of its own: under create_graph it runs as the op, which says so
+    if not torch.is_grad_enabled() and direct(grad_out, grad_link, x, weight, out, aux, prev_aux):
+        dx, dw, db, dprev_b = _linear_backward_impl(*arguments)
+    else:
+        dx, dw, db, dprev_b = torch.ops.nvblaslt.linear_backward(*arguments)
     grads = [None] * 9
     grads[_LINK if ctx.linked else _X] = dx if input_grad else None
     grads[_WEIGHT] = dw if needs[_WEIGHT] else None
@@ -133,10 +148,7 @@ def _linear_autograd(ctx, grad_out, grad_aux, grad_link, grad_link_bias):
 
 
 _linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
-
-
-def _wants_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+_Linear = autograd_function("Linear", _linear_impl, _setup_context, _linear_autograd)
 
 
 def layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, state: Any,
@@ -146,12 +158,15 @@ def layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, stat
     its output (ReLU) or kept pre-activation (GELU); ``"epilog"`` / ``"bgradb"``: in the next layer's
     input-gradient GEMM (DRELU_BGRAD / DGELU_BGRAD, or DRELU / DGELU with BGRADB here for the bias
     gradient), through the link this layer returns. Returns (out, state for the next layer)."""
-    grad = _wants_grad(x2, weight, bias, *(state[2:] if state else ()))
+    grad = wants_grad(x2, weight, bias, *(state[2:] if state else ()))
     linked = grad and activation != "none" and chain is not None
     keep_aux = linked or (grad and activation == "gelu")  # ReLU's own backward reads its output instead
     prev_activation, prev_aux, link, link_bias = state if state is not None else ("none", None, None, None)
-    out, aux, out_link, out_link_bias = torch.ops.nvblaslt.linear(
-        x2, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias)
+    arguments = (x2, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias)
+    if direct(x2, weight, bias, prev_aux, link, link_bias):  # plain eager: the op's own code, no dispatch
+        out, aux, out_link, out_link_bias = _Linear.apply(*arguments) if grad else _linear_impl(*arguments)
+    else:
+        out, aux, out_link, out_link_bias = torch.ops.nvblaslt.linear(*arguments)
     if not linked:
         return out, None
     return out, (activation, aux, out_link, out_link_bias if bias is not None and chain == "epilog" else None)
