@@ -8,6 +8,8 @@ Sections (``--sections``, all by default):
   layer    transformer-sized layers (bf16; 16, 256, 8192 tokens; 4096→4096 and 4096→14336;
            RELU_BIAS, GELU_BIAS): event time per call of matmul() as users call it (fresh ``x.T``
            views, no ``out=``) and Matmul.execute(), against torch's fused ``_addmm_activation``
+  graph    decode layers under CUDA-graph replay (bf16; 1, 16, 256 tokens): GPU time per layer of a
+           graph of nvblaslt.torch.linear against one of nn.functional.linear + the activation
   seed     the seed's fp16 shape (65536×16384×8192): fused epilogs, heuristic #0 and autotuned,
            against naive, torch and nvmath-python
   search   at the seed shape, per epilog: autotune(search=True) against autotune(), re-timed in the
@@ -35,12 +37,12 @@ import time
 import traceback
 from pathlib import Path
 
-from . import import_time, layer, mlp, percall, report, search, seed
+from . import graph, import_time, layer, mlp, percall, report, search, seed
 from .common import STARTED, free_memory, progress
 
 # the order they run in, whatever the option's: the search's tuning cache must not reach the others
-SECTIONS = {"percall": percall.section, "layer": layer.section, "seed": seed.section, "search": search.section,
-            "mlp": mlp.section, "import": import_time.section}
+SECTIONS = {"percall": percall.section, "layer": layer.section, "graph": graph.section, "seed": seed.section,
+            "search": search.section, "mlp": mlp.section, "import": import_time.section}
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:

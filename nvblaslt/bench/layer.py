@@ -1,6 +1,7 @@
 """The ``layer`` section: transformer-sized layers (bf16; 16, 256, 8192 tokens; 4096→4096 and
 4096→14336; RELU_BIAS, GELU_BIAS), event time per call of matmul() as users call it (fresh ``x.T``
-views, no ``out=``) and Matmul.execute(), against torch's fused ``_addmm_activation``; and, on the
+views, no ``out=``), Matmul.execute() and ``nvblaslt.torch.linear``, against torch's fused
+``_addmm_activation`` and ``nn.Linear`` + the activation; and, on the
 smallest layer, where matmul()'s host time goes (the breakdown)."""
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ LAYER_EPILOGS = ("RELU_BIAS", "GELU_BIAS")
 
 
 def section(args, torch, results: dict) -> None:
+    from torch.nn import functional
+
     import nvblaslt
     from nvblaslt import Matmul
+    from nvblaslt import torch as nvtorch
 
     advanced = nvmath_advanced()
     rows = []
@@ -31,11 +35,16 @@ def section(args, torch, results: dict) -> None:
         x = torch.randn(tokens, d_in, device="cuda", dtype=torch.bfloat16, generator=generator)
         b = torch.randn(d_out, device="cuda", dtype=torch.bfloat16, generator=generator)
         epilog, gelu = epilog_named(name), name.startswith("GELU")
+        activation = "gelu" if gelu else "relu"
+        activate = (lambda y: functional.gelu(y, approximate="tanh")) if gelu else functional.relu
         mm = Matmul(w, x.T)
         mm.plan(epilog=epilog, epilog_inputs={"bias": b})
         cases = [("torch _addmm_activation", lambda: torch._addmm_activation(b, x, w.t(), use_gelu=gelu)),
                  ("nvblaslt matmul()", lambda: nvblaslt.matmul(w, x.T, epilog=epilog, epilog_inputs={"bias": b})),
-                 ("nvblaslt Matmul.execute()", mm.execute)]
+                 ("nvblaslt Matmul.execute()", mm.execute),
+                 # what PyTorch users call: nn.Linear + the activation, against nvblaslt.torch.linear (eager)
+                 ("nn.Linear + activation", lambda: activate(functional.linear(x, w, b))),
+                 ("nvblaslt.torch.linear", lambda: nvtorch.linear(x, w, b, activation))]
         if advanced is not None:
             nv = advanced.Matmul(w, x.T)
             nv.plan(epilog=advanced.MatmulEpilog[name], epilog_inputs={"bias": b})

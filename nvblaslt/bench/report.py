@@ -50,7 +50,8 @@ def summary_lines(results: dict) -> list[str]:
         rows = results["layer"]["rows"]
         cases = list(dict.fromkeys(r["case"] for r in rows))[1:]
         short = {"nvblaslt matmul()": "matmul()", "nvblaslt Matmul.execute()": "execute()",
-                 "nvmath Matmul.execute()": "nvmath exec"}
+                 "nvmath Matmul.execute()": "nvmath exec", "nn.Linear + activation": "nn.Linear+a",
+                 "nvblaslt.torch.linear": "torch.linear"}
         lines += ["", "layers, bf16, event time per call: torch _addmm_activation in µs, the others × torch "
                       "(< 1 is faster)",
                   f"  {'tokens':>6s} {'in->out':>11s} {'epilog':9s} {'torch µs':>9s} " +
@@ -60,6 +61,12 @@ def summary_lines(results: dict) -> list[str]:
             cells = " ".join(f"{group[c]['ratio']:11.3f}" if c in group else f"{'-':>11s}" for c in cases)
             lines.append(f"  {key[0]:6d} {f'{key[1]}->{key[2]}':>11s} {key[3]:9s} "
                          f"{group['torch _addmm_activation']['us']:9.1f} {cells}")
+    if "graph" in results:
+        lines += ["", f"decode under CUDA-graph replay, bf16, GPU µs per layer (a graph of {results['graph']['layers']} "
+                      f"layers): nvblaslt.torch.linear × nn.Linear + activation (< 1 is faster)"]
+        lines += [f"  {r['tokens']:4d} tokens {r['in']}->{r['out']:<6d} {r['activation']}: {r['ours_us']:7.2f} µs against "
+                  f"{r['torch_us']:7.2f} µs, {r['ratio']:.3f}×  (max rel. diff {r['max_relative_error']:.1e})"
+                  for r in results["graph"]["rows"]]
     if "breakdown" in results:
         section = results["breakdown"]
         torch_us = section["torch_us"]
