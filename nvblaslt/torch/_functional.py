@@ -140,6 +140,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     _check_tensors(x, weight, bias)
     x, weight, bias = _autocast(x, weight, bias)
     _check(x, weight, bias)
+    if x.dim() == 2:  # the common case: no reshape either way
+        return layer(x.contiguous(), weight, bias, activation, None)[0]
     lead = x.shape[:-1]
     out, _ = layer(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation, None)
     return out.reshape(*lead, weight.shape[0])

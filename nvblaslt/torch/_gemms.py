@@ -101,6 +101,29 @@ def forward_cuda(x, weight, bias, activation, keep_aux):
     return out, own(aux)
 
 
+def forward_inference(x, weight, bias, activation, *, cuda: bool):
+    """The forward's output alone, for a call autograd does not record (plain eager, no gradient wanted):
+    ``forward_cuda`` without what only a backward pass or a custom op's outputs need (an aux, a
+    view-free result). Off CUDA (``cuda`` False), the same math as torch ops."""
+    if not cuda:
+        return forward_composite(x, weight, bias, activation, False)[0]
+    epilog = _FORWARD_EPILOGS[activation, bias is not None, False]
+    if x.numel() == 0 or weight.shape[0] == 0 or fp64_refuses(x.dtype, epilog):
+        return forward_composite(x, weight, bias, activation, False)[0]
+    # parameters under no_grad() still require grad: read their memory, as the checked path would
+    weight = weight.detach() if weight.requires_grad else weight
+    bias = bias.detach() if bias is not None and bias.requires_grad else bias
+    x = x.detach() if x.requires_grad else x
+    try:
+        if bias is None:  # elementwise epilog: either orientation; this one is y itself
+            return _gemm(x, weight.T, epilog)[0]
+        return _gemm(weight, x.T, epilog, {"bias": bias})[0].T  # D = W xᵀ (features, tokens): y's memory
+    except CublasLtError as error:
+        if fp64_refuses(x.dtype, epilog, error):
+            return forward_composite(x, weight, bias, activation, False)[0]
+        raise
+
+
 def weight_grad_cuda(x, dz, bias_grad):
     epilog = _E.BGRADB if bias_grad else _E.DEFAULT
     if not fp64_refuses(x.dtype, epilog):

@@ -22,7 +22,7 @@ from torch import Tensor
 from ._composite import (activation_backward, empty_aux, forward_composite, input_grad_composite, links, unused,
                          weight_grad_composite)
 from ._eager import autograd_function, direct, wants_grad
-from ._gemms import forward_cuda, input_grad_cuda, weight_grad_cuda
+from ._gemms import forward_cuda, forward_inference, input_grad_cuda, weight_grad_cuda
 
 _LINEAR_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, str activation, bool keep_aux, Tensor? prev_aux, "
                   "str prev_activation, Tensor? link, Tensor? link_bias) -> (Tensor, Tensor, Tensor, Tensor)")
@@ -164,7 +164,9 @@ def layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, stat
     prev_activation, prev_aux, link, link_bias = state if state is not None else ("none", None, None, None)
     arguments = (x2, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias)
     if direct(x2, weight, bias, prev_aux, link, link_bias):  # plain eager: the op's own code, no dispatch
-        out, aux, out_link, out_link_bias = _Linear.apply(*arguments) if grad else _linear_impl(*arguments)
+        if not grad:
+            return forward_inference(x2, weight, bias, activation, cuda=uses_cublaslt(x2)), None
+        out, aux, out_link, out_link_bias = _Linear.apply(*arguments)
     else:
         out, aux, out_link, out_link_bias = torch.ops.nvblaslt.linear(*arguments)
     if not linked:
