@@ -3,10 +3,11 @@
 A call through ``torch.ops.nvblaslt.*`` passes torch's Python custom-op machinery (the autograd
 wrapper, a redispatch, output alias checks) before it reaches nvblaslt: about 100 µs on an H200's host,
 five times the whole ``torch.mm`` of a decode step. The ops are what torch.compile, export, fake
-tensors, dispatch modes and functorch transforms see, and they stay the path for all of those. Where
-none of them can observe the call (plain tensors, eager mode, no mode or transform active), the ops'
-own implementation runs directly, and their own autograd formula through a ``torch.autograd.Function``
-when a gradient is wanted: the same results and gradients, without the dispatch.
+tensors, dispatch modes, functorch transforms and ``torch.jit.trace`` see, and they stay the path for
+all of those. Where none of them can observe the call (plain tensors, eager mode, no mode or
+transform active), the ops' own implementation runs directly, and their own autograd formula through
+a ``torch.autograd.Function`` when a gradient is wanted: the same results and gradients, without the
+dispatch.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 
 def direct(*tensors: Tensor | None) -> bool:
     """Whether a call on these tensors may skip the op: eager mode, no torch dispatch or function mode,
-    no functorch transform, and every tensor a plain ``Tensor`` or ``Parameter`` (no subclass)."""
+    no functorch transform, no ``torch.jit.trace``, and every tensor a plain ``Tensor`` or
+    ``Parameter`` (no subclass)."""
     if torch.compiler.is_compiling():  # first: dynamo folds it, and traces nothing below
         return False
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() \
-            or torch._C._are_functorch_transforms_active():
+            or torch._C._are_functorch_transforms_active() or torch.jit.is_tracing():
         return False
     return all(t is None or type(t) in _PLAIN for t in tensors)
 

@@ -110,6 +110,8 @@ def test_what_decides_the_path():
 
     assert not _eager.direct(plain.as_subclass(Sub))
     assert not torch.func.vmap(lambda t: torch.tensor(_eager.direct(t)))(torch.ones(3, 2)).any()
+    traced = torch.jit.trace(lambda x: linear(x, torch.ones(2, 3, dtype=F64)), torch.ones(4, 3, dtype=F64))
+    assert "nvblaslt::linear" in str(traced.graph)  # a trace records the op, not a call it cannot see
     assert _eager.wants_grad(torch.ones(1, requires_grad=True)) and not _eager.wants_grad(plain, None)
     with torch.no_grad():
         assert not _eager.wants_grad(torch.ones(1, requires_grad=True))
