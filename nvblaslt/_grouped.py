@@ -16,6 +16,7 @@ such a plan up and makes a new one for later eager calls).
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import statistics
 import threading
@@ -75,6 +76,25 @@ def _read(obj, name: str, stream: int):
     return op
 
 
+def read_scales(scale_a, scale_b, problem: GroupedProblem, device: int, stream: int) -> tuple[int, int]:
+    """The device pointers of ``a``'s and ``b``'s per-tensor scales (0: none, a scale of 1), checked: one
+    float32 value on the operands' GPU each, for fp8 operands only."""
+    pointers = []
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if scale is None:
+            pointers.append(0)
+            continue
+        if not problem.fp8:
+            raise NvblasltValueError(f"{name}: per-tensor scales apply to float8 operands; these are "
+                                     f"{problem.b.dtype.name}")
+        op = _read(scale, name, stream)
+        if op.dtype != _dtypes.FLOAT32 or math.prod(op.shape) != 1 or op.device != device:
+            raise NvblasltValueError(f"{name}: expected one float32 value on GPU {device} (a per-tensor scale, "
+                                     f"shape () or (1,)), got {op.describe()}")
+        pointers.append(op.ptr)
+    return pointers[0], pointers[1]
+
+
 class GroupedMatmul:
     """A grouped GEMM plan: ``out_g = a_g · b_g`` for every group, in one cuBLASLt call.
 
@@ -130,6 +150,8 @@ class GroupedMatmul:
         self._launch_arguments: tuple | None = None  # (algorithm, workspace, cublasLtMatmul's arguments)
         self._allocators: dict[tuple[int, ...], Any] = {}  # result shape -> allocate
         self._lock = threading.Lock()
+        self._scales = (0, 0)  # the per-tensor scale pointers the descriptor holds (fp8)
+        self._several_devices = _cuda.several_devices()
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         with _cuda.on_device(self.device):
             if _cuda.is_capturing(stream_h):
@@ -316,7 +338,8 @@ class GroupedMatmul:
         return (f"{p.groups} groups ({p.form}, ragged {p.ragged or 'none'}), {p.b.dtype.name} → {p.d.dtype.name}, "
                 f"transa={p.transa}, transb={p.transb}")
 
-    def execute(self, a=None, b=None, offs=None, *, out=None, stream: Any = None, check_offsets: bool | None = None):
+    def execute(self, a=None, b=None, offs=None, *, out=None, stream: Any = None, check_offsets: bool | None = None,
+                scale_a=None, scale_b=None):
         """Run the plan on new operands and offsets, returning the result; nothing waits for the GPU.
 
         Parameters
@@ -332,6 +355,9 @@ class GroupedMatmul:
         check_offsets : bool, optional
             Wait for the GPU and refuse offsets out of order, out of range, or not ending at the
             operand's extent (default ``$NVBLASLT_CHECK_OFFSETS``): a debugging aid.
+        scale_a, scale_b : arrays, optional
+            fp8 operands' per-tensor scales: one float32 value each on the GPU, read there when the
+            GEMM runs (``out = scale_a · scale_b · a_g · b_g``); default 1.
 
         Returns
         -------
@@ -352,13 +378,14 @@ class GroupedMatmul:
                 f"{self.problem.b.alignment}/{self.problem.a.alignment} bytes), got ones that differ in more than "
                 f"the ragged extent; make a new plan (grouped_matmul keeps one per problem)")
         self._operands = bound.operands  # the defaults of the next execute
-        return self.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
+        scales = read_scales(scale_a, scale_b, bound.problem, self.device, stream_h)
+        return self.run(bound, out=out, stream=stream_h, check_offsets=check_offsets, scales=scales)
 
     def release_operands(self) -> None:
         """Drop the plan's references to its last operands (``execute`` must then be given them)."""
         self._operands = (None, None, None)
 
-    def run(self, bound: Bound, *, out, stream: int, check_offsets: bool | None):
+    def run(self, bound: Bound, *, out, stream: int, check_offsets: bool | None, scales: tuple[int, int] = (0, 0)):
         """``execute`` for operands already read and known to fit this plan (``grouped_matmul``'s path).
 
         Parameters
@@ -369,6 +396,8 @@ class GroupedMatmul:
             As for ``execute``.
         stream : int
             The stream's handle.
+        scales : (int, int)
+            Device pointers of ``a``'s and ``b``'s per-tensor scales (``read_scales``); 0 for none.
 
         Returns
         -------
@@ -378,10 +407,10 @@ class GroupedMatmul:
         a_op, b_op, offs_op = bound.operands
         return self.launch(bound.problem, a_op.ptr, b_op.ptr, offs_op.ptr if offs_op is not None else 0,
                            offs_op is not None and offs_op.dtype == _dtypes.INT64, out=out, stream=stream,
-                           check_offsets=check_offsets)
+                           check_offsets=check_offsets, scales=scales)
 
     def launch(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int, offs_64: bool, *,
-               out, stream: int, check_offsets: bool | None):
+               out, stream: int, check_offsets: bool | None, scales: tuple[int, int] = (0, 0)):
         """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
         ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
 
@@ -414,7 +443,11 @@ class GroupedMatmul:
                                      f" bytes; this plan needs {problem.d.alignment}")
         check = _check_offsets_default() if check_offsets is None else bool(check_offsets)
         with self._lock:  # the kernels' arguments and the GEMM's are the plan's own, set per call
-            if _cuda.several_devices():
+            if scales != self._scales:  # cuBLASLt's A is the caller's b: its scale is b's
+                self.desc.set("A_SCALE_POINTER", scales[1])
+                self.desc.set("B_SCALE_POINTER", scales[0])
+                self._scales = scales
+            if self._several_devices:
                 with _cuda.on_device(self.device):
                     self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check)
             else:

@@ -14,14 +14,14 @@ from typing import Any
 
 from . import _dtypes, _tuning_cache
 from ._frameworks import fast_reader
-from ._grouped import GroupedMatmul, bind, stream_of
+from ._grouped import GroupedMatmul, bind, read_scales, stream_of
 
 _plans = threading.local()  # one cache per thread: cuBLASLt handles are per thread
 _MAX_PLANS = 64
 
 
 def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: Any = None,
-                   check_offsets: bool | None = None):
+                   check_offsets: bool | None = None, scale_a=None, scale_b=None):
     """``out_g = a_g · b_g`` for every group of a ragged split, in one cuBLASLt call (``torch._grouped_mm``).
 
     =====================  =====================  =================  =========================
@@ -36,12 +36,15 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
     Parameters
     ----------
     a, b : GPU arrays of any package (DLPack or ``__cuda_array_interface__``)
-        bfloat16 or float16; each group's matrix row- or column-major.
+        bfloat16, float16 or float8_e4m3fn (both the same); each group's matrix row- or column-major.
+        fp8 runs where cuBLASLt has kernels for it: on Hopper, with K contiguous in both operands
+        (tokens row-major, weights stored ``(G, N, K)`` as ``nn.Linear`` keeps them).
     offs : 1-D int32 or int64 GPU array
         Cumulative group ends (``offs[g]`` is where group g ends; group 0 starts at 0). Never read on
         the host. Rows of a 2-D result past ``offs[-1]`` are left unwritten, as in PyTorch.
     out_dtype : dtype, optional
-        The operands' dtype (default) or float32.
+        The operands' dtype (default) or float32; for fp8 operands bfloat16 (default), float16 or
+        float32.
     out : array, optional
         Where the result goes: the result's shape and dtype, row-major with every row starting on 16
         bytes (contiguous where a row is a multiple of 16 bytes); default a new array.
@@ -49,6 +52,9 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
         Default: the operands' package's current stream.
     check_offsets : bool, optional
         Wait for the GPU and refuse bad offsets (default ``$NVBLASLT_CHECK_OFFSETS``).
+    scale_a, scale_b : GPU arrays, optional
+        fp8 operands' per-tensor scales, one float32 value each, read on the GPU when the GEMM runs:
+        ``out_g = scale_a · scale_b · a_g · b_g``. Default 1.
 
     Returns
     -------
@@ -85,23 +91,25 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
         if path is not None:
             _, read, stream_on = path
             try:
-                found = read((a, b, offs))
+                found = read((a, b, offs, scale_a, scale_b))
                 if found is not None:
                     fast_key = (found[1], out_dtype)
                     entry = fast.get(fast_key)
             except Exception:  # noqa: BLE001 - an odd array or argument: the checked path says what is wrong
                 found = fast_key = None
             if found is not None and entry is not None:
-                (a_pointer, b_pointer, offs_pointer), layouts = found
+                (a_pointer, b_pointer, offs_pointer, scale_a_pointer, scale_b_pointer), layouts = found
                 plan, key, problem, offs_64 = entry
                 result = plan.launch(problem, a_pointer, b_pointer, offs_pointer or 0, offs_64, out=out,
-                                     stream=stream_on(layouts[0][3]), check_offsets=check_offsets)
+                                     stream=stream_on(layouts[0][3]), check_offsets=check_offsets,
+                                     scales=(scale_a_pointer or 0, scale_b_pointer or 0))
                 if plan.captured:
                     _retire(_plans.cache.pop(key))
                 return result
     stream_h = stream_of(a, stream)
     dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
     bound = bind(a, b, offs, stream_h, dtype)
+    scales = read_scales(scale_a, scale_b, bound.problem, bound.operands[0].device, stream_h)
     cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
     key = (bound.problem.key, bound.problem.d.dtype, bound.operands[0].device)
     plan = cache.get(key)
@@ -119,7 +127,7 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
             fast.clear()
         offs_op = bound.operands[2]
         fast[fast_key] = (plan, key, bound.problem, offs_op is not None and offs_op.dtype == _dtypes.INT64)
-    result = plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets)
+    result = plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets, scales=scales)
     if plan.captured:  # the graph owns it now: eager calls get a plan of their own, never racing its replays
         _retire(cache.pop(key))
     return result

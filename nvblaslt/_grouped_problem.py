@@ -31,8 +31,10 @@ from ._errors import NvblasltTypeError, NvblasltUnsupportedError, NvblasltValueE
 
 FORMS = {(2, 3): "2d3d", (3, 2): "3d2d", (2, 2): "2d2d", (3, 3): "3d3d"}
 RAGGED = {"2d3d": "M", "3d2d": "N", "2d2d": "K", "3d3d": None}
-# fp8 needs per-tensor scales wired through the grouped descriptors: not yet
-INPUT_TYPES = (_dtypes.BFLOAT16, _dtypes.FLOAT16)
+# E4M3 runs on Hopper with cuBLASLt 13.8 where K is contiguous in both operands (tools/probe_grouped_fp8.py)
+FP8_TYPES = (_dtypes.FLOAT8_E4M3,)
+INPUT_TYPES = (_dtypes.BFLOAT16, _dtypes.FLOAT16, *FP8_TYPES)
+FP8_RESULT_TYPES = (_dtypes.BFLOAT16, _dtypes.FLOAT16, _dtypes.FLOAT32)  # the first the default
 OFFSET_TYPES = (_dtypes.INT32, _dtypes.INT64)
 
 
@@ -82,6 +84,11 @@ class GroupedProblem:
     out_shape: tuple[int, ...]
     out_strides: tuple[int, ...]
     average: tuple[int, int, int]  # (K, D rows, D cols) per group on average: the heuristics' only view of shapes
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the operands are fp8 (per-tensor scales then apply)."""
+        return self.a.dtype in FP8_TYPES
 
     @property
     def ragged(self) -> str | None:
@@ -161,7 +168,7 @@ def _operand_matrix(name: str, shape: tuple[int, ...], strides: tuple[int, ...],
 def _check_dtype(name: str, dtype: DType) -> None:
     if dtype not in INPUT_TYPES:
         raise NvblasltUnsupportedError(
-            f"{name}: grouped GEMM runs bfloat16 and float16 operands, got {dtype.name}")
+            f"{name}: grouped GEMM runs bfloat16, float16 and float8_e4m3fn operands, got {dtype.name}")
 
 
 def describe(a, b, offs, *, out_dtype: DType | None = None, out_pointer: int = 256) -> GroupedProblem:
@@ -176,10 +183,16 @@ def describe(a, b, offs, *, out_dtype: DType | None = None, out_pointer: int = 2
     _check_dtype("b", b.dtype)
     if a.dtype != b.dtype:
         raise NvblasltTypeError(f"b: expected the dtype of a ({a.dtype.name}), got {b.dtype.name}")
-    out_dtype = out_dtype or a.dtype
-    if out_dtype not in (a.dtype, _dtypes.FLOAT32):
-        raise NvblasltUnsupportedError(
-            f"out_dtype: expected {a.dtype.name} (the operands' dtype) or float32, got {out_dtype.name}")
+    if a.dtype in FP8_TYPES:
+        out_dtype = out_dtype or FP8_RESULT_TYPES[0]
+        if out_dtype not in FP8_RESULT_TYPES:
+            raise NvblasltUnsupportedError(f"out_dtype: expected bfloat16 (the default for fp8 operands), float16 or "
+                                           f"float32, got {out_dtype.name}")
+    else:
+        out_dtype = out_dtype or a.dtype
+        if out_dtype not in (a.dtype, _dtypes.FLOAT32):
+            raise NvblasltUnsupportedError(
+                f"out_dtype: expected {a.dtype.name} (the operands' dtype) or float32, got {out_dtype.name}")
     k_a, k_b = a.shape[-1], b.shape[-2]
     if k_a != k_b:
         raise NvblasltValueError(f"b: expected {k_a} rows (a's last extent) per group, got b of shape {b.shape}")

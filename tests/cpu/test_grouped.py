@@ -165,7 +165,7 @@ def _f16(*shape):
 @pytest.mark.parametrize("a, b, offs, error, message", [
     (_f16(4, 8, 2, 2), _f16(2, 8, 4), None, NvblasltValueError, "expected 2-D or 3-D operands"),
     (np.zeros((4, 8), np.float32), np.zeros((2, 8, 4), np.float32), np.array([1, 4], np.int32),
-     NvblasltUnsupportedError, "a: grouped GEMM runs bfloat16 and float16 operands, got float32"),
+     NvblasltUnsupportedError, "a: grouped GEMM runs bfloat16, float16 and float8_e4m3fn operands, got float32"),
     (_f16(4, 8), _f16(2, 6, 4), np.array([1, 4], np.int32), NvblasltValueError, "b: expected 8 rows"),
     (_f16(4, 8), _f16(2, 8, 4), None, NvblasltValueError, "offs: expected the groups' cumulative ends along M"),
     (_f16(4, 8), _f16(2, 8, 4), np.array([1, 4], np.float32), NvblasltTypeError, "offs: expected int32 or int64"),
@@ -178,6 +178,23 @@ def _f16(*shape):
 def test_bad_arguments_are_refused_by_name(a, b, offs, error, message):
     with pytest.raises(error, match=message):
         _grouped_problem.describe(op(a, "a"), op(b, "b"), op(offs, "offs") if offs is not None else None)
+
+
+def test_fp8_operands_default_to_a_bfloat16_result_and_take_no_fp8_one():
+    from tests.fakes import FakeDLPack
+
+    import nvblaslt._dtypes as dt
+
+    a = op(FakeDLPack((4, 16), dtype="float8_e4m3fn"))
+    b = op(FakeDLPack((2, 16, 8), (128, 1, 16), dtype="float8_e4m3fn", ptr=0x7F0000100000))  # K contiguous
+    offs = op(np.array([1, 4], np.int32))
+    problem = _grouped_problem.describe(a, b, offs)
+    assert problem.fp8 and problem.d.dtype is dt.BFLOAT16 and problem.transa  # TN, as Hopper's fp8 needs
+    assert _grouped_problem.describe(a, b, offs, out_dtype=dt.FLOAT32).d.dtype is dt.FLOAT32
+    with pytest.raises(NvblasltUnsupportedError, match="out_dtype: expected bfloat16 .*, float16 or float32"):
+        _grouped_problem.describe(a, b, offs, out_dtype=dt.FLOAT8_E4M3)
+    with pytest.raises(NvblasltUnsupportedError, match="float8_e5m2"):
+        _grouped_problem.describe(op(FakeDLPack((4, 16), dtype="float8_e5m2")), b, offs)
 
 
 def test_mixed_dtypes_and_result_types():

@@ -165,3 +165,26 @@ def test_the_function_form_recalls_a_known_layout_without_reading_the_arrays_aga
     # an out the plan cannot write into is refused on the fast path as well
     with pytest.raises(NvblasltValueError, match="out: expected a bfloat16 array of shape"):
         nvblaslt.grouped_matmul(a2, b, offs2, out=FakeDLPack((40, 96), dtype="float32", ptr=OUT))
+
+
+def test_fp8_scales_reach_the_descriptor_per_call_and_are_checked(gpu_standins):
+    SCALE_A, SCALE_B = 0x7F0000500000, 0x7F0000500100
+    a = FakeDLPack((40, 64), dtype="float8_e4m3fn", ptr=A)
+    b = FakeDLPack((4, 64, 96), (96 * 64, 1, 64), dtype="float8_e4m3fn", ptr=B)  # K contiguous: TN
+    offs = FakeDLPack((4,), dtype="int32", ptr=OFFS)
+    out = FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT)  # fp8's default result type
+    scale_a, scale_b = FakeDLPack((1,), ptr=SCALE_A), FakeDLPack((), ptr=SCALE_B)
+    nvblaslt.grouped_matmul(a, b, offs, out=out, scale_a=scale_a, scale_b=scale_b)
+    (plan,) = _grouped_function._plans.cache.values()
+    # cuBLASLt's A is the caller's b
+    assert plan.desc.get("A_SCALE_POINTER") == SCALE_B and plan.desc.get("B_SCALE_POINTER") == SCALE_A
+    nvblaslt.grouped_matmul(a, b, offs, out=out)  # the same cached plan, no scales now: 1, not the last ones
+    assert plan.desc.get("A_SCALE_POINTER") in (0, None) and plan.desc.get("B_SCALE_POINTER") in (0, None)
+    with pytest.raises(NvblasltValueError, match=r"scale_b: expected one float32 value on GPU 0"):
+        nvblaslt.grouped_matmul(a, b, offs, out=out, scale_b=FakeDLPack((2,), ptr=SCALE_B))
+    with pytest.raises(NvblasltValueError, match=r"scale_a: expected one float32 value"):
+        nvblaslt.grouped_matmul(a, b, offs, out=out, scale_a=FakeDLPack((1,), dtype="float16", ptr=SCALE_A))
+    bf16, bf16_b, bf16_offs, _ = operands()
+    with pytest.raises(NvblasltValueError, match="scale_a: per-tensor scales apply to float8 operands"):
+        nvblaslt.grouped_matmul(bf16, bf16_b, bf16_offs, out=FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT),
+                                scale_a=scale_a)

@@ -124,6 +124,31 @@ def test_a_weight_gradient_writes_zeros_for_its_empty_groups_into_a_nan_filled_r
 
 
 @needs_grouped
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_fp8_experts_with_per_tensor_scales_match_float64(out_dtype):
+    from nvblaslt import CublasLtError
+
+    torch.manual_seed(11)
+    sizes = [48, 0, 112, 64, 32]
+    ends, k, n = _ends(sizes), 128, 96
+    x = torch.randn(sum(sizes), k, device="cuda").to(torch.float8_e4m3fn)
+    w = (torch.randn(len(sizes), n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)  # (G, N, K): K contiguous
+    scale_a, scale_b = torch.tensor([0.25], device="cuda"), torch.tensor(3.0, device="cuda")
+    out = grouped_matmul(x, w.transpose(1, 2), ends, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
+                         check_offsets=True)
+    assert out.dtype == out_dtype
+    want = _reference("2d3d", x, w.transpose(1, 2), ends, len(sizes)) * 0.75
+    _check(out, want, torch.bfloat16)
+    scale_a.fill_(1.0)  # read on the GPU when the GEMM runs: the same cached plan follows the new value
+    _check(grouped_matmul(x, w.transpose(1, 2), ends, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b),
+           want * 4, torch.bfloat16)
+    _check(grouped_matmul(x, w.transpose(1, 2), ends, out_dtype=out_dtype), want / 0.75, torch.bfloat16)
+    if torch.cuda.get_device_capability()[0] == 9:  # Hopper's fp8 kernels need K contiguous in both operands
+        with pytest.raises(CublasLtError, match="CUBLAS_STATUS_NOT_SUPPORTED"):
+            grouped_matmul(x, w.transpose(1, 2).contiguous(), ends)
+
+
+@needs_grouped
 def test_the_derive_kernel_writes_what_the_host_reference_says():
     torch.manual_seed(1)
     a = torch.randn(50, 32, device="cuda", dtype=torch.bfloat16)
