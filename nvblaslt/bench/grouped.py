@@ -10,7 +10,8 @@ round, in a fresh order), CUDA events around bursts of calls, median:
 - a per-expert ``torch.mm`` loop over the same split (its offsets read on the host once, before timing);
 - ``nvblaslt.grouped_matmul`` (its cached plan: the heuristics' first algorithm, or a tuned one the cache holds);
 - ``GroupedMatmul.execute(out=)`` with every algorithm the heuristics offer, the best kept;
-- ``GroupedMatmul.execute()`` after ``autotune()`` (its pick, allocating the result as the function form does).
+- ``GroupedMatmul.execute()`` after ``autotune()`` (its pick, allocating the result as the function form does);
+- ``grouped_matmul`` on the same values in fp8 (E4M3, the weights' per-tensor scale), a bfloat16 result.
 
 Each result is checked against the loop's first (bf16 rounding) before timing. TFLOP/s count 2·ΣM·K·N.
 The ``train`` section times the experts layer's forward + backward (input and weight gradients) the
@@ -85,6 +86,12 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
     else:
         cases.append(("torch._grouped_mm", lambda: grouped_mm(x, b, offs=offs)))
     cases.append(("nvblaslt.grouped_matmul", lambda: nvblaslt.grouped_matmul(x, b, offs)))
+    # fp8: the same tokens and weights in E4M3, the weights scaled into its range by a per-tensor scale
+    # (its error against the bf16 loop is E4M3's rounding, a few per cent)
+    weight_scale = weights.abs().max().float() / 448
+    x8, b8 = x.to(torch.float8_e4m3fn), (b / weight_scale).to(torch.float8_e4m3fn)
+    scale = weight_scale.reshape(1)
+    cases.append(("nvblaslt fp8 E4M3, bf16 out", lambda: nvblaslt.grouped_matmul(x8, b8, offs, scale_b=scale)))
     plan = nvblaslt.GroupedMatmul(x, b, offs)
     algorithms = plan.plan(limit=16)
     out = torch.empty(tokens, shape.n, device="cuda", dtype=torch.bfloat16)
