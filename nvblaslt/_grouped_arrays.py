@@ -20,7 +20,7 @@ import ctypes
 
 from . import _cuda, _jit
 from ._cuda import cudart
-from ._errors import NvblasltValueError
+from ._errors import NvblasltStateError, NvblasltValueError
 from ._grouped_problem import GroupedMatrix, GroupedProblem
 from ._memory import DeviceBuffer
 
@@ -143,7 +143,7 @@ class GroupedArrays:
         groups = problem.groups
         self.groups, self.device = groups, device
         self.kernel = _jit.kernel(SOURCE, KERNEL, device)
-        self._zero: tuple[_jit.Kernel, _jit.Arguments] | None = None  # loaded on first use
+        self._zero: tuple[_jit.Kernel, _jit.Arguments] | None = None  # weight gradients' second kernel
         d = problem.d  # the result's extent per group, where no extent of it is ragged (the weight gradient)
         self.group_bytes = max(1, d.rows) * max(1, d.cols) * d.dtype.itemsize
         words = 13 * groups + 3 * _SPEC_WORDS + 1
@@ -159,6 +159,9 @@ class GroupedArrays:
         _cuda.check(cudart.cudaMemcpyAsync(self.specs, ctypes.addressof(host), ctypes.sizeof(host),
                                            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # before `host` goes
+        if problem.form == "2d2d":  # loaded with the plan: never inside a CUDA graph capture
+            self._zero = (_jit.kernel(SOURCE, ZERO_KERNEL, device), _jit.Arguments(
+                _ZERO_ARGUMENT_TYPES, (groups, problem.d.dtype.itemsize, self.shapes, self.pointers, self.sizes)))
         # per call: offsets, their width, the total, the three bases and leading dimensions (_PER_CALL)
         self._derive_arguments = _jit.Arguments(_ARGUMENT_TYPES, (
             0, 0, groups, 0, self.specs, 0, 0, 0, 0, 0, 0, self.shapes, self.pointers, self.sizes, self.status))
@@ -188,8 +191,7 @@ class GroupedArrays:
     def zero_empty(self, itemsize: int, stream: int) -> None:
         """Queue the kernel that writes zeros into D for the groups ``derive`` sized 0 (after the GEMM)."""
         if self._zero is None:
-            self._zero = (_jit.kernel(SOURCE, ZERO_KERNEL, self.device), _jit.Arguments(
-                _ZERO_ARGUMENT_TYPES, (self.groups, itemsize, self.shapes, self.pointers, self.sizes)))
+            raise NvblasltStateError("zero_empty: only a weight gradient's arrays (ragged K) have the kernel")
         kernel, arguments = self._zero
         arguments.set(1, itemsize)
         # enough 16-byte stores for one group's matrix, up to a grid that fills the GPU

@@ -100,6 +100,7 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
             if found is not None and entry is not None:
                 (a_pointer, b_pointer, offs_pointer, scale_a_pointer, scale_b_pointer), layouts = found
                 plan, key, problem, offs_64 = entry
+                _plans.cache.move_to_end(key)  # least recently used goes first when the cache is full
                 result = plan.launch(problem, a_pointer, b_pointer, offs_pointer or 0, offs_64, out=out,
                                      stream=stream_on(layouts[0][3]), check_offsets=check_offsets,
                                      scales=(scale_a_pointer or 0, scale_b_pointer or 0))

@@ -24,13 +24,14 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 def direct(*tensors: Tensor | None) -> bool:
     """Whether a call on these tensors may skip the op: eager mode, no torch dispatch or function mode,
     no functorch transform, no ``torch.jit.trace``, and every tensor a plain ``Tensor`` or
-    ``Parameter`` (no subclass)."""
+    ``Parameter`` (no subclass) with data (not on the meta device)."""
     if torch.compiler.is_compiling():  # first: dynamo folds it, and traces nothing below
         return False
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() \
             or torch._C._are_functorch_transforms_active() or torch.jit.is_tracing():
         return False
-    return all(t is None or type(t) in _PLAIN for t in tensors)
+    # meta tensors have no data: the ops' fake implementations give their shapes
+    return all(t is None or (type(t) in _PLAIN and not t.is_meta) for t in tensors)
 
 
 def wants_grad(*tensors: Tensor | None) -> bool:

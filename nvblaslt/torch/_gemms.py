@@ -116,8 +116,12 @@ def forward_inference(x, weight, bias, activation, *, cuda: bool):
     x = x.detach() if x.requires_grad else x
     try:
         if bias is None:  # elementwise epilog: either orientation; this one is y itself
-            return _gemm(x, weight.T, epilog)[0]
-        return _gemm(weight, x.T, epilog, {"bias": bias})[0].T  # D = W xᵀ (features, tokens): y's memory
+            y = _gemm(x, weight.T, epilog)[0]
+        else:
+            y = _gemm(weight, x.T, epilog, {"bias": bias})[0].T  # D = W xᵀ (features, tokens): y's memory
+        # row-major, as the op returns it (D's order follows the operands': one input feature reads as
+        # column-major x)
+        return y if y.is_contiguous() else y.contiguous()
     except CublasLtError as error:
         if fp64_refuses(x.dtype, epilog, error):
             return forward_composite(x, weight, bias, activation, False)[0]

@@ -162,6 +162,10 @@ def test_the_function_form_recalls_a_known_layout_without_reading_the_arrays_aga
     # a pointer off the plan's alignment is another layout too: another plan, for that alignment
     nvblaslt.grouped_matmul(FakeDLPack((40, 64), dtype="bfloat16", ptr=A + 2), b, offs, out=out)
     assert gpu_standins["arrays"] == [4, 4]
+    # plans leaving the cache take the fast path's entries with them: the next call plans anew
+    nvblaslt.clear_grouped_plans()
+    nvblaslt.grouped_matmul(a2, b, offs2, out=FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT2))
+    assert gpu_standins["arrays"] == [4, 4, 4] and a2.streams  # read again, on the checked path
     # an out the plan cannot write into is refused on the fast path as well
     with pytest.raises(NvblasltValueError, match="out: expected a bfloat16 array of shape"):
         nvblaslt.grouped_matmul(a2, b, offs2, out=FakeDLPack((40, 96), dtype="float32", ptr=OUT))

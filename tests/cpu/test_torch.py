@@ -449,6 +449,19 @@ def test_cuda_path_gradcheck_and_inference(emulated_cuda_path):
     assert emulated_cuda_path.epilogs == ["GELU_BIAS", "GELU_BIAS", "GELU_BIAS"]
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_cuda_path_inference_returns_row_major_results_whatever_ds_order(emulated_cuda_path, bias):
+    # no gradient recorded: the forward GEMM alone, and still the row-major result the op gives
+    torch.manual_seed(20)
+    x, weight = torch.randn(8, 1, dtype=torch.float64), torch.randn(16, 1, dtype=torch.float64)
+    b = torch.randn(16, dtype=torch.float64) if bias else None
+    with torch.no_grad():
+        y = linear(x, weight, b, activation="relu")
+    assert y.stride() == (16, 1)
+    torch.testing.assert_close(y, torch.relu(nn.functional.linear(x, weight, b)))
+    assert emulated_cuda_path.epilogs == ["RELU_BIAS" if bias else "RELU"]
+
+
 @pytest.mark.parametrize("refused", [("DRELU_BGRAD", "BGRADB"), ("RELU_AUX_BIAS", "DRELU_BGRAD"), ("BIAS",)])
 def test_cuda_path_runs_refused_float64_epilogs_as_torch_ops(emulated_cuda_path, monkeypatch, refused):
     monkeypatch.setattr(_gemms, "refused_fp64", set())

@@ -99,6 +99,20 @@ def test_grouped_mm_takes_the_eager_path_with_the_same_gradients():
     assert torch.autograd.gradgradcheck(lambda a, b: grouped_mm(a, b, offs), (a, b))
 
 
+def test_a_second_order_gradient_runs_the_backward_op_which_says_it_has_no_formula():
+    # under create_graph the backward must not run directly: on CUDA its GEMMs record no graph
+    x = torch.randn(3, 4, dtype=F64, requires_grad=True)
+    weight = torch.randn(2, 4, dtype=F64, requires_grad=True)
+    grad_weight, = torch.autograd.grad(linear(x, weight, None, "gelu").sum(), weight, create_graph=True)
+    assert "nvblaslt_linear_backward" in type(grad_weight.grad_fn).__name__
+
+
+def test_meta_tensors_get_the_ops_fake_shapes():
+    a, b = torch.empty(9, 4, device="meta"), torch.empty(3, 4, 5, device="meta")
+    assert grouped_mm(a, b, torch.empty(3, dtype=torch.int32, device="meta")).shape == (9, 5)
+    assert not _eager.direct(a)
+
+
 def test_what_decides_the_path():
     plain = torch.ones(2)
     assert _eager.direct(plain, None, torch.nn.Parameter(torch.ones(2)))
