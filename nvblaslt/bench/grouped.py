@@ -18,7 +18,8 @@ The ``train`` section times the experts layer's forward + backward (input and we
 three ways, under autograd: ``nvblaslt.torch.grouped_mm``, ``torch._grouped_mm``, the loop (6·ΣM·K·N);
 then its three GEMMs one at a time (forward, input gradient, weight gradient; bursts of 5 calls), and the
 same after each is autotuned and remembered (in a tuning cache of the run's own; ``--no-tune`` leaves it
-out). Steps run in bursts of about 2 ms; the loop in rounds of its own.
+out). Steps run in bursts of about 2 ms; the loop in rounds of its own. The host time of each piece of
+the step (``host_rows``) is printed under it.
 ``--quick`` runs the 8k-token cases only. Needs cuBLASLt 13.4 or newer (``NVBLASLT_LIBRARY``).
 """
 
@@ -193,7 +194,57 @@ def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *,
     return {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
             "routing": "skewed" if skewed else "balanced", "rows": rows, "errors": errors, "refused": refused,
             "forms": form_rows(torch, step.x.detach(), step.weights.detach(), step.grad, step.offs, rounds, timer)
-            if device == "cuda" else {}}
+            if device == "cuda" else {},
+            "host_us": host_rows(torch, step, max(3, rounds // 3)) if device == "cuda" else {}}
+
+
+def host_rows(torch, step: _Step, rounds: int, calls: int = 20) -> dict[str, float]:
+    """Where a training step's host time goes: µs of host time per call, over bursts of ``calls`` that
+    do not wait for the GPU inside (it is drained before each), median of ``rounds`` interleaved rounds.
+    Each GEMM through the function form and through the op, the op under autograd, and the step with its
+    backward in autograd's own thread (as always) and in the calling thread."""
+    import random
+    import time
+
+    import nvblaslt
+    from nvblaslt._timing import shuffled_rounds
+    from nvblaslt.torch import grouped_mm
+
+    x, w, grad, offs = step.x.detach(), step.weights.detach(), step.grad, step.offs
+    forms = {"forward": (x, w.transpose(1, 2)), "input gradient": (grad, w), "weight gradient": (x.T, grad)}
+    cases: dict[str, Any] = {f"grouped_matmul, {form}": (lambda a=a, b=b: nvblaslt.grouped_matmul(a, b, offs))
+                             for form, (a, b) in forms.items() if x.is_cuda}  # the function form: GPU only
+    cases["nvblaslt.torch.grouped_mm, forward, no gradient"] = lambda: grouped_mm(x, w.transpose(1, 2), offs)
+    cases["nvblaslt.torch.grouped_mm, forward, under autograd"] = \
+        lambda: grouped_mm(step.x, step.weights.transpose(1, 2), offs)
+    cases["step"] = step.ours
+
+    def in_this_thread():
+        with torch.autograd.set_multithreading_enabled(False):
+            return step.ours()
+    cases["step, backward in the calling thread"] = in_this_thread
+    if step.theirs is not None:
+        cases["torch._grouped_mm step"] = step.theirs
+    drain = torch.cuda.synchronize if step.x.is_cuda else (lambda: None)
+
+    def burst(name: str) -> float:
+        drain()
+        start = time.perf_counter()
+        for _ in range(calls):
+            cases[name]()
+        elapsed = time.perf_counter() - start
+        drain()
+        return elapsed / calls * 1e6
+    names = list(cases)
+    for name in list(names):  # warm-up: plans made, caches filled
+        try:
+            burst(name)
+        except RuntimeError:  # torch._grouped_mm takes bf16/fp16/fp32 on some GPUs only: left out
+            if name != "torch._grouped_mm step":
+                raise
+            names.remove(name)
+    samples = shuffled_rounds(names, rounds, burst, shuffler=random.Random(5))
+    return {name: statistics.median(values) for name, values in zip(names, samples)}
 
 
 def _step_times(torch, cases: list, rounds: int, timer) -> list[list[float]]:
@@ -259,6 +310,8 @@ def _print_case(case: dict[str, Any]) -> None:
         print(f"  {name:36s} not timed: {why}")
     if case.get("forms"):
         print("  one GEMM at a time, ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in case["forms"].items()))
+    if case.get("host_us"):
+        print("  host µs a call: " + ", ".join(f"{name} {us:.0f}" for name, us in case["host_us"].items()))
 
 
 def _print_tuned(case: dict[str, Any]) -> None:

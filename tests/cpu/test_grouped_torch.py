@@ -188,3 +188,13 @@ def test_autotune_context_tunes_each_grouped_problem_once_and_then_runs_it(monke
                      ("free",), ("run", (12, 8)), ("run", (12, 8)),
                      ("plan", (8, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True),
                      ("free",), ("run", (8, 8))]
+
+
+def test_the_grouped_bench_breaks_a_steps_host_time_down():
+    from nvblaslt.bench.grouped import Experts, _step, host_rows
+
+    step = _step(torch, Experts("tiny", 4, 16, 24), 64, True, "cpu", torch.float64)
+    host = host_rows(torch, step, rounds=2, calls=2)
+    assert set(host) == {"nvblaslt.torch.grouped_mm, forward, no gradient", "step",  # torch's takes no float64
+                         "nvblaslt.torch.grouped_mm, forward, under autograd", "step, backward in the calling thread"}
+    assert all(us > 0 for us in host.values())
