@@ -73,23 +73,38 @@ def fp64_refuses(dtype: torch.dtype, epilog: MatmulEpilog, error: CublasLtError 
     return True
 
 
-def forward_cuda(x, weight, bias, activation, keep_aux):
-    features = weight.shape[0]
-    epilog = _FORWARD_EPILOGS[activation, bias is not None, keep_aux and activation != "none"]
-    if x.numel() == 0 or features == 0 or fp64_refuses(x.dtype, epilog):
-        return forward_composite(x, weight, bias, activation, keep_aux)
-    x, weight = x.detach(), weight.detach()  # DLPack refuses tensors that require grad
+def _data(t):
+    """``t``'s memory without autograd (DLPack refuses tensors that require grad; parameters still do under
+    no_grad())."""
+    return t.detach() if t is not None and t.requires_grad else t
+
+
+def _forward_gemm(x, weight, bias, epilog):
+    """(y, extra outputs) of y = epilog(x Wᵀ + b) as one GEMM, y (tokens, features) row-major or a
+    transposed view; None where the step runs as torch ops (nothing to compute, or float64 without a kernel)."""
+    if x.numel() == 0 or weight.shape[0] == 0 or fp64_refuses(x.dtype, epilog):
+        return None
+    x, weight, bias = _data(x), _data(weight), _data(bias)
     try:
         if bias is None and epilog in (_E.DEFAULT, _E.RELU, _E.GELU):
-            d, extra = _gemm(x, weight.T, epilog)  # elementwise epilog: either orientation; this one is y itself
-            out = row_major(d)
-        else:  # the bias runs along D's rows: D = W xᵀ is (features, tokens)
-            d, extra = _gemm(weight, x.T, epilog, None if bias is None else {"bias": bias.detach()})
-            out = row_major(d.T)
+            return _gemm(x, weight.T, epilog)  # elementwise epilog: either orientation; this one is y itself
+        # the bias runs along D's rows: D = W xᵀ is (features, tokens), y's memory
+        d, extra = _gemm(weight, x.T, epilog, None if bias is None else {"bias": bias})
+        return d.T, extra
     except CublasLtError as error:
         if fp64_refuses(x.dtype, epilog, error):
-            return forward_composite(x, weight, bias, activation, keep_aux)
+            return None
         raise
+
+
+def forward_cuda(x, weight, bias, activation, keep_aux):
+    features = weight.shape[0]
+    found = _forward_gemm(x, weight, bias, _FORWARD_EPILOGS[activation, bias is not None,
+                                                            keep_aux and activation != "none"])
+    if found is None:
+        return forward_composite(x, weight, bias, activation, keep_aux)
+    y, extra = found
+    out = row_major(y)
     if not extra:
         return out, empty_aux(x, activation, keep_aux, features)
     aux = next(iter(extra.values()))
@@ -105,27 +120,12 @@ def forward_inference(x, weight, bias, activation, *, cuda: bool):
     """The forward's output alone, for a call autograd does not record (plain eager, no gradient wanted):
     ``forward_cuda`` without what only a backward pass or a custom op's outputs need (an aux, a
     view-free result). Off CUDA (``cuda`` False), the same math as torch ops."""
-    if not cuda:
+    found = _forward_gemm(x, weight, bias, _FORWARD_EPILOGS[activation, bias is not None, False]) if cuda else None
+    if found is None:
         return forward_composite(x, weight, bias, activation, False)[0]
-    epilog = _FORWARD_EPILOGS[activation, bias is not None, False]
-    if x.numel() == 0 or weight.shape[0] == 0 or fp64_refuses(x.dtype, epilog):
-        return forward_composite(x, weight, bias, activation, False)[0]
-    # parameters under no_grad() still require grad: read their memory, as the checked path would
-    weight = weight.detach() if weight.requires_grad else weight
-    bias = bias.detach() if bias is not None and bias.requires_grad else bias
-    x = x.detach() if x.requires_grad else x
-    try:
-        if bias is None:  # elementwise epilog: either orientation; this one is y itself
-            y = _gemm(x, weight.T, epilog)[0]
-        else:
-            y = _gemm(weight, x.T, epilog, {"bias": bias})[0].T  # D = W xᵀ (features, tokens): y's memory
-        # row-major, as the op returns it (D's order follows the operands': one input feature reads as
-        # column-major x)
-        return y if y.is_contiguous() else y.contiguous()
-    except CublasLtError as error:
-        if fp64_refuses(x.dtype, epilog, error):
-            return forward_composite(x, weight, bias, activation, False)[0]
-        raise
+    y = found[0]
+    # row-major, as the op returns it (D's order follows the operands': one input feature reads as column-major x)
+    return y if y.is_contiguous() else y.contiguous()
 
 
 def weight_grad_cuda(x, dz, bias_grad):
