@@ -18,12 +18,11 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import statistics
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import _cuda, _dtypes, _grouped_problem, _memory, _operands, _tuning_cache
+from . import _cuda, _dtypes, _grouped_problem, _grouped_tuning, _memory, _operands, _tuning_cache
 from ._descriptors import GroupedMatrixLayout, Handle, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
 from ._errors import CublasLtError, NvblasltStateError, NvblasltValueError
 from ._grouped_arrays import GroupedArrays
@@ -33,7 +32,6 @@ from ._launch import raw_function
 from ._loader import library
 from ._memory import DeviceBuffer
 from ._streams import stream_handle
-from ._timing import Timer, shuffled_rounds
 
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
 _ENV_CHECK = "NVBLASLT_CHECK_OFFSETS"
@@ -145,6 +143,8 @@ class GroupedMatmul:
         self.workspace_bytes = workspace_bytes
         self.algorithms: list[HeuristicResult] = []
         self.algorithm: HeuristicResult | None = None
+        self.tuning_report = None  # what the last autotune() chose, over what, how sure
+        self._checked: set[bytes] = set()  # algorithms check() accepted for this plan (select() takes them)
         self.workspace: DeviceBuffer | None = None
         self._matmul = raw_function(self.lib.cublasLtMatmul)
         self._launch_arguments: tuple | None = None  # (algorithm, workspace, cublasLtMatmul's arguments)
@@ -229,17 +229,26 @@ class GroupedMatmul:
         Parameters
         ----------
         algorithm : HeuristicResult
-            One of ``algorithms`` (what ``plan()`` returned).
+            One of ``algorithms`` (what ``plan()`` returned), or one ``check()`` accepted for this plan.
         """
-        if not any(algorithm is r or algorithm.as_bytes() == r.as_bytes() for r in self.algorithms):
-            raise NvblasltValueError("algorithm: expected one of this plan's algorithms (plan() returns them)")
-        if algorithm.workspace_size > (self.workspace.size if self.workspace is not None else 0):
-            if self.workspace is not None and self.captured:
-                self._graph_memory.append(self.workspace)  # a CUDA graph replays with it: kept for the plan's life
-            elif self.workspace is not None:
-                self.workspace.release()
-            self.workspace = DeviceBuffer(algorithm.workspace_size, self._last_stream)
+        wanted = algorithm.as_bytes()
+        if not any(algorithm is r or wanted == r.as_bytes() for r in self.algorithms) and wanted not in self._checked:
+            raise NvblasltValueError("algorithm: expected one of this plan's algorithms (plan() returns them) or one "
+                                     "its check() accepted")
+        self.ensure_workspace(algorithm.workspace_size)
         self.algorithm = algorithm
+
+    def ensure_workspace(self, nbytes: int, stream: int | None = None) -> None:
+        """A workspace of at least ``nbytes``, made on ``stream`` (default the plan's last one) if larger
+        than the one held."""
+        if nbytes <= (self.workspace.size if self.workspace is not None else 0):
+            return
+        if self.workspace is not None and self.captured:
+            self._graph_memory.append(self.workspace)  # a CUDA graph replays with it: kept for the plan's life
+        elif self.workspace is not None:
+            self.workspace.release()
+        self.workspace = None
+        self.workspace = DeviceBuffer(nbytes, self._last_stream if stream is None else stream)
 
     @property
     def workspace_limit(self) -> int:
@@ -256,19 +265,33 @@ class GroupedMatmul:
         except CublasLtError:
             return None
         result.algo = algo
-        return HeuristicResult(result, self.lib)
+        checked = HeuristicResult(result, self.lib)
+        if len(self._checked) < 4096:  # what select() then takes beside the planned ones (the search's candidates)
+            self._checked.add(checked.as_bytes())
+        return checked
 
-    def autotune(self, *, iterations: int = 5, remember: bool = True) -> list[tuple[HeuristicResult, float]]:
-        """Time every planned algorithm on the plan's last operands and select the fastest.
+    def autotune(self, *, iterations: int = 5, search: bool = False, budget_s: float | None = None,
+                 remember: bool = True) -> list[tuple[HeuristicResult, float]]:
+        """Time the planned algorithms on the plan's last operands and select the fastest; with
+        ``search``, also look beyond them.
 
-        Each runs once to warm up, then ``iterations`` times in shuffled interleaved rounds, timed
-        with CUDA events (L2 flushed before each run), the derive kernel included; the lowest median
-        wins. The timed runs write into scratch memory, never the caller's arrays. Waits for the GPU.
+        ``Matmul.autotune``'s engine: each algorithm runs once to warm up, then ``iterations`` times in
+        shuffled interleaved rounds, timed with CUDA events (L2 flushed before each run), the derive
+        kernel included; the lowest median wins. With ``search=True`` it then screens what the
+        heuristics did not return (their deeper ranking, cluster-shape and swizzle variants, every
+        algorithm id and tile cuBLASLt's check accepts for these grouped layouts) within ``budget_s``,
+        and switches only to a challenger faster than autotune's pick beyond the measured noise (a sign
+        test over paired rounds). The timed runs write into scratch memory, never the caller's arrays.
+        Waits for the GPU.
 
         Parameters
         ----------
         iterations : int, optional
             Timed runs of each algorithm (default 5).
+        search : bool, optional
+            Also search beyond the heuristics' list (default False).
+        budget_s : float, optional
+            Seconds a search may take (default about 10).
         remember : bool, optional
             Store the choice in the tuning cache (default), where ``plan()`` of the same problem finds
             it, in this process and later ones.
@@ -276,62 +299,26 @@ class GroupedMatmul:
         Returns
         -------
         list of (HeuristicResult, float)
-            Each algorithm with its median milliseconds, fastest first.
+            ``(algorithm, median milliseconds)``, the selected one first, then the others timed, fastest
+            first. ``tuning_report`` says what was chosen over what, and how sure (``print`` it).
 
         Raises
         ------
         NvblasltStateError
             Before ``plan()``, after ``release_operands()``, or while a CUDA graph is captured on the stream.
         NvblasltValueError
-            ``iterations`` is not a positive int.
+            ``iterations`` is not a positive int, or ``budget_s`` not a positive number.
         """
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-            raise NvblasltValueError(f"iterations: expected a positive int, got {iterations!r}")
+        _grouped_tuning.check_arguments(iterations, budget_s)
         if not self.algorithms or self.algorithm is None:
             raise NvblasltStateError("autotune: plan() first: there are no algorithms to time")
         if self._operands[0] is None or self._operands[1] is None:
             raise NvblasltStateError("autotune: the plan's operands were released (release_operands); execute() "
                                      "with operands first")
         stream = self._last_stream
-        if _cuda.is_capturing(stream):
-            raise NvblasltStateError("autotune: waits for the GPU, which a CUDA graph being captured forbids")
         bound = bind(None, None, None, stream, self.out_dtype, defaults=self._operands)
-        problem = bound.problem
-        scratch, _ = _memory.own_allocator(problem.out_shape, problem.out_strides, problem.d.dtype,
-                                           self.device)(stream, stream)
-        chosen = self.algorithm
-
-        def run() -> None:
-            self.run(bound, out=scratch, stream=stream, check_offsets=False)
-        try:
-            with _cuda.on_device(self.device), Timer(self.device, stream) as timer:
-                runnable = []
-                for result in self.algorithms:  # warm-up, and every workspace made before timing
-                    self.select(result)
-                    try:
-                        run()
-                    except CublasLtError as error:  # one cuBLASLt refuses at launch: not a contestant
-                        if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
-                            raise
-                        continue
-                    runnable.append(result)
-                if not runnable:
-                    raise CublasLtError("cublasLtMatmul", int(self.lib.api.CUBLAS_STATUS_NOT_SUPPORTED),
-                                        "CUBLAS_STATUS_NOT_SUPPORTED", "the requested functionality is not supported",
-                                        "every algorithm the heuristics offered was refused at launch")
-                samples = shuffled_rounds(runnable, iterations,
-                                          lambda result: timer(run, prepare=lambda: self.select(result)))
-        except BaseException:
-            self.select(chosen)
-            raise
-        finally:
-            scratch.buffer.release()
-        timed = sorted(zip(runnable, (statistics.median(s) for s in samples)), key=lambda pair: pair[1])
-        self.algorithms = [result for result, _ in timed]
-        self.select(timed[0][0])
-        if remember:
-            _tuning_cache.remember(self, timed[0][0], timed[0][1])
-        return timed
+        return _grouped_tuning.autotune(self, bound, stream, iterations=iterations, search=search, remember=remember,
+                                        budget_s=budget_s)
 
     def _describe(self) -> str:
         p = self.problem

@@ -11,6 +11,7 @@ round, in a fresh order), CUDA events around bursts of calls, median:
 - ``nvblaslt.grouped_matmul`` (its cached plan: the heuristics' first algorithm, or a tuned one the cache holds);
 - ``GroupedMatmul.execute(out=)`` with every algorithm the heuristics offer, the best kept;
 - ``GroupedMatmul.execute()`` after ``autotune()`` (its pick, allocating the result as the function form does);
+- with ``--search``, ``GroupedMatmul.execute()`` after ``autotune(search=True)``, its tuning report printed;
 - ``grouped_matmul`` on the same values in fp8 (E4M3, the weights' per-tensor scale), a bfloat16 result.
 
 Each result is checked against the loop's first (bf16 rounding) before timing. TFLOP/s count 2·ΣM·K·N.
@@ -63,7 +64,8 @@ def split(torch, tokens: int, groups: int, skewed: bool, seed: int):
     return sizes
 
 
-def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds: int, calls: int) -> dict[str, Any]:
+def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds: int, calls: int,
+             search: bool = False) -> dict[str, Any]:
     sizes = split(torch, tokens, shape.groups, skewed, seed=shape.groups + tokens)
     offs = sizes.cumsum(0).to(device="cuda", dtype=torch.int32)
     x = torch.randn(tokens, shape.k, device="cuda", dtype=torch.bfloat16)
@@ -110,11 +112,18 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
     plan.select(algorithms[best])
     errors["GroupedMatmul best of heuristics"] = errors[f"algorithm #{best} (id {algorithms[best].algo_id})"]
     cases.append(("GroupedMatmul best of heuristics", lambda: plan.execute(out=out)))
-    with nvblaslt.GroupedMatmul(x, b, offs) as tuned:
+    reports = {}
+    with nvblaslt.GroupedMatmul(x, b, offs) as tuned, nvblaslt.GroupedMatmul(x, b, offs) as searched:
         tuned.plan(limit=16)
         tuned.autotune(remember=False)  # autotune()'s own pick (L2 flushed), as a tuned function form runs it
         errors["GroupedMatmul autotuned, execute()"] = max_relative(torch, tuned.execute(), reference)
         cases.append(("GroupedMatmul autotuned, execute()", lambda: tuned.execute()))
+        if search:  # beyond the heuristics' list: only a challenger faster beyond noise replaces autotune's pick
+            searched.plan(limit=16)
+            searched.autotune(search=True, remember=False)
+            reports["GroupedMatmul searched, execute()"] = str(searched.tuning_report)
+            errors["GroupedMatmul searched, execute()"] = max_relative(torch, searched.execute(), reference)
+            cases.append(("GroupedMatmul searched, execute()", lambda: searched.execute()))
         times = event_rounds(torch, cases, rounds, calls, seed=tokens)
     flops = 2 * tokens * shape.k * shape.n
     rows = {name: {"ms": statistics.median(t), "tflops": flops / statistics.median(t) / 1e9} for (name, _), t in
@@ -122,7 +131,7 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
     plan.free()
     return {"shape": shape.label, "groups": shape.groups, "k": shape.k, "n": shape.n, "tokens": tokens,
             "routing": "skewed" if skewed else "balanced", "empty_groups": int((sizes == 0).sum()),
-            "rows": rows, "errors": errors, "algorithms": [r.algo_id for r in algorithms],
+            "rows": rows, "errors": errors, "algorithms": [r.algo_id for r in algorithms], "reports": reports,
             "algorithm_ms": per_algorithm}
 
 
@@ -261,24 +270,28 @@ def _step_times(torch, cases: list, rounds: int, timer) -> list[list[float]]:
     return [times[name] for name, _ in cases]
 
 
-def tuned_rows(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, timer=event_rounds) -> dict[str, Any]:
-    """Each of the step's three grouped GEMMs autotuned and remembered (``GroupedMatmul.autotune``), then
+def tuned_rows(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, timer=event_rounds,
+               search: bool = False) -> dict[str, Any]:
+    """Each of the step's three grouped GEMMs autotuned (``search``: searched) and remembered
+    (``GroupedMatmul.autotune``), then
     the step and the GEMMs again: the op's cached plans are made anew with the tuned picks. Timed in rounds
     of their own, with torch's step beside them. The bench runs these after every untuned row."""
     import nvblaslt
 
     step = _step(torch, shape, tokens, skewed, "cuda", torch.bfloat16)
     data, w = step.x.detach(), step.weights.detach()
+    reports: list[str] = []
     for a, b in ((data, w.transpose(1, 2)), (step.grad, w), (data.T, step.grad)):
         with nvblaslt.GroupedMatmul(a, b, step.offs) as plan:
             plan.plan(limit=16)
-            plan.autotune(remember=True)
+            plan.autotune(remember=True, search=search)
+            reports.append(str(plan.tuning_report))
     cases = [("nvblaslt.torch.grouped_mm, tuned", step.ours)]
     if step.theirs is not None:
         cases.append(("torch._grouped_mm", step.theirs))
     times = _step_times(torch, cases, rounds, timer)
     return {"step": {name: statistics.median(t) for (name, _), t in zip(cases, times)},
-            "forms": form_rows(torch, data, w, step.grad, step.offs, rounds, timer)}
+            "forms": form_rows(torch, data, w, step.grad, step.offs, rounds, timer), "reports": reports}
 
 
 def form_rows(torch, x, weights, grad, offs, rounds: int, timer) -> dict[str, dict[str, float]]:
@@ -306,6 +319,8 @@ def _print_case(case: dict[str, Any]) -> None:
     for name, row in case["rows"].items():
         print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {base / row['ms']:5.2f}× torch  "
               f"err {case['errors'].get(name, float('nan')):.1e}")
+    for name, report in case.get("reports", {}).items():
+        print(f"    {name}: {report}")
     for name, why in case.get("refused", {}).items():
         print(f"  {name:36s} not timed: {why}")
     if case.get("forms"):
@@ -321,6 +336,8 @@ def _print_tuned(case: dict[str, Any]) -> None:
           f"{mine:.3f} ms" + (f", torch._grouped_mm {theirs:.3f} ms (own rounds), {theirs / mine:.2f}× torch"
                               if theirs else ""))
     print("  one GEMM at a time, ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in case["tuned"]["forms"].items()))
+    for form, report in zip(("forward", "input gradient", "weight gradient"), case["tuned"].get("reports", [])):
+        print(f"    {form}: {report}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,6 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default="forward,train",
                         help="forward (the GEMM alone), train (the experts layer's forward + backward), or both")
     parser.add_argument("--no-tune", action="store_true", help="leave out the tuned rows (autotune of each GEMM)")
+    parser.add_argument("--shapes", help="comma-separated parts of the shapes' labels to run (default: every "
+                                         "shape), e.g. Qwen3,Mixtral")
+    parser.add_argument("--search", action="store_true",
+                        help="also search beyond the heuristics (autotune(search=True), about 10 s a GEMM): a "
+                             "searched row in forward, and the train section's tuned rows searched")
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
     # A tuning cache of the run's own, read afresh by every plan: the untuned rows recall nothing (not the
@@ -359,16 +381,23 @@ def _run(args, sections: set[str]) -> int:
     token_counts = [8192] if args.quick else [8192, 32768]
     if args.tokens:
         token_counts = [int(count) for count in args.tokens.split(",")]
+    shapes = [shape for shape in SHAPES
+              if not args.shapes or any(part.lower() in shape.label.lower() for part in args.shapes.split(","))]
+    if not shapes:
+        print(f"--shapes {args.shapes!r} matches none of: {', '.join(shape.label for shape in SHAPES)}",
+              file=sys.stderr)
+        return 2
     lib = nvblaslt.library()
     header = (f"{torch.cuda.get_device_name()}, cuBLASLt {'.'.join(map(str, lib.version_tuple))} ({lib.path}), "
               f"torch {torch.__version__}, Python {platform.python_version()}, bf16")
     print(header)
     results = []
     cases = [(section, shape, tokens, skewed) for section in ("forward", "train") if section in sections
-             for shape in SHAPES for tokens in token_counts for skewed in (False, True)]
+             for shape in shapes for tokens in token_counts for skewed in (False, True)]
     for section, shape, tokens, skewed in cases:  # every untuned row first: a tuned pick is remembered
         progress(f"{section}: {shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
-        case = (run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5) if section == "forward"
+        case = (run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5, search=args.search)
+                if section == "forward"
                 else train_case(torch, shape, tokens, skewed, rounds))
         case["section"] = section
         results.append(case)
@@ -378,7 +407,7 @@ def _run(args, sections: set[str]) -> int:
         for case, (section, shape, tokens, skewed) in zip(results, cases):
             if section == "train":
                 progress(f"train, tuned: {shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
-                case["tuned"] = tuned_rows(torch, shape, tokens, skewed, rounds)
+                case["tuned"] = tuned_rows(torch, shape, tokens, skewed, rounds, search=args.search)
                 _print_tuned(case)
                 free_memory(torch)
     if args.json:

@@ -217,6 +217,35 @@ def test_autotune_times_every_algorithm_and_keeps_the_results_right(monkeypatch,
 
 
 @needs_grouped
+def test_the_search_screens_beyond_the_heuristics_and_keeps_the_results_right(monkeypatch, tmp_path):
+    """``autotune(search=True)``: candidates the heuristics did not return are screened, what is chosen
+    runs right on new offsets, the caller's arrays are never written, and a later plan recalls the choice."""
+    monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(5)
+    a = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8, 256, 512, device="cuda", dtype=torch.bfloat16)
+    ends = _ends([128, 0, 256, 64, 192, 128, 0, 256])
+    plan = GroupedMatmul(a, w.transpose(1, 2), ends)
+    planned = plan.plan(limit=4)
+    out = torch.full((1024, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    plan.execute(out=out)
+    before = out.clone()
+    timed = plan.autotune(iterations=3, search=True, budget_s=4.0)
+    torch.cuda.synchronize()
+    assert torch.equal(out, before), "the search wrote into the caller's result"
+    report = plan.tuning_report
+    assert report.searched and report.heuristics == len(planned)
+    assert report.screened > 0, f"nothing beyond the heuristics' {len(planned)} was screened: {report}"
+    assert plan.algorithm is timed[0][0] and report.chosen == _tuning_cache.describe_algorithm(timed[0][0])
+    assert len({r.as_bytes() for r, _ in timed}) == len(timed) > len(planned)
+    other = _ends([0, 300, 12, 200, 0, 256, 100, 156])  # new offsets on the searched kernel
+    _check(plan.execute(a, w.transpose(1, 2), other), _reference("2d3d", a, w.transpose(1, 2), other, 8),
+           torch.bfloat16)
+    again = GroupedMatmul(a, w.transpose(1, 2), ends)
+    assert again.plan()[0].as_bytes() == timed[0][0].as_bytes(), "the searched choice was not recalled"
+
+
+@needs_grouped
 def test_a_step_under_the_torch_autotune_context_tunes_the_experts_three_gemms(monkeypatch, tmp_path):
     """GroupedLinear's forward and its two gradients (2d×3d, 2d×3d, 2d×2d), run inside
     ``nvblaslt.torch.autotune()``, are timed and remembered; a plan of each problem made afterwards
