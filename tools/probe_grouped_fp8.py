@@ -1,5 +1,10 @@
 """Probe (GPU, cuBLASLt 13.4+): does cuBLASLt's grouped mode run fp8 (E4M3) operands, with and without
-per-tensor scales, in the experts' forward form (2-D tokens × 3-D weights, ragged M)?
+per-tensor scales, in the experts' forward form (2-D tokens × 3-D weights, ragged M)? Then: E5M2 in
+either operand, and the scale modes beyond per-tensor (row-wise ``OUTER_VEC_32F``, 1×128 blocks
+``VEC128_32F``, 128×128 blocks ``BLK128x128_32F``): offered, run, and applied? Each such mode first
+runs with every scale 2 (whatever their layout, the result must double twice), then with row-wise
+scales that differ per token and per output feature, against the layout a dense GEMM would use (a
+contiguous vector over all groups' rows; the weights' per group).
 
 nvblaslt's grouped problem takes bfloat16 and float16 operands only; this probe widens that for
 itself (E4M3 in, float32 out, the layouts the bf16 path uses), asks the heuristics, and where they offer
@@ -58,6 +63,84 @@ def main() -> None:
             print(f"{label}: {count} algorithms offered; the first runs, max error {error:.2e} "
                   f"(NaN: {bool(torch.isnan(out).any())})")
             plan.free()
+    e5m2_pairs(x, w, offs)
+    scale_modes(x, w, offs)
+
+
+def _reference(a, b, offs):
+    ends = offs.tolist()
+    return torch.cat([a[s:e].double() @ b[g].double() for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends))])
+
+
+def _error(out, want) -> str:
+    return f"max error {((out.double() - want).abs().max() / want.abs().max()).item():.2e}, NaN {bool(torch.isnan(out).any())}"
+
+
+def e5m2_pairs(x, w, offs) -> None:
+    """E5M2 in a, in b, in both (a gradient's dtype in fp8 training), TN, float32 out. nvblaslt's problem
+    takes one fp8 dtype for both: the plan is made for E4M3 and the layouts' TYPE then set to E5M2, the
+    operands' bytes passed as they are (cuBLASLt's A is the caller's b, its B the caller's a)."""
+    e5m2 = int(nvblaslt.library().api.CUDA_R_8F_E5M2)
+    for a_type, b_type in ((torch.float8_e5m2, torch.float8_e4m3fn), (torch.float8_e4m3fn, torch.float8_e5m2),
+                           (torch.float8_e5m2, torch.float8_e5m2)):
+        a, b = x.float().to(a_type), w.float().to(b_type).transpose(1, 2)
+        label = f"{str(a_type)[6:]} a × {str(b_type)[6:]} b, TN, float32 out"
+        bits = [t.view(torch.float8_e4m3fn) if t.dtype == torch.float8_e5m2 else t for t in (a, b)]
+        plan = GroupedMatmul(bits[0], bits[1], offs, out_dtype=torch.float32)
+        try:
+            if a_type == torch.float8_e5m2:
+                plan.layouts[1].set("TYPE", e5m2)
+            if b_type == torch.float8_e5m2:
+                plan.layouts[0].set("TYPE", e5m2)
+            count = len(plan.plan(limit=8))
+        except nvblaslt.CublasLtError as error:
+            print(f"{label}: {error.status_name}")
+            plan.free()
+            continue
+        out = plan.execute(check_offsets=True)
+        torch.cuda.synchronize()
+        print(f"{label}: {count} algorithms; {_error(out, _reference(a, b, offs))}")
+        plan.free()
+
+
+def scale_modes(x, w, offs) -> None:
+    api = nvblaslt.library().api
+    b = w.transpose(1, 2)
+    want = _reference(x, b, offs)
+    rows, groups = x.shape[0], w.shape[0]
+    for mode in ("OUTER_VEC_32F", "VEC128_32F", "BLK128x128_32F"):
+        value = int(getattr(api, f"CUBLASLT_MATMUL_MATRIX_SCALE_{mode}"))
+        plan = GroupedMatmul(x, b, offs, out_dtype=torch.float32)
+        twos = torch.full((1 << 20,), 2.0, device="cuda")  # more than any layout of these scales needs
+        try:
+            plan.desc.set("A_SCALE_MODE", value)
+            plan.desc.set("B_SCALE_MODE", value)
+            plan.desc.set("A_SCALE_POINTER", twos.data_ptr())
+            plan.desc.set("B_SCALE_POINTER", twos.data_ptr())
+            count = len(plan.plan(limit=8))
+        except nvblaslt.CublasLtError as error:
+            print(f"scale mode {mode}: no algorithm or refused ({error.status_name})")
+            plan.free()
+            continue
+        out = plan.execute(check_offsets=True)
+        torch.cuda.synchronize()
+        print(f"scale mode {mode}: {count} algorithms; every scale 2: {_error(out, want * 4)}")
+        if mode == "OUTER_VEC_32F":  # cuBLASLt's A is the weights (a scale per output feature, per group?),
+            # its B the tokens (a scale per token row)
+            token_scale = torch.rand(rows, device="cuda") + 0.5
+            feature_scale = torch.rand(groups, w.shape[1], device="cuda") + 0.5
+            plan.desc.set("A_SCALE_POINTER", feature_scale.data_ptr())
+            plan.desc.set("B_SCALE_POINTER", token_scale.data_ptr())
+            out = plan.execute(check_offsets=True)
+            torch.cuda.synchronize()
+            ends = offs.tolist()
+            per_group = torch.cat([feature_scale[g].expand(e - s, -1) for g, (s, e) in
+                                   enumerate(zip([0, *ends[:-1]], ends))])
+            hypothesis = want * token_scale[:, None].double() * per_group.double()
+            shared = want * token_scale[:, None].double() * feature_scale[0][None, :].double()
+            print(f"  row-wise, per token and per group's output feature: {_error(out, hypothesis)}; "
+                  f"one feature vector for every group: {_error(out, shared)}")
+        plan.free()
 
 
 if __name__ == "__main__":
