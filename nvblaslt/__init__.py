@@ -9,6 +9,8 @@ The documentation site (``docs/``, built with Sphinx) has the user guide and an 
 every name in ``__all__``.
 """
 
+from typing import TYPE_CHECKING
+
 from ._descriptors import (
     Algorithm,
     GroupedMatrixLayout,
@@ -34,8 +36,6 @@ from ._errors import (
 from ._epilogs import MatmulEpilog
 from ._loader import Library, library, load
 from ._function_form import clear_plan_cache, matmul
-from ._grouped import GroupedMatmul
-from ._grouped_function import clear_grouped_plans, grouped_matmul
 from ._options import (MatmulEpilogPreferences, MatmulOptions, MatmulPlanPreferences, MatmulQuantizationScales,
                        qualifiers_dtype)
 from ._plan import Matmul
@@ -43,6 +43,15 @@ from ._memory import DeviceArray
 from ._logging import set_log_level
 
 from ._version import __version__  # written once, in _version.py (pyproject reads it too)
+
+if TYPE_CHECKING:  # imported on first use (__getattr__ below); named here for type checkers
+    from ._grouped import GroupedMatmul
+    from ._grouped_function import clear_grouped_plans, grouped_matmul
+
+# Public names whose modules `import nvblaslt` leaves for their first use: grouped GEMM's modules, with the
+# autotune engine and the statistics module they import, are a quarter of the import beside CuPy, and a plain
+# matmul never needs them.
+_LAZY = {"GroupedMatmul": "_grouped", "grouped_matmul": "_grouped_function", "clear_grouped_plans": "_grouped_function"}
 
 __all__ = [
     "Algorithm", "CublasLtError", "CudaError", "DeviceArray", "GroupedMatmul", "GroupedMatrixLayout", "Handle",
@@ -57,6 +66,12 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value  # read from the namespace from now on
+        return value
     if name == "matrix_qualifiers_dtype":  # NumPy is imported only by those who ask for it
         return qualifiers_dtype.get()
     if name == "lt":  # loads the library: deferred so that `import nvblaslt` stays cheap
@@ -64,3 +79,7 @@ def __getattr__(name: str):
 
         return importlib.import_module("nvblaslt.lt")
     raise AttributeError(f"module 'nvblaslt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import logging
 import warnings
 
 from . import _cuda, _tuning_cache
@@ -21,11 +20,10 @@ from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference,
 from ._epilogs import Prepared, configure
 from ._errors import CublasLtError, NvblasltAlgorithmError, NvblasltTypeError, NvblasltValueError
 from ._known_bad import refuses
+from ._logging import logger
 from ._memory import DeviceBuffer
 from ._options import memory_limit_bytes
 from ._problem import COL, unsupported_hint
-
-logger = logging.getLogger("nvblaslt")
 
 
 def raw_function(function):

@@ -1,23 +1,48 @@
-"""cuBLASLt's logger, fed into Python ``logging`` (logger ``nvblaslt``)."""
+"""The ``nvblaslt`` logger of Python ``logging``: nvblaslt's own records, and cuBLASLt's log fed into it."""
 
 from __future__ import annotations
 
-import logging
 import operator
+import sys
 import threading
 from typing import Any
 
 from ._errors import NvblasltTypeError, NvblasltValueError, argument_error
 from ._loader import library
 
-logger = logging.getLogger("nvblaslt")
-_LEVELS = {1: logging.ERROR, 2: logging.INFO, 3: logging.INFO, 4: logging.DEBUG, 5: logging.DEBUG}
+NAME = "nvblaslt"
+
+
+class _Records:
+    """``logger.debug(…)`` and ``logger.info(…)`` for ``logging.getLogger("nvblaslt")``, without importing
+    ``logging`` for them: until some module imports it, no handler or level can have been set and such a
+    record would be dropped unseen. ``import logging`` is 3 ms of a cold start beside CuPy, which does not
+    import it, and every plan logs at debug level. A record keeps its call site (``stacklevel``)."""
+
+    def debug(self, message: str, *args: Any) -> None:
+        if "logging" in sys.modules:
+            import logging  # the module already imported (or, mid-import in another thread, once it is whole)
+
+            logging.getLogger(NAME).debug(message, *args, stacklevel=2)
+
+    def info(self, message: str, *args: Any) -> None:
+        if "logging" in sys.modules:
+            import logging
+
+            logging.getLogger(NAME).info(message, *args, stacklevel=2)
+
+
+logger = _Records()
+_LEVELS = {1: 40, 2: 20, 3: 20, 4: 10, 5: 10}  # cuBLASLt's levels as logging's ERROR (40), INFO (20), DEBUG (10)
 _callback: Any = None  # the ctypes callback must outlive every call the library makes
 _lock = threading.Lock()
 
 
 def _forward(level: int, function: bytes, message: bytes) -> None:
-    logger.log(_LEVELS.get(level, logging.DEBUG), "%s: %s", (function or b"").decode(), (message or b"").decode())
+    import logging  # set_log_level imported it: a lookup
+
+    logging.getLogger(NAME).log(_LEVELS.get(level, logging.DEBUG), "%s: %s", (function or b"").decode(),
+                                (message or b"").decode())
 
 
 def set_log_level(level: int) -> None:
@@ -74,6 +99,8 @@ def set_log_level(level: int) -> None:
                              "an int from 0 (off) to 5 (API trace)") from None
     if not 0 <= level <= 5:
         raise argument_error(NvblasltValueError, "level", level, "an int from 0 (off) to 5 (API trace)")
+    import logging  # only now: the callback installed below forwards to it
+
     lib = library()
     with _lock:
         if _callback is None:

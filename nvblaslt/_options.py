@@ -5,14 +5,16 @@ the ``qualifiers`` dtype. Each accepts a dict with the same keys, as nvmath-pyth
 from __future__ import annotations
 
 import dataclasses
-import logging
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import CublasLtError, NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._types import check_compute_type
+
+if TYPE_CHECKING:  # imported by __post_init__ only when a logger is given (then its caller has imported it)
+    import logging
 
 DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
 _SIZE = re.compile(r"^\s*(?P<number>(\d+\.?\d*|\.\d+)(e[+-]?\d+)?)\s*(?P<unit>(?P<power>[kmgt]?)(?P<binary>i?)b|%)\s*$",
@@ -202,8 +204,11 @@ class MatmulOptions:
             raise NvblasltTypeError(f"options.allocator: expected a memory manager with memalloc_async(size, stream) "
                                     f"or memalloc(size) (nvmath-python's BaseCUDAMemoryManagerAsync / "
                                     f"BaseCUDAMemoryManager), got {type(self.allocator).__name__}")
-        if self.logger is not None and not isinstance(self.logger, logging.Logger):
-            raise NvblasltTypeError(f"options.logger: expected a logging.Logger, got {type(self.logger).__name__}")
+        if self.logger is not None:
+            import logging
+
+            if not isinstance(self.logger, logging.Logger):
+                raise NvblasltTypeError(f"options.logger: expected a logging.Logger, got {type(self.logger).__name__}")
 
 
 @dataclass

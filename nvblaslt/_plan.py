@@ -11,13 +11,12 @@ and launches. Beside that path: alpha, beta and the fp8 scales (``_scales``), ``
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from . import _autotune, _cuda, _dtypes, _epilogs, _host, _memory, _reading
+from . import _cuda, _dtypes, _epilogs, _host, _memory, _reading
 from ._cuda import cudart
 from ._descriptors import HeuristicResult
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
@@ -26,6 +25,7 @@ from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales,
 from ._errors import NvblasltArgumentError, NvblasltStateError, NvblasltValueError
 from ._launch import Launch, algorithm_ids
 from ._loader import library
+from ._logging import logger
 from ._options import (MatmulOptions, MatmulPlanPreferences, as_options, check_heuristics_limit, conjugate_flags,
                        with_shortcuts)
 from ._outputs import OutputChecker
@@ -37,7 +37,6 @@ from ._split_bgrad import SplitBiasGradient
 from ._streams import stream_handle
 from ._types import cuda_type_names
 
-logger = logging.getLogger("nvblaslt")
 _NUMBERS = (float, int)  # alpha/beta types the function form's rebinding compares without re-checking
 
 
@@ -538,6 +537,8 @@ class Matmul(OperandResets):
             raise NvblasltValueError(f"prune: expected a positive int (how many algorithms to keep) or None, got "
                                      f"{prune!r}")
         self._check_planned()
+        from . import _autotune  # here, not at import: planning and executing never need timing or the search
+
         launch = self.launch
         planned, selected = list(launch.algorithms), launch.algorithm
         with _cuda.on_device(self.device):

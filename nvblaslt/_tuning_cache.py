@@ -20,11 +20,9 @@ import ctypes
 import functools
 import hashlib
 import json
-import logging
 import math
 import os
 import stat
-import tempfile
 import threading
 import time
 import warnings
@@ -38,8 +36,8 @@ except ImportError:  # not POSIX: writes stay atomic, without the lock
 
 from . import _cuda
 from ._descriptors import HeuristicResult
+from ._logging import logger
 
-logger = logging.getLogger("nvblaslt")
 
 # The problem keys remember() stored in this process, in order, and their count. Plans made before a
 # choice for their problem may hold what the tuning cache now answers better: the function form's
@@ -271,6 +269,8 @@ class TuningCache:
             if len(merged) > MAX_ENTRIES:
                 kept = sorted(merged, key=lambda k: merged[k].get("stored", 0), reverse=True)[:MAX_ENTRIES]
                 merged = {k: merged[k] for k in kept}
+            import tempfile  # here, not at import (with shutil, bz2 and lzma under it): only a write needs it
+
             fd, temporary = tempfile.mkstemp(prefix=".tuning.", suffix=".tmp", dir=directory)  # mode 0o600
             try:
                 with os.fdopen(fd, "wb") as file:

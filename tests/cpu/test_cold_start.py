@@ -27,6 +27,41 @@ def test_import_loads_neither_the_cuda_runtime_bindings_nor_the_library():
     assert out.strip() == "[] []"
 
 
+# What a plain matmul never needs: grouped GEMM, autotune and its search and timing (with statistics), the
+# tuning cache's writer (tempfile, with shutil, bz2 and lzma), and logging until someone else imports it
+LEFT_FOR_FIRST_USE = ["nvblaslt._grouped", "nvblaslt._grouped_function", "nvblaslt._grouped_problem",
+                      "nvblaslt._grouped_arrays", "nvblaslt._grouped_tuning", "nvblaslt._jit", "nvblaslt._autotune",
+                      "nvblaslt._search", "nvblaslt._timing", "statistics", "tempfile", "logging"]
+
+
+def test_import_leaves_what_a_plain_matmul_never_needs():
+    out = _run(f"""
+        import sys
+        before = set(sys.modules)  # what the interpreter's start loaded is not nvblaslt's
+        import nvblaslt
+        print([name for name in {LEFT_FOR_FIRST_USE!r} if name in sys.modules and name not in before])
+    """)
+    assert out.strip() == "[]"
+
+
+def test_the_names_left_for_first_use_answer_every_way_of_asking():
+    out = _run("""
+        import sys
+        import nvblaslt
+        listed = [name in dir(nvblaslt) for name in ("GroupedMatmul", "grouped_matmul", "clear_grouped_plans")]
+        from nvblaslt import GroupedMatmul, grouped_matmul
+        from nvblaslt import _grouped, _grouped_function
+        same = [GroupedMatmul is _grouped.GroupedMatmul, grouped_matmul is _grouped_function.grouped_matmul,
+                nvblaslt.clear_grouped_plans is _grouped_function.clear_grouped_plans]
+        try:
+            nvblaslt.no_such_name
+        except AttributeError as error:
+            missing = str(error)
+        print(listed, same, missing)
+    """)
+    assert out.strip() == "[True, True, True] [True, True, True] module 'nvblaslt' has no attribute 'no_such_name'"
+
+
 def test_the_first_runtime_call_rebinds_every_module_to_the_real_runtime():
     # after one call, no nvblaslt module reaches the runtime through the lazy object: calls pay nothing
     out = _run("""
@@ -40,9 +75,12 @@ def test_the_first_runtime_call_rebinds_every_module_to_the_real_runtime():
                    if name.startswith("nvblaslt") and hasattr(module, "cudart")}
         still_lazy = sorted(name for name, module in modules.items() if module.cudart is lazy)
         real = sorted(name for name, module in modules.items() if module.cudart is runtime)
-        print(still_lazy, len(real) >= 8, "nvblaslt._host" in real)
+        # modules `import nvblaslt` leaves for their first use take the real runtime when they come
+        from nvblaslt import _grouped_arrays, _timing
+        late = [module.cudart is runtime for module in (_grouped_arrays, _timing)]
+        print(still_lazy, len(real) >= 7, "nvblaslt._host" in real, late)
     """)
-    assert out.strip() == "[] True True"
+    assert out.strip() == "[] True True [True, True]"
 
 
 @pytest.mark.parametrize("name", ["cudaGetDeviceCount", "cudaError_t"])
@@ -106,3 +144,20 @@ def test_the_first_runtime_call_imports_no_lazy_module_of_another_package():
         print(loaded)
     """)
     assert out.split() == ["[]", "['lazy_elsewhere']"]
+
+
+def test_nvblaslt_records_reach_logging_from_their_call_site_once_it_is_imported():
+    # nvblaslt does not import logging for its own records: none could be shown before it is imported
+    out = _run("""
+        import sys
+        from nvblaslt import _tuning_cache
+        earlier_format = b'{"key": {"algo": "00"}}'  # parse() logs it at debug level
+        _tuning_cache.parse(earlier_format)
+        imported = "logging" in sys.modules
+        import logging
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(name)s %(funcName)s: %(message)s")
+        _tuning_cache.parse(earlier_format)
+        print(imported)
+    """)
+    assert out.splitlines() == ["nvblaslt parse: tuning cache: an earlier nvblaslt's format; its entries are not reused",
+                                "False"]

@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import types
 import warnings
@@ -263,13 +264,13 @@ def test_private_permissions_and_no_temporary_files_left(path):
 
 def test_the_temporary_name_is_unpredictable(path, monkeypatch):
     names = []
-    real = _tuning_cache.tempfile.mkstemp
+    real = tempfile.mkstemp
 
     def spy(*args, **kwargs):
         fd, name = real(*args, **kwargs)
         names.append(Path(name))
         return fd, name
-    monkeypatch.setattr(_tuning_cache.tempfile, "mkstemp", spy)
+    monkeypatch.setattr(tempfile, "mkstemp", spy)  # the module _tuning_cache imports when it writes
     cache = TuningCache(path)
     cache.store("a", entry())
     cache.store("b", entry())
