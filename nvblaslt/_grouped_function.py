@@ -36,8 +36,9 @@ def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: 
     Parameters
     ----------
     a, b : GPU arrays of any package (DLPack or ``__cuda_array_interface__``)
-        bfloat16, float16 or float8_e4m3fn (both the same); each group's matrix row- or column-major.
-        fp8 runs where cuBLASLt has kernels for it: on Hopper, with K contiguous in both operands
+        bfloat16 or float16 (both the same), or fp8: float8_e4m3fn, or float8_e5m2 in one of the two
+        (a gradient's format); each group's matrix row- or column-major. fp8 runs where cuBLASLt has
+        kernels for it: on Hopper, with K contiguous in both operands
         (tokens row-major, weights stored ``(G, N, K)`` as ``nn.Linear`` keeps them).
     offs : 1-D int32 or int64 GPU array
         Cumulative group ends (``offs[g]`` is where group g ends; group 0 starts at 0). Never read on

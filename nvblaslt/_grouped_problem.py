@@ -31,8 +31,9 @@ from ._errors import NvblasltTypeError, NvblasltUnsupportedError, NvblasltValueE
 
 FORMS = {(2, 3): "2d3d", (3, 2): "3d2d", (2, 2): "2d2d", (3, 3): "3d3d"}
 RAGGED = {"2d3d": "M", "3d2d": "N", "2d2d": "K", "3d3d": None}
-# E4M3 runs on Hopper with cuBLASLt 13.8 where K is contiguous in both operands (tools/probe_grouped_fp8.py)
-FP8_TYPES = (_dtypes.FLOAT8_E4M3,)
+# fp8 runs on Hopper with cuBLASLt 13.8 where K is contiguous in both operands: E4M3 × E4M3, and E5M2 (a
+# gradient's format) with E4M3 either way; E5M2 × E5M2 has no kernel (tools/probe_grouped_fp8.py)
+FP8_TYPES = (_dtypes.FLOAT8_E4M3, _dtypes.FLOAT8_E5M2)
 INPUT_TYPES = (_dtypes.BFLOAT16, _dtypes.FLOAT16, *FP8_TYPES)
 FP8_RESULT_TYPES = (_dtypes.BFLOAT16, _dtypes.FLOAT16, _dtypes.FLOAT32)  # the first the default
 OFFSET_TYPES = (_dtypes.INT32, _dtypes.INT64)
@@ -168,7 +169,17 @@ def _operand_matrix(name: str, shape: tuple[int, ...], strides: tuple[int, ...],
 def _check_dtype(name: str, dtype: DType) -> None:
     if dtype not in INPUT_TYPES:
         raise NvblasltUnsupportedError(
-            f"{name}: grouped GEMM runs bfloat16, float16 and float8_e4m3fn operands, got {dtype.name}")
+            f"{name}: grouped GEMM runs bfloat16, float16, float8_e4m3fn and float8_e5m2 operands, got {dtype.name}")
+
+
+def _check_pair(a: DType, b: DType) -> None:
+    """The same dtype for both, but for fp8: E4M3 and E5M2 in either operand, not E5M2 in both."""
+    if a in FP8_TYPES and b in FP8_TYPES:
+        if a == b == _dtypes.FLOAT8_E5M2:
+            raise NvblasltUnsupportedError("a, b: cuBLASLt has no fp8 kernel for float8_e5m2 × float8_e5m2; make "
+                                           "one of them float8_e4m3fn")
+    elif a != b:
+        raise NvblasltTypeError(f"b: expected the dtype of a ({a.name}), got {b.name}")
 
 
 def describe(a, b, offs, *, out_dtype: DType | None = None, out_pointer: int = 256) -> GroupedProblem:
@@ -181,8 +192,7 @@ def describe(a, b, offs, *, out_dtype: DType | None = None, out_pointer: int = 2
             f"{len(a.shape)} and b of {len(b.shape)} dimensions")
     _check_dtype("a", a.dtype)
     _check_dtype("b", b.dtype)
-    if a.dtype != b.dtype:
-        raise NvblasltTypeError(f"b: expected the dtype of a ({a.dtype.name}), got {b.dtype.name}")
+    _check_pair(a.dtype, b.dtype)
     if a.dtype in FP8_TYPES:
         out_dtype = out_dtype or FP8_RESULT_TYPES[0]
         if out_dtype not in FP8_RESULT_TYPES:

@@ -165,7 +165,7 @@ def _f16(*shape):
 @pytest.mark.parametrize("a, b, offs, error, message", [
     (_f16(4, 8, 2, 2), _f16(2, 8, 4), None, NvblasltValueError, "expected 2-D or 3-D operands"),
     (np.zeros((4, 8), np.float32), np.zeros((2, 8, 4), np.float32), np.array([1, 4], np.int32),
-     NvblasltUnsupportedError, "a: grouped GEMM runs bfloat16, float16 and float8_e4m3fn operands, got float32"),
+     NvblasltUnsupportedError, "a: grouped GEMM runs bfloat16, float16, float8_e4m3fn and float8_e5m2 operands, got float32"),
     (_f16(4, 8), _f16(2, 6, 4), np.array([1, 4], np.int32), NvblasltValueError, "b: expected 8 rows"),
     (_f16(4, 8), _f16(2, 8, 4), None, NvblasltValueError, "offs: expected the groups' cumulative ends along M"),
     (_f16(4, 8), _f16(2, 8, 4), np.array([1, 4], np.float32), NvblasltTypeError, "offs: expected int32 or int64"),
@@ -193,8 +193,17 @@ def test_fp8_operands_default_to_a_bfloat16_result_and_take_no_fp8_one():
     assert _grouped_problem.describe(a, b, offs, out_dtype=dt.FLOAT32).d.dtype is dt.FLOAT32
     with pytest.raises(NvblasltUnsupportedError, match="out_dtype: expected bfloat16 .*, float16 or float32"):
         _grouped_problem.describe(a, b, offs, out_dtype=dt.FLOAT8_E4M3)
-    with pytest.raises(NvblasltUnsupportedError, match="float8_e5m2"):
-        _grouped_problem.describe(op(FakeDLPack((4, 16), dtype="float8_e5m2")), b, offs)
+    # E5M2 (a gradient's format) pairs with E4M3 either way; both E5M2 has no kernel
+    a5 = op(FakeDLPack((4, 16), dtype="float8_e5m2"))
+    b5 = op(FakeDLPack((2, 16, 8), (128, 1, 16), dtype="float8_e5m2", ptr=0x7F0000100000))
+    for x, w in ((a5, b), (a, b5)):
+        mixed = _grouped_problem.describe(x, w, offs)
+        assert mixed.fp8 and (mixed.b.dtype, mixed.a.dtype) == (x.dtype, w.dtype)  # cuBLASLt's B is the caller's a
+        assert mixed.key != problem.key
+    with pytest.raises(NvblasltUnsupportedError, match="no fp8 kernel for float8_e5m2 × float8_e5m2"):
+        _grouped_problem.describe(a5, b5, offs)
+    with pytest.raises(NvblasltTypeError, match=r"b: expected the dtype of a \(bfloat16\), got float8_e4m3fn"):
+        _grouped_problem.describe(op(FakeDLPack((4, 16), dtype="bfloat16")), b, offs)
 
 
 def test_mixed_dtypes_and_result_types():

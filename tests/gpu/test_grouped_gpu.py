@@ -149,6 +149,23 @@ def test_fp8_experts_with_per_tensor_scales_match_float64(out_dtype):
 
 
 @needs_grouped
+@pytest.mark.parametrize("a_type, b_type", [(torch.float8_e5m2, torch.float8_e4m3fn),
+                                            (torch.float8_e4m3fn, torch.float8_e5m2)])
+def test_fp8_with_e5m2_in_either_operand_matches_float64(a_type, b_type):
+    """An fp8 gradient (E5M2) times fp8 weights (E4M3), and the other way round, scaled; each on a plan of its own."""
+    torch.manual_seed(12)
+    sizes = [64, 0, 96, 32]
+    ends, k, n = _ends(sizes), 256, 128
+    x = torch.randn(sum(sizes), k, device="cuda").to(a_type)
+    w = (torch.randn(len(sizes), n, k, device="cuda") * 0.5).to(b_type)
+    scale_b = torch.tensor([2.0], device="cuda")
+    out = grouped_matmul(x, w.transpose(1, 2), ends, out_dtype=torch.float32, scale_b=scale_b, check_offsets=True)
+    _check(out, _reference("2d3d", x, w.transpose(1, 2), ends, len(sizes)) * 2, torch.bfloat16)
+    with pytest.raises(NvblasltUnsupportedError, match="float8_e5m2 × float8_e5m2"):
+        grouped_matmul(x.to(torch.float8_e5m2), w.transpose(1, 2).to(torch.float8_e5m2), ends)
+
+
+@needs_grouped
 def test_the_derive_kernel_writes_what_the_host_reference_says():
     torch.manual_seed(1)
     a = torch.randn(50, 32, device="cuda", dtype=torch.bfloat16)
