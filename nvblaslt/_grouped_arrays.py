@@ -163,6 +163,7 @@ class GroupedArrays:
             self._zero = (_jit.kernel(SOURCE, ZERO_KERNEL, device), _jit.Arguments(
                 _ZERO_ARGUMENT_TYPES, (groups, problem.d.dtype.itemsize, self.shapes, self.pointers, self.sizes)))
         # per call: offsets, their width, the total, the three bases and leading dimensions (_PER_CALL)
+        self._last_values: tuple = ()  # the per-call arguments the derive kernel's parameters hold
         self._derive_arguments = _jit.Arguments(_ARGUMENT_TYPES, (
             0, 0, groups, 0, self.specs, 0, 0, 0, 0, 0, 0, self.shapes, self.pointers, self.sizes, self.status))
 
@@ -181,8 +182,11 @@ class GroupedArrays:
         if check:
             _cuda.check(cudart.cudaMemsetAsync(self.status, 0, 4, stream), "cudaMemsetAsync")
         arguments = self._derive_arguments
-        for index, value in zip(_PER_CALL, (offsets, int(offsets_64), total, *bases, *lds)):
-            arguments.set(index, value)
+        values = (offsets, int(offsets_64), total, *bases, *lds)
+        if values != self._last_values:  # a training loop passes the same arrays step after step
+            for index, value in zip(_PER_CALL, values):
+                arguments.set(index, value)
+            self._last_values = values
         self.kernel.launch(self.device, (self.groups + _THREADS - 1) // _THREADS, _THREADS, stream, arguments)
         self.buffer.used_on(stream)
         if check:

@@ -10,6 +10,7 @@ and loaded context-independently (``cuLibraryLoadData``). libnvrtc comes with th
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -82,6 +83,17 @@ def _driver_check(result, call: str):
     return values[0] if len(values) == 1 else (tuple(values) if values else None)
 
 
+_streams: dict[int, object] = {}  # stream handle -> CUstream (a launch takes the object; making one costs)
+
+
+@functools.cache
+def _launcher() -> tuple:
+    """(cuLaunchKernel, CUDA_SUCCESS, CUstream), looked up once rather than per launch."""
+    from cuda.bindings import driver
+
+    return driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS, driver.CUstream
+
+
 @dataclass
 class Kernel:
     """A loaded kernel, launchable on any context of a device of its architecture."""
@@ -92,16 +104,21 @@ class Kernel:
 
     def launch(self, device: int, grid: int, block: int, stream: int, arguments: Arguments) -> None:
         """Queue the kernel on ``stream`` (of ``device``, current) with ``arguments``' values."""
-        from cuda.bindings import driver
-
         if device not in getattr(_bound, "devices", ()):
             # a context-independent kernel runs in the stream's context, or the current one for the
             # legacy / per-thread default streams: make the device's primary context current once
             _cuda.check(cudart.cudaSetDevice(device), "cudaSetDevice")
             _bound.devices = (*getattr(_bound, "devices", ()), device)
+        launch, success, stream_type = _launcher()
+        stream_object = _streams.get(stream)
+        if stream_object is None:
+            if len(_streams) >= 64:  # streams made and destroyed without end: keep the table small
+                _streams.clear()
+            stream_object = _streams[stream] = stream_type(stream)
         # the parameters are read (copied) by the launch itself, so arguments may change right after
-        _driver_check(driver.cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, 0, driver.CUstream(stream),
-                                            arguments.address, 0), f"cuLaunchKernel({self.name})")
+        result = launch(self.function, grid, 1, 1, block, 1, 1, 0, stream_object, arguments.address, 0)
+        if result[0] != success:
+            _driver_check(result, f"cuLaunchKernel({self.name})")
 
 
 class Arguments:
