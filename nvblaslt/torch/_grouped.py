@@ -82,14 +82,14 @@ def _problem_key(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) 
 
 
 def _tune(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype, iterations: int) -> None:
-    """Time the heuristics' algorithms for this problem on these operands and remember the fastest:
-    ``grouped_matmul``'s cached plans are made again and recall it (here, in the autograd engine's
-    thread, and in later processes)."""
+    """Search this problem on these operands (the heuristics' algorithms, then beyond them) and remember
+    the fastest: ``grouped_matmul``'s cached plans are made again and recall it (here, in the autograd
+    engine's thread, and in later processes)."""
     import nvblaslt
 
     with nvblaslt.GroupedMatmul(a, b, offs, out_dtype=dtype) as plan:
         plan.plan(limit=16)  # the heuristics' first pick can be 2x slower than the best of 16 (G=128, H100)
-        plan.autotune(iterations=iterations, remember=True)
+        plan.autotune(iterations=iterations, search=True, remember=True)
 
 
 def _capturing(device: torch.device) -> bool:

@@ -47,9 +47,9 @@ def autotune(*, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
     two-call form. The winners are remembered on disk, so that later plans of the same problems start
     from them. Each distinct problem is searched once per context (layers of one shape share the winner).
 
-    ``grouped_mm`` (and so ``GroupedLinear``) problems are autotuned the same way over up to 16 of the
-    heuristics' algorithms (``GroupedMatmul.autotune``; grouped plans have no search beyond the
-    heuristics yet), and its cached plans recall the winner. Tuning times each candidate into scratch
+    ``grouped_mm`` (and so ``GroupedLinear``) problems are searched the same way, from up to 16 of the
+    heuristics' algorithms (``GroupedMatmul.autotune(search=True)``), and its cached plans recall the
+    winner. Tuning times each candidate into scratch
     memory of the result's size, beside the largest workspace among them: a step that barely fits the
     GPU may not fit while it is tuned.
 

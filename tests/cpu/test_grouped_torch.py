@@ -146,7 +146,7 @@ def test_the_grouped_bench_train_section_checks_its_gradients_on_the_cpu():
 
 def test_autotune_context_tunes_each_grouped_problem_once_and_then_runs_it(monkeypatch):
     """Inside ``nvblaslt.torch.autotune()``, the op's cuBLASLt path times the problem's algorithms
-    (``GroupedMatmul.autotune(remember=True)``, up to 16 of the heuristics') before running it, once per
+    (``GroupedMatmul.autotune(search=True)``, from up to 16 of the heuristics') before running it, once per
     problem and context; outside, it only runs. GroupedMatmul and grouped_matmul are stand-ins here."""
     import nvblaslt
     from nvblaslt.torch import _grouped, autotune
@@ -166,8 +166,8 @@ def test_autotune_context_tunes_each_grouped_problem_once_and_then_runs_it(monke
         def plan(self, *, limit):
             calls.append(("heuristics", limit))
 
-        def autotune(self, *, iterations, remember):
-            calls.append(("autotune", iterations, remember))
+        def autotune(self, *, iterations, search, remember):
+            calls.append(("autotune", iterations, search, remember))
 
     def run(a, b, offs, *, out_dtype):
         calls.append(("run", tuple(a.shape)))
@@ -184,9 +184,9 @@ def test_autotune_context_tunes_each_grouped_problem_once_and_then_runs_it(monke
         _grouped._native(x, w, offs, torch.bfloat16)
         _grouped._native(x, w, offs, torch.bfloat16)              # the same problem: tuned once
         _grouped._native(x[:8], w, offs, torch.bfloat16)          # another: tuned too
-    assert calls == [("plan", (12, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True),
+    assert calls == [("plan", (12, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True, True),
                      ("free",), ("run", (12, 8)), ("run", (12, 8)),
-                     ("plan", (8, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True),
+                     ("plan", (8, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True, True),
                      ("free",), ("run", (8, 8))]
 
 
