@@ -76,6 +76,17 @@ def _error(out, want) -> str:
     return f"max error {((out.double() - want).abs().max() / want.abs().max()).item():.2e}, NaN {bool(torch.isnan(out).any())}"
 
 
+def _planned(plan, label: str, configure) -> int | None:
+    """``configure()`` (it sets the plan up), then the heuristics: how many algorithms they offer, or None (said why; plan freed)."""
+    try:
+        configure()
+        return len(plan.plan(limit=8))
+    except nvblaslt.CublasLtError as error:
+        print(f"{label}: no algorithm or refused ({error.status_name})")
+        plan.free()
+        return None
+
+
 def e5m2_pairs(x, w, offs) -> None:
     """E5M2 in a, in b, in both (a gradient's dtype in fp8 training), TN, float32 out. nvblaslt's problem
     takes one fp8 dtype for both: the plan is made for E4M3 and the layouts' TYPE then set to E5M2, the
@@ -87,15 +98,14 @@ def e5m2_pairs(x, w, offs) -> None:
         label = f"{str(a_type)[6:]} a × {str(b_type)[6:]} b, TN, float32 out"
         bits = [t.view(torch.float8_e4m3fn) if t.dtype == torch.float8_e5m2 else t for t in (a, b)]
         plan = GroupedMatmul(bits[0], bits[1], offs, out_dtype=torch.float32)
-        try:
+
+        def retype(plan=plan, a_type=a_type, b_type=b_type) -> None:
             if a_type == torch.float8_e5m2:
                 plan.layouts[1].set("TYPE", e5m2)
             if b_type == torch.float8_e5m2:
                 plan.layouts[0].set("TYPE", e5m2)
-            count = len(plan.plan(limit=8))
-        except nvblaslt.CublasLtError as error:
-            print(f"{label}: {error.status_name}")
-            plan.free()
+        count = _planned(plan, label, retype)
+        if count is None:
             continue
         out = plan.execute(check_offsets=True)
         torch.cuda.synchronize()
@@ -108,19 +118,18 @@ def scale_modes(x, w, offs) -> None:
     b = w.transpose(1, 2)
     want = _reference(x, b, offs)
     rows, groups = x.shape[0], w.shape[0]
-    for mode in ("OUTER_VEC_32F", "VEC128_32F", "BLK128x128_32F"):
+    # last: with 13.8.2 on an H200, VEC128_32F is planned and then faults (illegal address), ending the process
+    for mode in ("OUTER_VEC_32F", "BLK128x128_32F", "VEC128_32F"):
         value = int(getattr(api, f"CUBLASLT_MATMUL_MATRIX_SCALE_{mode}"))
         plan = GroupedMatmul(x, b, offs, out_dtype=torch.float32)
         twos = torch.full((1 << 20,), 2.0, device="cuda")  # more than any layout of these scales needs
-        try:
-            plan.desc.set("A_SCALE_MODE", value)
-            plan.desc.set("B_SCALE_MODE", value)
-            plan.desc.set("A_SCALE_POINTER", twos.data_ptr())
-            plan.desc.set("B_SCALE_POINTER", twos.data_ptr())
-            count = len(plan.plan(limit=8))
-        except nvblaslt.CublasLtError as error:
-            print(f"scale mode {mode}: no algorithm or refused ({error.status_name})")
-            plan.free()
+
+        def scaled(plan=plan, value=value, twos=twos) -> None:
+            for name in ("A", "B"):
+                plan.desc.set(f"{name}_SCALE_MODE", value)
+                plan.desc.set(f"{name}_SCALE_POINTER", twos.data_ptr())
+        count = _planned(plan, f"scale mode {mode}", scaled)
+        if count is None:
             continue
         out = plan.execute(check_offsets=True)
         torch.cuda.synchronize()
