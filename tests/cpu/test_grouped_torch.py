@@ -55,6 +55,30 @@ def test_gradients_are_grouped_gemms_of_the_other_forms(form):
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("form", ["2d3d", "3d2d", "2d2d", "3d3d"])
+def test_each_gradient_comes_in_its_inputs_memory_order(form):
+    """The gradient of a tensor under a transposed view (the experts' weight, ``weight.transpose(1, 2)``)
+    comes out contiguous, as the tensor is, so that ``backward()`` takes it as ``.grad`` without a
+    transposing copy; and it is right, through the op's float64 gradcheck too."""
+    a, b, offs = _operands(form)
+    under_a = a.detach().transpose(-1, -2).contiguous().requires_grad_()  # a = under_a's transposed view
+    under_b = b.detach().transpose(-1, -2).contiguous().requires_grad_()
+    out = grouped_mm(under_a.transpose(-1, -2), under_b.transpose(-1, -2), offs)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (under_a, under_b), grad)
+    want = torch.autograd.grad(_loop(form, under_a.transpose(-1, -2), under_b.transpose(-1, -2), offs),
+                               (under_a, under_b), grad)
+    for g, w in zip(got, want):
+        assert g.is_contiguous(), f"a gradient of strides {g.stride()} for a contiguous tensor: autograd copies it"
+        torch.testing.assert_close(g, w)
+    assert torch.autograd.gradcheck(lambda x, w: grouped_mm(x.transpose(-1, -2), w.transpose(-1, -2), offs),
+                                    (under_a, under_b))
+    layer = GroupedLinear(len(SIZES), 4, 5, dtype=F64)  # its weight (G, N, K) enters as a transposed view
+    x = torch.randn(sum(SIZES), 4, dtype=F64)
+    layer(x, torch.tensor(SIZES, dtype=torch.int32).cumsum(0).to(torch.int32)).sum().backward()
+    assert layer.weight.grad.is_contiguous()
+
+
 def test_the_op_passes_torchs_opcheck():
     a, b, offs = _operands("2d3d")
     torch.library.opcheck(torch.ops.nvblaslt.grouped_mm.default, (a, b, offs, None))
