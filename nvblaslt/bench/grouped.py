@@ -143,6 +143,8 @@ class _Step(NamedTuple):
     loop: Any
     ours: Any
     theirs: Any  # torch._grouped_mm's step, or None on a torch without it
+    ours_backward: Any  # the same steps through backward(), the gradients accumulated into .grad as a training
+    theirs_backward: Any  # loop has them (autograd then copies a gradient whose layout is not its tensor's)
 
 
 def _step(torch, shape: Experts, tokens: int, skewed: bool, device: str, dtype) -> _Step:
@@ -165,25 +167,36 @@ def _step(torch, shape: Experts, tokens: int, skewed: bool, device: str, dtype) 
     def ours():
         return torch.autograd.grad(grouped_mm(x, weights.transpose(1, 2), offs), (x, weights), grad)
 
+    def accumulating(forward):
+        def step():
+            x.grad = weights.grad = None
+            forward().backward(grad)
+            return x.grad, weights.grad
+        return step
+
     try:
         torch_grouped = torch._grouped_mm
     except AttributeError:  # a torch without it (before 2.8)
-        theirs = None
+        theirs = theirs_backward = None
     else:
         def theirs():
             return torch.autograd.grad(torch_grouped(x, weights.transpose(1, 2), offs=offs), (x, weights), grad)
-    return _Step(x, weights, grad, offs, loop, ours, theirs)
+        theirs_backward = accumulating(lambda: torch_grouped(x, weights.transpose(1, 2), offs=offs))
+    return _Step(x, weights, grad, offs, loop, ours, theirs,
+                 accumulating(lambda: grouped_mm(x, weights.transpose(1, 2), offs)), theirs_backward)
 
 
 def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *, device: str = "cuda",
                dtype=None, timer=event_rounds) -> dict[str, Any]:
     """One experts layer's forward + backward (input and weight gradients): ``nvblaslt.torch.grouped_mm``,
-    ``torch._grouped_mm`` under autograd where this torch has it, and a per-expert ``torch.mm`` loop; then
+    ``torch._grouped_mm`` under autograd where this torch has it (each through ``autograd.grad`` and through
+    ``backward()`` into ``.grad``), and a per-expert ``torch.mm`` loop; then
     the step's three GEMMs one at a time. Plans as the tuning cache has them (none tuned, in the bench)."""
     step = _step(torch, shape, tokens, skewed, device, dtype or torch.bfloat16)
-    cases: list[tuple[str, Any]] = [("torch mm loop", step.loop), ("nvblaslt.torch.grouped_mm", step.ours)]
+    cases: list[tuple[str, Any]] = [("torch mm loop", step.loop), ("nvblaslt.torch.grouped_mm", step.ours),
+                                    ("nvblaslt.torch.grouped_mm, backward()", step.ours_backward)]
     if step.theirs is not None:
-        cases.append(("torch._grouped_mm", step.theirs))
+        cases += [("torch._grouped_mm", step.theirs), ("torch._grouped_mm, backward()", step.theirs_backward)]
     reference = step.loop()
     errors, refused = {}, {}
     for name, fn in list(cases):
@@ -316,8 +329,10 @@ def _print_case(case: dict[str, Any]) -> None:
     base = case["rows"].get("torch._grouped_mm", case["rows"]["torch mm loop"])["ms"]
     print(f"\n{case['section']}: {case['shape']} (G={case['groups']}, K={case['k']}, N={case['n']}), "
           f"{case['tokens']} tokens, {case['routing']}")
+    accumulating = case["rows"].get("torch._grouped_mm, backward()", {"ms": base})["ms"]
     for name, row in case["rows"].items():
-        print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {base / row['ms']:5.2f}× torch  "
+        against = accumulating if name.endswith("backward()") else base  # backward() rows beside torch's own
+        print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {against / row['ms']:5.2f}× torch  "
               f"err {case['errors'].get(name, float('nan')):.1e}")
     for name, report in case.get("reports", {}).items():
         print(f"    {name}: {report}")
