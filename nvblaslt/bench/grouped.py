@@ -17,6 +17,8 @@ round, in a fresh order), CUDA events around bursts of calls, median:
 Each result is checked against the loop's first (bf16 rounding) before timing. TFLOP/s count 2·ΣM·K·N.
 The ``train`` section times the experts layer's forward + backward (input and weight gradients) the
 three ways, under autograd: ``nvblaslt.torch.grouped_mm``, ``torch._grouped_mm``, the loop (6·ΣM·K·N);
+ours and torch's also through ``backward()`` into ``.grad`` (as a training loop runs them), eager and
+captured in a CUDA graph (the GPU's time alone);
 then its three GEMMs one at a time (forward, input gradient, weight gradient; bursts of 5 calls), and the
 same after each is autotuned and remembered (in a tuning cache of the run's own; ``--no-tune`` leaves it
 out). Steps run in bursts of about 2 ms; the loop in rounds of its own. The host time of each piece of
@@ -190,13 +192,17 @@ def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *,
                dtype=None, timer=event_rounds) -> dict[str, Any]:
     """One experts layer's forward + backward (input and weight gradients): ``nvblaslt.torch.grouped_mm``,
     ``torch._grouped_mm`` under autograd where this torch has it (each through ``autograd.grad`` and through
-    ``backward()`` into ``.grad``), and a per-expert ``torch.mm`` loop; then
+    ``backward()`` into ``.grad``, and that captured in a CUDA graph), and a per-expert ``torch.mm`` loop; then
     the step's three GEMMs one at a time. Plans as the tuning cache has them (none tuned, in the bench)."""
     step = _step(torch, shape, tokens, skewed, device, dtype or torch.bfloat16)
     cases: list[tuple[str, Any]] = [("torch mm loop", step.loop), ("nvblaslt.torch.grouped_mm", step.ours),
                                     ("nvblaslt.torch.grouped_mm, backward()", step.ours_backward)]
     if step.theirs is not None:
         cases += [("torch._grouped_mm", step.theirs), ("torch._grouped_mm, backward()", step.theirs_backward)]
+    if device == "cuda":  # the backward() steps captured in CUDA graphs: the GPU's time alone, no host path
+        for name, fn in list(cases):
+            if name.endswith("backward()"):
+                cases.append((name.replace("backward()", "backward(), CUDA graph"), graphed(torch, fn)))
     reference = step.loop()
     errors, refused = {}, {}
     for name, fn in list(cases):
@@ -218,6 +224,25 @@ def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *,
             "forms": form_rows(torch, step.x.detach(), step.weights.detach(), step.grad, step.offs, rounds, timer)
             if device == "cuda" else {},
             "host_us": host_rows(torch, step, max(3, rounds // 3)) if device == "cuda" else {}}
+
+
+def graphed(torch, step):
+    """``step`` (which returns its gradients) captured in a CUDA graph after three warm-up runs on a side
+    stream, as PyTorch's whole-network capture does; returns a replay that returns the captured gradients."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+
+    def replay():
+        graph.replay()
+        return captured
+    return replay
 
 
 def host_rows(torch, step: _Step, rounds: int, calls: int = 20) -> dict[str, float]:
@@ -331,13 +356,15 @@ def _print_case(case: dict[str, Any]) -> None:
           f"{case['tokens']} tokens, {case['routing']}")
     accumulating = case["rows"].get("torch._grouped_mm, backward()", {"ms": base})["ms"]
     for name, row in case["rows"].items():
-        against = accumulating if name.endswith("backward()") else base  # backward() rows beside torch's own
-        print(f"  {name:36s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {against / row['ms']:5.2f}× torch  "
+        # backward() rows beside torch's own, the graphed ones beside torch's graph
+        against = {"backward()": accumulating, "CUDA graph": case["rows"].get(
+            "torch._grouped_mm, backward(), CUDA graph", {"ms": base})["ms"]}.get(name.rsplit(", ", 1)[-1], base)
+        print(f"  {name:50s} {row['ms']:8.3f} ms  {row['tflops']:6.0f} TF/s  {against / row['ms']:5.2f}× torch  "
               f"err {case['errors'].get(name, float('nan')):.1e}")
     for name, report in case.get("reports", {}).items():
         print(f"    {name}: {report}")
     for name, why in case.get("refused", {}).items():
-        print(f"  {name:36s} not timed: {why}")
+        print(f"  {name:50s} not timed: {why}")
     if case.get("forms"):
         print("  one GEMM at a time, ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in case["forms"].items()))
     if case.get("host_us"):
