@@ -99,11 +99,12 @@ class GroupedMatmul:
     Parameters
     ----------
     a, b : arrays on the GPU
-        bfloat16 or float16, 2-D or 3-D as ``torch._grouped_mm`` takes them (``grouped_matmul`` lists the forms).
+        2-D or 3-D as ``torch._grouped_mm`` takes them (``grouped_matmul`` lists the forms and dtypes):
+        bfloat16 or float16, or fp8 (float8_e4m3fn, or float8_e5m2 in one of the two).
     offs : 1-D int32 or int64 GPU array, optional
         The groups' cumulative ends along the ragged extent; None for 3-D × 3-D.
     out_dtype : dtype, optional
-        The operands' dtype (default) or float32.
+        The operands' dtype (default) or float32; for fp8 operands bfloat16 (default), float16 or float32.
     stream : int or stream object, optional
         Where the plan's memory is made; default the operands' package's current stream.
     workspace_bytes : int, optional
@@ -144,7 +145,8 @@ class GroupedMatmul:
         self.algorithms: list[HeuristicResult] = []
         self.algorithm: HeuristicResult | None = None
         self.tuning_report = None  # what the last autotune() chose, over what, how sure
-        self._checked: set[bytes] = set()  # algorithms check() accepted for this plan (select() takes them)
+        # what check() accepted within the workspace limit, by the algorithm's bytes: select() takes them too
+        self._checked: dict[bytes, HeuristicResult] = {}
         self.workspace: DeviceBuffer | None = None
         self._matmul = raw_function(self.lib.cublasLtMatmul)
         self._launch_arguments: tuple | None = None  # (algorithm, workspace, cublasLtMatmul's arguments)
@@ -220,6 +222,7 @@ class GroupedMatmul:
                                 self.lib.status_string(status),
                                 f"cuBLASLt has no grouped algorithm for {self._describe()} on this GPU")
         self.algorithms = found
+        self.tuning_report = None  # of the algorithms planned before
         self.select(algorithm if algorithm is not None else found[0])
         return found
 
@@ -232,23 +235,26 @@ class GroupedMatmul:
             One of ``algorithms`` (what ``plan()`` returned), or one ``check()`` accepted for this plan.
         """
         wanted = algorithm.as_bytes()
-        if not any(algorithm is r or wanted == r.as_bytes() for r in self.algorithms) and wanted not in self._checked:
+        # the plan's own result (what cuBLASLt said of it here: its workspace), not the caller's copy
+        own = next((r for r in self.algorithms if algorithm is r or wanted == r.as_bytes()), None) \
+            or self._checked.get(wanted)
+        if own is None:
             raise NvblasltValueError("algorithm: expected one of this plan's algorithms (plan() returns them) or one "
-                                     "its check() accepted")
-        self.ensure_workspace(algorithm.workspace_size)
-        self.algorithm = algorithm
+                                     "its check() accepted within its workspace limit")
+        self.ensure_workspace(own.workspace_size)
+        self.algorithm = own
 
     def ensure_workspace(self, nbytes: int, stream: int | None = None) -> None:
         """A workspace of at least ``nbytes``, made on ``stream`` (default the plan's last one) if larger
         than the one held."""
         if nbytes <= (self.workspace.size if self.workspace is not None else 0):
             return
-        if self.workspace is not None and self.captured:
-            self._graph_memory.append(self.workspace)  # a CUDA graph replays with it: kept for the plan's life
-        elif self.workspace is not None:
-            self.workspace.release()
-        self.workspace = None
-        self.workspace = DeviceBuffer(nbytes, self._last_stream if stream is None else stream)
+        # the new one first: a failed allocation leaves the plan whole, on the old one
+        old, self.workspace = self.workspace, DeviceBuffer(nbytes, self._last_stream if stream is None else stream)
+        if old is not None and self.captured:
+            self._graph_memory.append(old)  # a CUDA graph replays with it: kept for the plan's life
+        elif old is not None:
+            old.release()
 
     @property
     def workspace_limit(self) -> int:
@@ -266,8 +272,10 @@ class GroupedMatmul:
             return None
         result.algo = algo
         checked = HeuristicResult(result, self.lib)
-        if len(self._checked) < 4096:  # what select() then takes beside the planned ones (the search's candidates)
-            self._checked.add(checked.as_bytes())
+        if checked.workspace_size <= self.workspace_bytes:  # what select() then takes (the search's candidates)
+            if len(self._checked) >= 4096:  # the oldest goes first
+                del self._checked[next(iter(self._checked))]
+            self._checked[checked.as_bytes()] = checked
         return checked
 
     def autotune(self, *, iterations: int = 5, search: bool = False, budget_s: float | None = None,

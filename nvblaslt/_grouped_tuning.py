@@ -26,7 +26,10 @@ class GroupedTrial:
     def __init__(self, plan, bound, stream: int):
         self.launch = plan
         self.device, self.stream = plan.device, stream
-        self.tuning_report = plan.tuning_report
+        # autotune()'s report, where the plan still runs its pick: a search then starts from it
+        report = plan.tuning_report
+        chosen = _tuning_cache.describe_algorithm(plan.algorithm) if plan.algorithm is not None else None
+        self.tuning_report = report if report is not None and report.chosen == chosen else None
         self._plan, self._bound = plan, bound
         problem = bound.problem
         self._scratch, _ = _memory.own_allocator(problem.out_shape, problem.out_strides, problem.d.dtype,
@@ -70,7 +73,8 @@ def autotune(plan, bound, stream: int, *, iterations: int, search: bool, remembe
         with _cuda.on_device(plan.device):
             timings = _autotune.autotune(trial, iterations=iterations, search=search, remember=False, stream=stream,
                                          budget_s=_autotune.SEARCH_BUDGET_S if budget_s is None else budget_s)
-    except BaseException:  # a refusal, a CUDA error, Ctrl-C: the plan keeps the algorithm it ran
+    except BaseException:  # a refusal, a CUDA error, Ctrl-C: the plan keeps the algorithms and the one it ran
+        plan.algorithms = planned
         if chosen is not None:
             plan.select(chosen)
         raise
@@ -79,12 +83,14 @@ def autotune(plan, bound, stream: int, *, iterations: int, search: bool, remembe
     best, best_ms = timings[0]
     plan.select(best)
     plan.tuning_report = trial.tuning_report
-    # the planned algorithms in timed order after the choice (a searched winner joins them; the rest screened do not)
-    timed = [result for result, _ in timings]
-    plan.algorithms = [best, *(r for r in timed[1:] if any(r is p for p in planned)),
-                       *(p for p in planned if all(p is not r for r in timed))]
+    # the planned algorithms cuBLASLt ran (the engine left out those refused at launch), in timed order after
+    # the choice; a searched winner joins them, the other candidates screened do not
+    ran, timed = list(plan.algorithms), [result for result, _ in timings]
+    plan.algorithms = [best, *(r for r in timed[1:] if any(r is p for p in ran)),
+                       *(p for p in ran if all(p is not r for r in timed))]
+    report = trial.tuning_report
+    assert report is not None  # the engine sets it
     if remember:
-        facts = {"confidence": round(trial.tuning_report.confidence, 4),
-                 "switched": trial.tuning_report.switched} if search else {}
+        facts = {"confidence": round(report.confidence, 4), "switched": report.switched} if search else {}
         _tuning_cache.remember(plan, best, best_ms, **facts)
     return timings

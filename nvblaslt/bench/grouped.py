@@ -29,6 +29,7 @@ the step (``host_rows``) is printed under it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -115,12 +116,14 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
     errors["GroupedMatmul best of heuristics"] = errors[f"algorithm #{best} (id {algorithms[best].algo_id})"]
     cases.append(("GroupedMatmul best of heuristics", lambda: plan.execute(out=out)))
     reports = {}
-    with nvblaslt.GroupedMatmul(x, b, offs) as tuned, nvblaslt.GroupedMatmul(x, b, offs) as searched:
+    with contextlib.ExitStack() as plans:
+        tuned = plans.enter_context(nvblaslt.GroupedMatmul(x, b, offs))
         tuned.plan(limit=16)
         tuned.autotune(remember=False)  # autotune()'s own pick (L2 flushed), as a tuned function form runs it
         errors["GroupedMatmul autotuned, execute()"] = max_relative(torch, tuned.execute(), reference)
         cases.append(("GroupedMatmul autotuned, execute()", lambda: tuned.execute()))
         if search:  # beyond the heuristics' list: only a challenger faster beyond noise replaces autotune's pick
+            searched = plans.enter_context(nvblaslt.GroupedMatmul(x, b, offs))
             searched.plan(limit=16)
             searched.autotune(search=True, remember=False)
             reports["GroupedMatmul searched, execute()"] = str(searched.tuning_report)

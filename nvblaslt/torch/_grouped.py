@@ -76,9 +76,19 @@ def _per_group_matrices(t: Tensor) -> Tensor:
     return t.contiguous()
 
 
+_RAGGED_DIMS = {(2, 3): (0, None), (3, 2): (None, 1), (2, 2): (1, 0), (3, 3): (None, None)}  # of a, of b
+
+
 def _problem_key(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> tuple:
-    return "grouped", tuple((t.shape, t.stride(), t.dtype, t.device) for t in (a, b) if t is not None), \
-        None if offs is None else (offs.shape, offs.dtype), dtype
+    """The problem near enough as the tuning cache keys it: everything but the ragged extent's total, so
+    that a new token count is not searched again (its plan recalls the choice made for another)."""
+    ragged = _RAGGED_DIMS.get((a.dim(), b.dim()), (None, None))
+
+    def layout(t: Tensor, dim: int | None) -> tuple:
+        shape = tuple(-1 if i == dim else n for i, n in enumerate(t.shape))
+        return shape, _column_major(t), t.stride(0) if t.dim() == 3 else None, t.dtype, t.device
+    return "grouped", layout(a, ragged[0]), layout(b, ragged[1]), None if offs is None else (offs.shape, offs.dtype), \
+        dtype
 
 
 def _tune(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype, iterations: int) -> None:

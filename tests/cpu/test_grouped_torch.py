@@ -209,11 +209,12 @@ def test_autotune_context_tunes_each_grouped_problem_once_and_then_runs_it(monke
     with autotune(iterations=2):
         _grouped._native(x, w, offs, torch.bfloat16)
         _grouped._native(x, w, offs, torch.bfloat16)              # the same problem: tuned once
-        _grouped._native(x[:8], w, offs, torch.bfloat16)          # another: tuned too
+        _grouped._native(x[:8], w, offs, torch.bfloat16)          # a new token count: the same problem still
+        _grouped._native(x, w[:, :, :2], offs, torch.bfloat16)    # other experts' shape: another problem
     assert calls == [("plan", (12, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True, True),
-                     ("free",), ("run", (12, 8)), ("run", (12, 8)),
-                     ("plan", (8, 8), (3, 8, 4), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True, True),
-                     ("free",), ("run", (8, 8))]
+                     ("free",), ("run", (12, 8)), ("run", (12, 8)), ("run", (8, 8)),
+                     ("plan", (12, 8), (3, 8, 2), torch.bfloat16), ("heuristics", 16), ("autotune", 2, True, True),
+                     ("free",), ("run", (12, 8))]
 
 
 def test_the_grouped_bench_breaks_a_steps_host_time_down():

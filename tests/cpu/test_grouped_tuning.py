@@ -1,0 +1,190 @@
+"""GroupedMatmul.autotune's orchestration (``_grouped_tuning``) on a stand-in grouped plan, with simulated
+timings: what it leaves in the plan after a refusal at launch, an interruption, a search that switches,
+and a stale report. The engine itself (``_autotune``) is tested in test_autotune.py; the GPU runs in
+tests/gpu/test_grouped_gpu.py."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import types
+
+import pytest
+
+from nvblaslt import _autotune, _cuda, _grouped_tuning, _search, _timing, _tuning_cache
+from nvblaslt._errors import CublasLtError
+
+
+SCRATCH = types.SimpleNamespace(buffer=types.SimpleNamespace(release=lambda: None))  # the result timed runs write
+
+
+class Algorithm:
+    def __init__(self, algo_id: int):
+        self.id, self.tile, self.stages = algo_id, "128x128", "AUTO"
+
+    def config(self) -> dict:
+        return {"ID": self.id}
+
+
+class Result:
+    def __init__(self, algo_id: int, workspace: int = 0):
+        self.algorithm, self.workspace_size = Algorithm(algo_id), workspace
+
+    def as_bytes(self) -> bytes:
+        return bytes([self.algorithm.id % 256]) * 64
+
+
+class StandInGroupedPlan:
+    """What ``_grouped_tuning`` and ``_autotune`` use of a GroupedMatmul, by its public names; ``speeds``
+    maps an algorithm id to its true ms, ``refused`` the ids cuBLASLt refuses at launch."""
+
+    def __init__(self, ids, speeds, refused=()):
+        self.algorithms = [Result(i) for i in ids]
+        self.algorithm, self.tuning_report = self.algorithms[0], None
+        self.speeds, self.refused, self.ran = speeds, set(refused), None
+        self.device, self.workspace_limit, self.workspace = 0, 1 << 20, 0
+
+    def select(self, result):
+        assert any(result is r for r in self.algorithms) or result.algorithm.id >= 100, "not the plan's"
+        self.algorithm = result
+
+    def ensure_workspace(self, nbytes, stream=None):
+        self.workspace = max(self.workspace, nbytes)
+
+    def run(self, bound, *, out, stream, check_offsets):
+        assert out is SCRATCH, "a timed run must write scratch memory"
+        if self.algorithm.algorithm.id in self.refused:
+            raise CublasLtError("cublasLtMatmul", 15, "CUBLAS_STATUS_NOT_SUPPORTED", "refused at launch")
+        self.ran = self.algorithm.algorithm.id
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """(make a stand-in plan, what remember stored, the timer's hook): timings simulated with noise and drift."""
+    stored, hook = [], {"before": None}
+    generator, orders = random.Random(0), random.Random(1)
+    monkeypatch.setattr(_timing, "new_shuffler", lambda: random.Random(orders.random()))
+    monkeypatch.setattr(_tuning_cache, "remember", lambda plan, result, ms, **facts: stored.append(
+        (result.algorithm.id, ms, facts)) or True)
+    monkeypatch.setattr(_cuda, "is_capturing", lambda stream: False)
+    monkeypatch.setattr(_cuda, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_grouped_tuning._memory, "own_allocator", lambda *a: lambda s1, s2: (SCRATCH, 0))
+    plans = []
+
+    class Timer:
+        calls = 0
+
+        def __init__(self, device, stream):
+            pass
+
+        def __call__(self, run, prepare=None):
+            if hook["before"] is not None:
+                hook["before"](Timer.calls)
+            if prepare is not None:
+                prepare()
+            run()
+            Timer.calls += 1
+            drift = 1 + 0.02 * math.sin(Timer.calls / 30)
+            return plans[-1].speeds[plans[-1].ran] * drift * math.exp(generator.gauss(0, 0.01))
+
+        def synchronize(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(_autotune, "Timer", Timer)
+
+    def make(ids, speeds, refused=(), pool=()):
+        plans.append(StandInGroupedPlan(ids, speeds, refused))
+        monkeypatch.setattr(_search, "candidates", lambda launch, **kw: iter([Result(i) for i in pool]))
+        return plans[-1]
+    return make, stored, hook
+
+
+def _tune(plan, **kw):
+    bound = types.SimpleNamespace(problem=types.SimpleNamespace(out_shape=(4, 4), out_strides=(4, 1),
+                                                           d=types.SimpleNamespace(dtype=None)))
+    return _grouped_tuning.autotune(plan, bound, 7, iterations=3, remember=True, budget_s=2.0, **kw)
+
+
+def test_a_refused_algorithm_leaves_the_plans_list_and_the_fastest_is_selected(simulated):
+    make, stored, _ = simulated
+    plan = make([1, 2, 3], {1: 2.0, 2: 1.5, 3: 1.0}, refused={3})
+    timings = _tune(plan, search=False)
+    assert [r.algorithm.id for r, _ in timings] == [2, 1]
+    assert plan.algorithm is timings[0][0] and [r.algorithm.id for r in plan.algorithms] == [2, 1]
+    assert stored == [(2, timings[0][1], {})] and not plan.tuning_report.searched
+
+
+def test_an_interruption_leaves_the_plan_as_it_was_and_raises_itself(simulated):
+    make, stored, hook = simulated
+    plan = make([1, 2, 3], {1: 2.0, 2: 1.5, 3: 1.0}, refused={3})
+    planned, chosen = list(plan.algorithms), plan.algorithm
+
+    def interrupt(calls):
+        if calls == 4:
+            raise KeyboardInterrupt
+    hook["before"] = interrupt
+    with pytest.raises(KeyboardInterrupt):
+        _tune(plan, search=False)
+    assert plan.algorithms == planned and plan.algorithm is chosen and stored == []
+
+
+def test_a_search_switches_to_a_clearly_faster_candidate_and_remembers_how_sure(simulated):
+    make, stored, _ = simulated
+    plan = make([1, 2], {1: 1.0, 2: 1.2, 100: 0.8, 101: 1.3}, pool=[100, 101])
+    timings = _tune(plan, search=True)
+    report = plan.tuning_report
+    assert report.searched and report.switched and plan.algorithm.algorithm.id == 100
+    assert timings[0][0] is plan.algorithm and [r.algorithm.id for r in plan.algorithms] == [100, 1, 2]
+    assert stored[-1][0] == 100 and set(stored[-1][2]) == {"confidence", "switched"}
+
+
+def test_a_search_starts_from_autotunes_pick_only_while_the_plan_still_runs_it(simulated):
+    make, _, _ = simulated
+    plan = make([1, 2], {1: 1.0, 2: 1.2, 100: 1.0}, pool=[100])
+    _tune(plan, search=False)
+    _tune(plan, search=True)
+    assert plan.tuning_report.heuristics == 1  # autotune's pick, not the list timed again
+    _tune(plan, search=False)
+    plan.select(plan.algorithms[1])  # the caller runs another: autotune's report no longer describes the plan
+    _tune(plan, search=True)
+    assert plan.tuning_report.heuristics == 2  # the list timed again, not the other one taken for autotune's pick
+
+
+def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_plan_whole(monkeypatch):
+    """``GroupedMatmul.select``: a planned algorithm or one its ``check()`` accepted within the workspace
+    limit (the search's candidates), run with what cuBLASLt said of it here; anything else refused by
+    name. A workspace that cannot be made leaves the old one in place."""
+    from nvblaslt import _grouped
+    from nvblaslt._errors import NvblasltValueError
+
+    class Buffer:
+        def __init__(self, size, stream):
+            if size > 1 << 20:
+                raise MemoryError("out of device memory")
+            self.size, self.released = size, False
+
+        def release(self):
+            self.released = True
+
+    monkeypatch.setattr(_grouped, "DeviceBuffer", Buffer)
+    plan = _grouped.GroupedMatmul.__new__(_grouped.GroupedMatmul)  # without the GPU: the state select() reads
+    planned, searched = Result(1, 256), Result(100, 4096)
+    plan.algorithms, plan.algorithm, plan._checked = [planned], None, {searched.as_bytes(): searched}
+    plan.workspace, plan.captured, plan._graph_memory, plan._last_stream = None, False, [], 0
+    plan.select(Result(1))  # the same bytes as a planned one: the plan's own result runs
+    assert plan.algorithm is planned and plan.workspace.size == 256
+    plan.select(Result(100))  # a candidate check() accepted, with the workspace cuBLASLt asked for there
+    assert plan.algorithm is searched and plan.workspace.size == 4096
+    with pytest.raises(NvblasltValueError, match="algorithm: expected one of this plan's algorithms"):
+        plan.select(Result(7))
+    held = plan.workspace
+    with pytest.raises(MemoryError):
+        plan.ensure_workspace(2 << 20)
+    assert plan.workspace is held and not held.released
