@@ -3,6 +3,8 @@ device pointers. nvblaslt must read (and refuse) them without touching the memor
 
 from __future__ import annotations
 
+import math
+
 from nvblaslt import _cuda, _dlpack, _dtypes, _host, _scales
 
 
@@ -85,3 +87,35 @@ class FakeGpuScalar:
 
     def __dlpack_device__(self):
         return 2, 0
+
+
+
+def simulated_timer(milliseconds, generator, *, noise: float = 0.01, drift: float = 0.03, before=None):
+    """A stand-in for the engine's CUDA-event ``Timer``: each timed run's ms is ``milliseconds()`` (what
+    the run just did costs) with a slow drift and lognormal noise from ``generator``; ``before(calls)``
+    runs ahead of each timing (to interrupt one, say)."""
+
+    class Timer:
+        calls = 0
+
+        def __init__(self, device, stream):
+            pass
+
+        def __call__(self, run, prepare=None):
+            if before is not None:
+                before(Timer.calls)
+            if prepare is not None:
+                prepare()
+            run()
+            Timer.calls += 1
+            return milliseconds() * (1 + drift * math.sin(Timer.calls / 30)) * math.exp(generator.gauss(0, noise))
+
+        def synchronize(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+    return Timer

@@ -1,5 +1,5 @@
 """What every section uses: progress lines, the optional nvmath-python, relative error, freeing
-GPU memory between sections."""
+GPU memory between sections, CUDA-graph capture."""
 
 from __future__ import annotations
 
@@ -59,3 +59,18 @@ def epilog_named(name: str):
     from nvblaslt import MatmulEpilog
 
     return MatmulEpilog.__members__[name]
+
+
+def captured(torch, fn):
+    """(a CUDA graph of ``fn``, what ``fn`` returned while captured): captured after three warm-up calls on
+    a side stream (plans made outside it), as PyTorch's whole-network capture does."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        value = fn()
+    return graph, value

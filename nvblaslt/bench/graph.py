@@ -7,26 +7,12 @@ from __future__ import annotations
 
 import statistics
 
-from .common import max_relative, progress
+from .common import captured, max_relative, progress
 from .timing import event_rounds
 
 GRAPH_LAYERS, GRAPH_REPLAYS = 8, 20
 GRAPH_TOKENS = (1, 16, 256)
 GRAPH_WIDTHS = ((4096, 4096), (4096, 14336))
-
-
-def _captured(torch, fn):
-    """A CUDA graph of ``fn``, captured after warm-up calls on a side stream (plans made outside it)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def section(args, torch, results: dict) -> None:
@@ -54,8 +40,8 @@ def section(args, torch, results: dict) -> None:
             def theirs():
                 outs["torch"] = [activate(functional.linear(x, w, b)) for w, b in zip(weights, biases)]
 
-            graphs = {"nvblaslt.torch.linear": _captured(torch, ours),
-                      "nn.Linear + activation": _captured(torch, theirs)}
+            graphs = {"nvblaslt.torch.linear": captured(torch, ours)[0],
+                      "nn.Linear + activation": captured(torch, theirs)[0]}
             for graph in graphs.values():
                 graph.replay()
             error = max(max_relative(torch, mine, reference) for mine, reference in zip(outs["ours"], outs["torch"]))

@@ -39,7 +39,7 @@ import sys
 import tempfile
 from typing import Any, NamedTuple
 
-from .common import free_memory, max_relative, progress
+from .common import captured, free_memory, max_relative, progress
 from .timing import event_rounds
 
 
@@ -230,21 +230,13 @@ def train_case(torch, shape: Experts, tokens: int, skewed: bool, rounds: int, *,
 
 
 def graphed(torch, step):
-    """``step`` (which returns its gradients) captured in a CUDA graph after three warm-up runs on a side
-    stream, as PyTorch's whole-network capture does; returns a replay that returns the captured gradients."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    """``step`` (which returns its gradients) captured in a CUDA graph; a replay that returns the captured
+    gradients."""
+    graph, gradients = captured(torch, step)
 
     def replay():
         graph.replay()
-        return captured
+        return gradients
     return replay
 
 

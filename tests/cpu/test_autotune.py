@@ -14,6 +14,7 @@ import pytest
 from nvblaslt import _autotune, _search, _timing, _tuning_cache
 from nvblaslt._autotune import Contestant, duel, faster_confidence, median_bounds
 from nvblaslt._epilogs import MatmulEpilog
+from tests.fakes import simulated_timer
 
 
 # ---- the statistics ------------------------------------------------------------------------------
@@ -207,29 +208,7 @@ def simulated(monkeypatch):
         orders = random.Random(seed + 1000)  # the rounds' orders too: a run replays exactly
         monkeypatch.setattr(_timing, "new_shuffler", lambda: random.Random(orders.random()))
 
-        class Timer:
-            calls = 0
-
-            def __init__(self, device, stream):
-                pass
-
-            def __call__(self, run, prepare=None):
-                if prepare is not None:
-                    prepare()
-                run()
-                Timer.calls += 1
-                drift = 1 + 0.03 * math.sin(Timer.calls / 30)
-                return plan.speeds[plan.ran] * drift * math.exp(generator.gauss(0, noise))
-
-            def synchronize(self):
-                pass
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                pass
-
+        Timer = simulated_timer(lambda: plan.speeds[plan.ran], generator, noise=noise)
         monkeypatch.setattr(_autotune, "Timer", Timer)
         monkeypatch.setattr(_search, "candidates", lambda p, **kw: iter([FakeResult(i, 4096) for i in pool_ids]))
         return plan

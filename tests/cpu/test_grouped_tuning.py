@@ -6,7 +6,6 @@ tests/gpu/test_grouped_gpu.py."""
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import types
 
@@ -14,6 +13,7 @@ import pytest
 
 from nvblaslt import _autotune, _cuda, _grouped_tuning, _search, _timing, _tuning_cache
 from nvblaslt._errors import CublasLtError
+from tests.fakes import simulated_timer
 
 
 SCRATCH = types.SimpleNamespace(buffer=types.SimpleNamespace(release=lambda: None))  # the result timed runs write
@@ -72,31 +72,8 @@ def simulated(monkeypatch):
     monkeypatch.setattr(_grouped_tuning._memory, "own_allocator", lambda *a: lambda s1, s2: (SCRATCH, 0))
     plans = []
 
-    class Timer:
-        calls = 0
-
-        def __init__(self, device, stream):
-            pass
-
-        def __call__(self, run, prepare=None):
-            if hook["before"] is not None:
-                hook["before"](Timer.calls)
-            if prepare is not None:
-                prepare()
-            run()
-            Timer.calls += 1
-            drift = 1 + 0.02 * math.sin(Timer.calls / 30)
-            return plans[-1].speeds[plans[-1].ran] * drift * math.exp(generator.gauss(0, 0.01))
-
-        def synchronize(self):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
+    Timer = simulated_timer(lambda: plans[-1].speeds[plans[-1].ran], generator, drift=0.02,
+                            before=lambda calls: hook["before"] and hook["before"](calls))
     monkeypatch.setattr(_autotune, "Timer", Timer)
 
     def make(ids, speeds, refused=(), pool=()):
