@@ -237,11 +237,13 @@ class GroupedMatmul:
         wanted = algorithm.as_bytes()
         # the plan's own result (what cuBLASLt said of it here: its workspace), not the caller's copy
         own = next((r for r in self.algorithms if algorithm is r or wanted == r.as_bytes()), None) \
-            or self._checked.get(wanted)
-        if own is None:
+            or self._checked.get(wanted) or self.check(self.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(wanted))
+        if own is None or own.workspace_size > self.workspace_bytes:
             raise NvblasltValueError("algorithm: expected one of this plan's algorithms (plan() returns them) or one "
-                                     "its check() accepted within its workspace limit")
+                                     "its check() accepts within its workspace limit")
         self.ensure_workspace(own.workspace_size)
+        if own is not self.algorithm:
+            self.tuning_report = None  # it describes another algorithm's choice
         self.algorithm = own
 
     def ensure_workspace(self, nbytes: int, stream: int | None = None) -> None:
@@ -272,10 +274,12 @@ class GroupedMatmul:
             return None
         result.algo = algo
         checked = HeuristicResult(result, self.lib)
+        key = checked.as_bytes()
         if checked.workspace_size <= self.workspace_bytes:  # what select() then takes (the search's candidates)
-            if len(self._checked) >= 4096:  # the oldest goes first
+            self._checked.pop(key, None)  # stored anew: the newest
+            if len(self._checked) >= 4096:  # the oldest goes first (select() checks an evicted one again)
                 del self._checked[next(iter(self._checked))]
-            self._checked[checked.as_bytes()] = checked
+            self._checked[key] = checked
         return checked
 
     def autotune(self, *, iterations: int = 5, search: bool = False, budget_s: float | None = None,

@@ -26,10 +26,8 @@ class GroupedTrial:
     def __init__(self, plan, bound, stream: int):
         self.launch = plan
         self.device, self.stream = plan.device, stream
-        # autotune()'s report, where the plan still runs its pick: a search then starts from it
-        report = plan.tuning_report
-        chosen = _tuning_cache.describe_algorithm(plan.algorithm) if plan.algorithm is not None else None
-        self.tuning_report = report if report is not None and report.chosen == chosen else None
+        # autotune()'s report, which the plan drops once it runs another algorithm: a search starts from its pick
+        self.tuning_report = plan.tuning_report
         self._plan, self._bound = plan, bound
         problem = bound.problem
         self._scratch, _ = _memory.own_allocator(problem.out_shape, problem.out_strides, problem.d.dtype,
@@ -67,7 +65,7 @@ def autotune(plan, bound, stream: int, *, iterations: int, search: bool, remembe
     first."""
     if _cuda.is_capturing(stream):
         raise NvblasltStateError("autotune: waits for the GPU, which a CUDA graph being captured forbids")
-    planned, chosen = list(plan.algorithms), plan.algorithm
+    planned, chosen, report = list(plan.algorithms), plan.algorithm, plan.tuning_report
     trial = GroupedTrial(plan, bound, stream)
     try:
         with _cuda.on_device(plan.device):
@@ -77,6 +75,7 @@ def autotune(plan, bound, stream: int, *, iterations: int, search: bool, remembe
         plan.algorithms = planned
         if chosen is not None:
             plan.select(chosen)
+        plan.tuning_report = report
         raise
     finally:
         trial.close()

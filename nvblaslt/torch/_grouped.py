@@ -15,8 +15,12 @@ forward               grad a                                  grad b
 3-D a × 3-D b         ``grouped_mm(g, bᵀ)``         3d × 3d   ``grouped_mm(aᵀ, g)``         3d × 3d
 ====================  ======================================  ======================================
 
-(ᵀ swaps the last two dimensions; g is the result's gradient.) As in PyTorch, rows of a 2-D result
-past ``offs[-1]`` are left uninitialised on CUDA (zeros elsewhere), and so are their gradients.
+(ᵀ swaps the last two dimensions; g is the result's gradient.) A gradient comes out in its input's
+memory order: for an input stored column-major per group (a transposed view, as the experts' weight
+enters), the transposed product is computed and swapped back (``(b gᵀ)ᵀ``, ``(gᵀ a)ᵀ``), so that
+``backward()`` takes the gradient of the tensor under the view as it is, without a copy. As in
+PyTorch, rows of a 2-D result past ``offs[-1]`` are left uninitialised on CUDA (zeros elsewhere), and
+so are their gradients.
 """
 
 from __future__ import annotations
@@ -79,14 +83,25 @@ def _per_group_matrices(t: Tensor) -> Tensor:
 _RAGGED_DIMS = {(2, 3): (0, None), (3, 2): (None, 1), (2, 2): (1, 0), (3, 3): (None, None)}  # of a, of b
 
 
+def _alignment(t: Tensor) -> int:
+    """Bytes (at most 256) that ``t``'s pointer, leading dimension and group stride are multiples of: what
+    the plan's alignment preferences, and so the tuning cache's key, hold of its layout."""
+    itemsize = t.element_size()
+    lead = max(t.stride(-2), t.stride(-1))
+    value = t.data_ptr() | lead * itemsize | (t.stride(0) * itemsize if t.dim() == 3 else 0) | 256
+    return value & -value
+
+
 def _problem_key(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> tuple:
     """The problem near enough as the tuning cache keys it: everything but the ragged extent's total, so
-    that a new token count is not searched again (its plan recalls the choice made for another)."""
+    that a new token count is not searched again (its plan recalls the choice made for another), but
+    with each operand's alignment, which a new total can change (a column-major ``a``'s leading
+    dimension is the total)."""
     ragged = _RAGGED_DIMS.get((a.dim(), b.dim()), (None, None))
 
     def layout(t: Tensor, dim: int | None) -> tuple:
         shape = tuple(-1 if i == dim else n for i, n in enumerate(t.shape))
-        return shape, _column_major(t), t.stride(0) if t.dim() == 3 else None, t.dtype, t.device
+        return shape, _column_major(t), t.stride(0) if t.dim() == 3 else None, _alignment(t), t.dtype, t.device
     return "grouped", layout(a, ragged[0]), layout(b, ragged[1]), None if offs is None else (offs.shape, offs.dtype), \
         dtype
 
@@ -154,8 +169,9 @@ def _swap(t: Tensor) -> Tensor:
 
 def _column_major(t: Tensor) -> bool:
     """Whether each group's matrix of ``t`` is stored column-major: a transposed view, as
-    ``weight.transpose(1, 2)`` of a (G, N, K) weight is."""
-    return t.stride(-2) == 1 and t.stride(-1) != 1
+    ``weight.transpose(1, 2)`` of a (G, N, K) weight is. Not an expanded (zero-stride) tensor: the
+    forward copies that row-major, and its gradient takes the row-major form too."""
+    return t.stride(-2) == 1 and t.stride(-1) >= max(t.shape[-2], 1)
 
 
 def _grouped_mm_autograd(ctx, grad):

@@ -225,3 +225,23 @@ def test_the_grouped_bench_breaks_a_steps_host_time_down():
     assert set(host) == {"nvblaslt.torch.grouped_mm, forward, no gradient", "step",  # torch's takes no float64
                          "nvblaslt.torch.grouped_mm, forward, under autograd", "step, backward in the calling thread"}
     assert all(us > 0 for us in host.values())
+
+
+def test_only_transposed_views_take_the_transposed_gradient_and_the_tuning_key_keeps_alignment():
+    """An expanded (zero-stride) operand is not a transposed view (the forward copies it row-major); and the
+    ``autotune()`` context's key leaves out the token total but keeps what a new total can change: the
+    leading dimension's alignment of a column-major operand, which the tuning cache keys on."""
+    from nvblaslt.torch._grouped import _column_major, _problem_key
+
+    weights = torch.randn(4, 16, 32, dtype=torch.bfloat16)
+    assert _column_major(weights.transpose(1, 2)) and not _column_major(weights)
+    assert not _column_major(torch.randn(16, dtype=torch.bfloat16)[:, None].expand(16, 32))
+    b = weights.transpose(1, 2)
+
+    def key(total, column_major):
+        a = torch.empty(32, total, dtype=torch.bfloat16).T if column_major else torch.empty(total, 32,
+                                                                                          dtype=torch.bfloat16)
+        return _problem_key(a, b, torch.zeros(4, dtype=torch.int32), torch.bfloat16)
+    assert key(1024, False) == key(1001, False)  # row-major tokens: a new total is the same problem
+    assert key(1024, True) != key(1001, True)  # column-major: its leading dimension (the total) aligns otherwise
+    assert key(1024, True) == key(2048, True)

@@ -47,6 +47,8 @@ class StandInGroupedPlan:
 
     def select(self, result):
         assert any(result is r for r in self.algorithms) or result.algorithm.id >= 100, "not the plan's"
+        if result is not self.algorithm:
+            self.tuning_report = None  # as GroupedMatmul.select: the report describes another algorithm
         self.algorithm = result
 
     def ensure_workspace(self, nbytes, stream=None):
@@ -152,15 +154,23 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
 
     monkeypatch.setattr(_grouped, "DeviceBuffer", Buffer)
     plan = _grouped.GroupedMatmul.__new__(_grouped.GroupedMatmul)  # without the GPU: the state select() reads
-    planned, searched = Result(1, 256), Result(100, 4096)
+    planned, searched, evicted = Result(1, 256), Result(100, 4096), Result(101, 512)
     plan.algorithms, plan.algorithm, plan._checked = [planned], None, {searched.as_bytes(): searched}
     plan.workspace, plan.captured, plan._graph_memory, plan._last_stream = None, False, [], 0
+    plan.workspace_bytes, plan.tuning_report = 1 << 20, "autotune's report"
+    # cuBLASLt's check, for what select() has not seen: it accepts #101 (over the limit for #102) only
+    plan.lib = types.SimpleNamespace(api=types.SimpleNamespace(cublasLtMatmulAlgo_t=types.SimpleNamespace(
+        from_buffer_copy=bytes)))
+    plan.check = lambda algo: {evicted.as_bytes(): evicted, Result(102).as_bytes(): Result(102, 2 << 20)}.get(algo)
     plan.select(Result(1))  # the same bytes as a planned one: the plan's own result runs
-    assert plan.algorithm is planned and plan.workspace.size == 256
+    assert plan.algorithm is planned and plan.workspace.size == 256 and plan.tuning_report is None
     plan.select(Result(100))  # a candidate check() accepted, with the workspace cuBLASLt asked for there
     assert plan.algorithm is searched and plan.workspace.size == 4096
-    with pytest.raises(NvblasltValueError, match="algorithm: expected one of this plan's algorithms"):
-        plan.select(Result(7))
+    plan.select(Result(101))  # one no longer held (evicted): checked again
+    assert plan.algorithm is evicted
+    for refused in (Result(7), Result(102)):  # refused by the check; over the workspace limit
+        with pytest.raises(NvblasltValueError, match="algorithm: expected one of this plan's algorithms"):
+            plan.select(refused)
     held = plan.workspace
     with pytest.raises(MemoryError):
         plan.ensure_workspace(2 << 20)
