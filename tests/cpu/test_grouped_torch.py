@@ -238,9 +238,10 @@ def test_only_transposed_views_take_the_transposed_gradient_and_the_tuning_key_k
     assert not _column_major(torch.randn(16, dtype=torch.bfloat16)[:, None].expand(16, 32))
     b = weights.transpose(1, 2)
 
+    memory = torch.empty(32 * 2048, dtype=torch.bfloat16)  # one pointer for every token total below
+
     def key(total, column_major):
-        a = torch.empty(32, total, dtype=torch.bfloat16).T if column_major else torch.empty(total, 32,
-                                                                                          dtype=torch.bfloat16)
+        a = memory.as_strided((total, 32), (1, total) if column_major else (32, 1))
         return _problem_key(a, b, torch.zeros(4, dtype=torch.int32), torch.bfloat16)
     assert key(1024, False) == key(1001, False)  # row-major tokens: a new total is the same problem
     assert key(1024, True) != key(1001, True)  # column-major: its leading dimension (the total) aligns otherwise
