@@ -70,13 +70,17 @@ def _reference(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype
     return out
 
 
-def _per_group_matrices(t: Tensor) -> Tensor:
-    """``t`` itself where each group's matrix is row- or column-major, else a contiguous copy (an
-    expanded gradient, ``out.sum().backward()``'s, has zero strides)."""
+def _per_group_matrices(t: Tensor, ragged: int | None = None) -> Tensor:
+    """``t`` itself where each group's matrix is row- or column-major, else a copy (an expanded gradient,
+    ``out.sum().backward()``'s, has zero strides). The copy keeps the ragged extent (dimension ``ragged``
+    of ``t``) off the contiguous one: along memory, every group would have to start on 16 bytes, which
+    ``t`` never asked of its offsets."""
     rows, cols = t.shape[-2], t.shape[-1]
     s0, s1 = t.stride(-2), t.stride(-1)
     if (s1 == 1 and s0 >= max(cols, 1)) or (s0 == 1 and s1 >= max(rows, 1)):
         return t
+    if ragged is not None and ragged == t.dim() - 1:  # the ragged extent last: a column-major copy
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
     return t.contiguous()
 
 
@@ -127,7 +131,8 @@ def _native(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> Te
     the problem yet."""
     import nvblaslt
 
-    a, b = _per_group_matrices(a), _per_group_matrices(b)
+    ragged_a, ragged_b = _RAGGED_DIMS.get((a.dim(), b.dim()), (None, None))
+    a, b = _per_group_matrices(a, ragged_a), _per_group_matrices(b, ragged_b)
     # never while a CUDA graph is captured (timing waits for the GPU); the problem stays unmarked, so a
     # later eager call in the same context tunes it
     if tuning() and not (a.is_cuda and _capturing(a.device)):

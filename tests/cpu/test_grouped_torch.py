@@ -120,6 +120,9 @@ def test_operands_whose_groups_are_not_matrices_are_copied_for_cublaslt():
 
     expanded = torch.ones(()).expand(6, 8)                  # what out.sum().backward() hands the backward
     assert _per_group_matrices(expanded).stride() == (8, 1)
+    # a ragged last extent is copied column-major: along memory it would need every group on 16 bytes
+    assert _per_group_matrices(expanded, ragged=1).stride() == (1, 6)
+    assert _per_group_matrices(expanded, ragged=0).stride() == (8, 1)
     weights = torch.randn(3, 8, 4)
     assert _per_group_matrices(weights.transpose(1, 2)).data_ptr() == weights.data_ptr()  # column-major: as it is
     strided = torch.randn(6, 16)[:, ::2]
@@ -246,3 +249,39 @@ def test_only_transposed_views_take_the_transposed_gradient_and_the_tuning_key_k
     assert key(1024, False) == key(1001, False)  # row-major tokens: a new total is the same problem
     assert key(1024, True) != key(1001, True)  # column-major: its leading dimension (the total) aligns otherwise
     assert key(1024, True) == key(2048, True)
+
+
+@pytest.mark.parametrize("form", ["2d3d", "3d2d", "2d2d"])
+def test_the_cublaslt_path_gets_every_gradient_with_its_ragged_extent_off_the_contiguous_one(form, monkeypatch):
+    """The backward's grouped GEMMs, on the cuBLASLt path, for an expanded gradient (``out.sum().backward()``),
+    with row-major and with transposed-view inputs: no operand reaches ``grouped_matmul`` with its ragged
+    extent along memory unless the caller's input had it so (cuBLASLt then needs every group to start on 16
+    bytes, and the kernel empties one that does not: a gradient the forward never asked aligned offsets for
+    would come back partly zero)."""
+    import nvblaslt
+    from nvblaslt.torch import _grouped
+
+    seen = []
+
+    def record(a, b, offs, *, out_dtype):
+        ragged = _grouped._RAGGED_DIMS[(a.dim(), b.dim())]
+        for name, t, dim in (("a", a, ragged[0]), ("b", b, ragged[1])):
+            if dim is not None and t.shape[dim] > 1:
+                seen.append((name, tuple(t.shape), t.stride(dim), t.data_ptr()))
+        return _grouped._reference(a, b, offs, out_dtype)
+    monkeypatch.setattr(nvblaslt, "grouped_matmul", record)
+    monkeypatch.setattr(_grouped, "_grouped_mm_impl", lambda a, b, offs, out_dtype: _grouped._native(
+        a, b, offs, out_dtype or a.dtype))
+    monkeypatch.setattr(_grouped, "_GroupedMM", _grouped.autograd_function(
+        "GroupedMM", _grouped._grouped_mm_impl, _grouped._setup_context, _grouped._grouped_mm_autograd))
+    a, b, offs = _operands(form)
+    for x, y in ((a, b), (a.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_(),
+                          b.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_())):
+        seen.clear()
+        out = grouped_mm(x, y, offs)
+        want = torch.autograd.grad(_loop(form, x, y, offs).sum(), (x, y))
+        for g, w in zip(torch.autograd.grad(out.sum(), (x, y)), want):
+            torch.testing.assert_close(g, w)
+        # along memory only where the caller's own input has it so (the forward needed its groups aligned)
+        own = (x.data_ptr(), y.data_ptr())
+        assert seen and all(stride != 1 or pointer in own for _, _, stride, pointer in seen), seen
