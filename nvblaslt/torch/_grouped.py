@@ -70,18 +70,46 @@ def _reference(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype
     return out
 
 
-def _per_group_matrices(t: Tensor, ragged: int | None = None) -> Tensor:
-    """``t`` itself where each group's matrix is row- or column-major, else a copy (an expanded gradient,
-    ``out.sum().backward()``'s, has zero strides). The copy keeps the ragged extent (dimension ``ragged``
-    of ``t``) off the contiguous one: along memory, every group would have to start on 16 bytes, which
-    ``t`` never asked of its offsets."""
+def _matrix_order(t: Tensor) -> str | None:
+    """"row" or "col" where each group's matrix of ``t`` is row- or column-major, else None (an expanded
+    gradient, ``out.sum().backward()``'s, has zero strides)."""
     rows, cols = t.shape[-2], t.shape[-1]
     s0, s1 = t.stride(-2), t.stride(-1)
-    if (s1 == 1 and s0 >= max(cols, 1)) or (s0 == 1 and s1 >= max(rows, 1)):
+    if s1 == 1 and s0 >= max(cols, 1):
+        return "row"
+    if s0 == 1 and s1 >= max(rows, 1):
+        return "col"
+    return None
+
+
+def _padded(t: Tensor) -> Tensor:
+    """A row-major copy of ``t`` with every row on 16 bytes, as cuBLASLt's results are laid out."""
+    return t.new_empty_strided(t.shape, padded_strides(tuple(t.shape), t.element_size())).copy_(t)
+
+
+def _strided_ragged(t: Tensor, ragged: int) -> Tensor:
+    """A copy of ``t`` whose ragged extent (dimension ``ragged``) is not along memory: there, every group
+    would have to start on 16 bytes (cuBLASLt's rule; the derive kernel empties a group that does not)."""
+    if ragged == t.dim() - 1:  # the ragged extent last: the transpose's rows, padded
+        return _padded(t.transpose(-1, -2)).transpose(-1, -2)
+    return _padded(t)
+
+
+def _per_group_matrices(t: Tensor, ragged: int | None = None) -> Tensor:
+    """``t`` itself where each group's matrix is row- or column-major, else a copy that keeps the ragged
+    extent (dimension ``ragged`` of ``t``) off memory's contiguous one, which ``t`` never asked of its offsets."""
+    if _matrix_order(t) is not None:
         return t
-    if ragged is not None and ragged == t.dim() - 1:  # the ragged extent last: a column-major copy
-        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
-    return t.contiguous()
+    return t.contiguous() if ragged is None else _strided_ragged(t, ragged)
+
+
+def _runs_column_major(t: Tensor, ragged: int | None) -> bool:
+    """Whether the forward ran ``t``'s groups column-major: a transposed view (the experts' weight enters
+    as ``weight.transpose(1, 2)``), or a copy made so because its ragged extent is the last."""
+    order = _matrix_order(t)
+    if order is not None:
+        return order == "col" and t.stride(-1) != 1
+    return ragged is not None and ragged == t.dim() - 1
 
 
 _RAGGED_DIMS = {(2, 3): (0, None), (3, 2): (None, 1), (2, 2): (1, 0), (3, 3): (None, None)}  # of a, of b
@@ -105,7 +133,7 @@ def _problem_key(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) 
 
     def layout(t: Tensor, dim: int | None) -> tuple:
         shape = tuple(-1 if i == dim else n for i, n in enumerate(t.shape))
-        return shape, _column_major(t), t.stride(0) if t.dim() == 3 else None, _alignment(t), t.dtype, t.device
+        return shape, _matrix_order(t), t.stride(0) if t.dim() == 3 else None, _alignment(t), t.dtype, t.device
     return "grouped", layout(a, ragged[0]), layout(b, ragged[1]), None if offs is None else (offs.shape, offs.dtype), \
         dtype
 
@@ -172,28 +200,35 @@ def _swap(t: Tensor) -> Tensor:
     return t.transpose(-1, -2)
 
 
-def _column_major(t: Tensor) -> bool:
-    """Whether each group's matrix of ``t`` is stored column-major: a transposed view, as
-    ``weight.transpose(1, 2)`` of a (G, N, K) weight is. Not an expanded (zero-stride) tensor: the
-    forward copies that row-major, and its gradient takes the row-major form too."""
-    return t.stride(-2) == 1 and t.stride(-1) >= max(t.shape[-2], 1)
+_OUT_RAGGED = {(2, 3): 0, (3, 2): 1}  # the result's ragged dimension, by the operands' dimensions
 
 
 def _grouped_mm_autograd(ctx, grad):
     if grad is None:
         return None, None, None, None
     a, b, offs = ctx.saved_tensors
+    ragged_a, ragged_b = _RAGGED_DIMS[(a.dim(), b.dim())]
+    out_ragged = _OUT_RAGGED.get((a.dim(), b.dim()))
+    wide = grad.element_size()
     grad = grad.to(a.dtype)
+    # g's ragged extent along memory asks every group to start on 16 bytes of g's dtype: more than the
+    # forward asked where its result's was not along memory (N=1), or was in a wider dtype (float32 out)
+    if out_ragged is not None and grad.shape[out_ragged] > 1 and grad.stride(out_ragged) == 1 and not (
+            out_ragged == grad.dim() - 1 and grad.element_size() >= wide):
+        grad = _strided_ragged(grad, out_ragged)
     needs = ctx.needs_input_grad
-    # Each gradient in its input's memory order: for a transposed view (the experts' weight) the
-    # transposed product, swapped back, so that the gradient of the tensor under the view comes out
-    # contiguous and autograd takes it as its .grad instead of copying it (a transposing copy of every
-    # expert's weight gradient: 7.5 GB a step for DeepSeek-V3).
+    # Each gradient in its input's memory order: for an input the forward ran column-major (a transposed
+    # view, such as the experts' weight) the transposed product, swapped back. The gradient of the tensor
+    # under the view then comes out contiguous and autograd takes it as its .grad instead of copying it (a
+    # transposing copy of every expert's weight gradient: 7.5 GB a step for DeepSeek-V3), and the call asks
+    # no more alignment of the offsets than the forward did.
     grad_a = grad_b = None
     if needs[0]:
-        grad_a = _swap(_call(b, _swap(grad), offs, a.dtype)) if _column_major(a) else _call(grad, _swap(b), offs, a.dtype)
+        grad_a = _swap(_call(b, _swap(grad), offs, a.dtype)) if _runs_column_major(a, ragged_a) \
+            else _call(grad, _swap(b), offs, a.dtype)
     if needs[1]:
-        grad_b = _swap(_call(_swap(grad), a, offs, b.dtype)) if _column_major(b) else _call(_swap(a), grad, offs, b.dtype)
+        grad_b = _swap(_call(_swap(grad), a, offs, b.dtype)) if _runs_column_major(b, ragged_b) \
+            else _call(_swap(a), grad, offs, b.dtype)
     return grad_a, grad_b, None, None
 
 
