@@ -16,9 +16,11 @@ forward               grad a                                  grad b
 ====================  ======================================  ======================================
 
 (ᵀ swaps the last two dimensions; g is the result's gradient.) A gradient comes out in its input's
-memory order: for an input stored column-major per group (a transposed view, as the experts' weight
-enters), the transposed product is computed and swapped back (``(b gᵀ)ᵀ``, ``(gᵀ a)ᵀ``), so that
-``backward()`` takes the gradient of the tensor under the view as it is, without a copy. As in
+memory order: for an input the forward ran column-major per group (a transposed view, as the experts'
+weight enters, or the column-major copy of an expanded input whose ragged extent is the last), the
+transposed product is computed and swapped back (``(b gᵀ)ᵀ``, ``(gᵀ a)ᵀ``), so that ``backward()``
+takes the gradient of the tensor under the view as it is, without a copy, and no gradient asks more
+alignment of the offsets than the forward did. As in
 PyTorch, rows of a 2-D result past ``offs[-1]`` are left uninitialised on CUDA (zeros elsewhere), and
 so are their gradients.
 """
@@ -210,7 +212,7 @@ def _grouped_mm_autograd(ctx, grad):
     ragged_a, ragged_b = _RAGGED_DIMS[(a.dim(), b.dim())]
     out_ragged = _OUT_RAGGED.get((a.dim(), b.dim()))
     wide = grad.element_size()
-    grad = grad.to(a.dtype)
+    grad = grad.to(a.dtype)  # (an expanded gradient comes out of the cast contiguous)
     # g's ragged extent along memory asks every group to start on 16 bytes of g's dtype: more than the
     # forward asked where its result's was not along memory (N=1), or was in a wider dtype (float32 out)
     if out_ragged is not None and grad.shape[out_ragged] > 1 and grad.stride(out_ragged) == 1 and not (
