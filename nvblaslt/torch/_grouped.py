@@ -75,6 +75,8 @@ def _reference(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype
 def _matrix_order(t: Tensor) -> str | None:
     """"row" or "col" where each group's matrix of ``t`` is row- or column-major, else None (an expanded
     gradient, ``out.sum().backward()``'s, has zero strides)."""
+    if t.dim() < 2:  # not an operand at all: passed on for grouped_matmul to refuse by name
+        return "row"
     rows, cols = t.shape[-2], t.shape[-1]
     s0, s1 = t.stride(-2), t.stride(-1)
     if s1 == 1 and s0 >= max(cols, 1):
@@ -121,7 +123,7 @@ def _alignment(t: Tensor) -> int:
     """Bytes (at most 256) that ``t``'s pointer, leading dimension and group stride are multiples of: what
     the plan's alignment preferences, and so the tuning cache's key, hold of its layout."""
     itemsize = t.element_size()
-    lead = max(t.stride(-2), t.stride(-1))
+    lead = max(t.stride()[-2:], default=1)
     value = t.data_ptr() | lead * itemsize | (t.stride(0) * itemsize if t.dim() == 3 else 0) | 256
     return value & -value
 

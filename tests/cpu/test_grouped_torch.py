@@ -2,6 +2,8 @@
 fake implementation, and the autograd formula, whose every gradient is a grouped GEMM of another form
 (checked by float64 gradcheck, so the same calls are right on CUDA, where they run on cuBLASLt)."""
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -331,3 +333,21 @@ def test_no_gradient_asks_more_alignment_of_the_offsets_than_the_forward(form, a
     for name, g, w in zip("ab", got, want):
         torch.testing.assert_close(g.double(), w.double(), atol=0.1, rtol=0.05,
                                    msg=lambda text, name=name: f"grad {name}: {text}")
+
+
+def test_an_operand_of_the_wrong_rank_reaches_grouped_matmuls_refusal_on_the_cublaslt_path(monkeypatch):
+    """A 1-D operand on the cuBLASLt path is handed to ``grouped_matmul``, which refuses it by name (the
+    op's layout reading must not fail first with an IndexError), inside an ``autotune()`` context too."""
+    import nvblaslt
+    from nvblaslt import NvblasltValueError
+    from nvblaslt.torch import _grouped, autotune
+
+    def refuse(a, b, offs, *, out_dtype):
+        raise NvblasltValueError("a, b: expected 2-D or 3-D operands")
+    monkeypatch.setattr(nvblaslt, "grouped_matmul", refuse)
+    monkeypatch.setattr(_grouped, "_tune", lambda *args: None)
+    a, b = torch.randn(12, dtype=torch.bfloat16), torch.randn(3, 12, 4, dtype=torch.bfloat16)
+    offs = torch.tensor([4, 8, 12], dtype=torch.int32)
+    for context in (contextlib.nullcontext(), autotune(iterations=1)):
+        with context, pytest.raises(NvblasltValueError, match="expected 2-D or 3-D operands"):
+            _grouped._native(a, b, offs, torch.bfloat16)
