@@ -24,7 +24,7 @@ from typing import Any
 
 from . import _cuda, _dtypes, _grouped_problem, _grouped_tuning, _memory, _operands, _tuning_cache
 from ._descriptors import GroupedMatrixLayout, Handle, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
-from ._errors import CublasLtError, NvblasltStateError, NvblasltValueError
+from ._errors import CublasLtError, NvblasltStateError, NvblasltTypeError, NvblasltValueError
 from ._grouped_arrays import GroupedArrays
 from ._grouped_version import require_grouped
 from ._grouped_problem import GroupedProblem
@@ -233,8 +233,19 @@ class GroupedMatmul:
         ----------
         algorithm : HeuristicResult
             One of ``algorithms`` (what ``plan()`` returned), or one ``check()`` accepted for this plan.
+
+        Raises
+        ------
+        NvblasltTypeError
+            ``algorithm`` is not a HeuristicResult.
+        NvblasltValueError
+            cuBLASLt's check refuses it for this plan, or it needs more workspace than the plan allows.
         """
-        wanted = algorithm.as_bytes()
+        as_bytes = getattr(algorithm, "as_bytes", None)
+        wanted = as_bytes() if callable(as_bytes) else None
+        if not isinstance(wanted, bytes) or len(wanted) != ctypes.sizeof(self.lib.api.cublasLtMatmulAlgo_t):
+            raise NvblasltTypeError(f"algorithm: expected a HeuristicResult (plan() returns them), got "
+                                    f"{type(algorithm).__name__}")
         # the plan's own result (what cuBLASLt said of it here: its workspace), not the caller's copy
         own = next((r for r in self.algorithms if algorithm is r or wanted == r.as_bytes()), None) \
             or self._checked.get(wanted) or self.check(self.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(wanted))

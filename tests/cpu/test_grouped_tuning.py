@@ -6,6 +6,7 @@ tests/gpu/test_grouped_gpu.py."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import random
 import types
 
@@ -141,7 +142,7 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
     limit (the search's candidates), run with what cuBLASLt said of it here; anything else refused by
     name. A workspace that cannot be made leaves the old one in place."""
     from nvblaslt import _grouped
-    from nvblaslt._errors import NvblasltValueError
+    from nvblaslt._errors import NvblasltTypeError, NvblasltValueError
 
     class Buffer:
         def __init__(self, size, stream):
@@ -159,9 +160,9 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
     plan.workspace, plan.captured, plan._graph_memory, plan._last_stream = None, False, [], 0
     plan.workspace_bytes, plan.tuning_report = 1 << 20, "autotune's report"
     # cuBLASLt's check, for what select() has not seen: it accepts #101 (over the limit for #102) only
-    plan.lib = types.SimpleNamespace(api=types.SimpleNamespace(cublasLtMatmulAlgo_t=types.SimpleNamespace(
-        from_buffer_copy=bytes)))
-    plan.check = lambda algo: {evicted.as_bytes(): evicted, Result(102).as_bytes(): Result(102, 2 << 20)}.get(algo)
+    plan.lib = types.SimpleNamespace(api=types.SimpleNamespace(cublasLtMatmulAlgo_t=ctypes.c_byte * 64))
+    plan.check = lambda algo: {evicted.as_bytes(): evicted, Result(102).as_bytes(): Result(102, 2 << 20)}.get(
+        bytes(algo))
     plan.select(Result(1))  # the same bytes as a planned one: the plan's own result runs
     assert plan.algorithm is planned and plan.workspace.size == 256 and plan.tuning_report is None
     plan.select(Result(100))  # a candidate check() accepted, with the workspace cuBLASLt asked for there
@@ -171,6 +172,8 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
     for refused in (Result(7), Result(102)):  # refused by the check; over the workspace limit
         with pytest.raises(NvblasltValueError, match="algorithm: expected one of this plan's algorithms"):
             plan.select(refused)
+    with pytest.raises(NvblasltTypeError, match="algorithm: expected a HeuristicResult .*, got str"):
+        plan.select("id 66")
     held = plan.workspace
     with pytest.raises(MemoryError):
         plan.ensure_workspace(2 << 20)
