@@ -123,10 +123,18 @@ def _alignment(pointer: int, itemsize: int, *strides: int) -> int:
     return value
 
 
-def _orientation(name: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[bool, int]:
+def _orientation(name: str, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[bool, int]:
     """(row-major, leading dimension) of one group's ``shape`` matrix with element ``strides``."""
     rows, cols = shape
     s0, s1 = strides
+    # One contiguous column (or row) is either order. Taken as a row-major column, its lead is 1 element,
+    # for which cuBLASLt has no kernel (an N=1 weight); in the other order the lead is never stepped over,
+    # so it may be any value from the extent up: the extent rounded up to 16 bytes.
+    per_boundary = max(1, BOUNDARY_BYTES // itemsize)
+    if cols <= 1 < rows and s0 == 1:
+        return False, -(-rows // per_boundary) * per_boundary
+    if rows <= 1 < cols and s1 == 1:
+        return True, -(-cols // per_boundary) * per_boundary
     if cols <= 1:
         s1 = 1  # a column: any stride across the one column is as good as 1
     if s1 == 1 and s0 >= max(cols, 1):
@@ -146,7 +154,7 @@ def _operand_matrix(name: str, shape: tuple[int, ...], strides: tuple[int, ...],
                     group_stride: int, pointer: int, dtype: DType) -> tuple[GroupedMatrix, bool]:
     """cuBLASLt's column-major view of the transpose of the caller's (R × C) group matrix, and whether
     cuBLASLt must transpose it back. ``ragged`` is "rows", "cols" or None: which of R, C varies."""
-    row_major, ld = _orientation(name, shape, strides)
+    row_major, ld = _orientation(name, shape, strides, dtype.itemsize)
     rows, cols = shape
     ragged_stride = {"rows": strides[0], "cols": strides[1], None: 0}[ragged]
     if ragged == "rows" and rows <= 1:

@@ -110,6 +110,26 @@ def test_a_group_starting_off_16_bytes_along_memory_is_emptied_and_only_that_one
     assert arrays[2][3] == 0  # and it points at the operand's aligned base, not at element 11
 
 
+@pytest.mark.parametrize("form", ["2d3d", "3d2d", "2d2d", "3d3d"])
+def test_a_one_wide_operand_takes_the_order_whose_lead_is_aligned(form):
+    """A contiguous (…, K, 1) weight is as much column- as row-major; row-major its lead is one element,
+    for which cuBLASLt has no kernel (NOT_SUPPORTED on the H200). It runs in the other order, its lead the
+    extent rounded up to 16 bytes, and every group still gets its product."""
+    rng = np.random.default_rng(len(form))
+    sizes = [8, 0, 16]
+    total, groups, m, k = sum(sizes), 3, 8, 24
+    ends = np.cumsum(sizes).astype(np.int32)
+    a_shape, b_shape = {"2d3d": ((total, k), (groups, k, 1)), "3d2d": ((groups, 1, k), (k, total)),
+                        "2d2d": ((1, total), (total, 8)), "3d3d": ((groups, m, k), (groups, k, 1))}[form]
+    a, b = _random(rng, a_shape, "row"), _random(rng, b_shape, "row")
+    offs = None if form == "3d3d" else ends
+    problem = _grouped_problem.describe(op(a, "a"), op(b, "b"), op(offs, "offs") if offs is not None else None)
+    np.testing.assert_allclose(emulate(problem, a, b, offs), expected(form, a, b, offs, groups), rtol=1e-12,
+                               atol=1e-12)
+    for matrix in (problem.a, problem.b, problem.d):
+        assert matrix.alignment >= 16, matrix
+
+
 def test_results_rows_start_on_16_bytes():
     problem = _grouped_problem.describe(op(_f16(5, 8)), op(_f16(2, 8, 7)), op(np.array([2, 5], np.int32)))
     assert problem.out_shape == (5, 7) and problem.out_strides == (8, 1)

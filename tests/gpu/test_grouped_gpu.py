@@ -19,6 +19,8 @@ import nvblaslt  # noqa: E402
 from nvblaslt import GroupedMatmul, NvblasltUnsupportedError, NvblasltValueError, grouped_matmul  # noqa: E402
 from nvblaslt import _grouped_problem, _tuning_cache  # noqa: E402
 
+from tests.cpu.test_grouped_torch import CASES as GRADIENT_CASES  # noqa: E402
+
 TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5}
 
 
@@ -280,7 +282,8 @@ def test_a_step_under_the_torch_autotune_context_tunes_the_experts_three_gemms(m
     torch.cuda.synchronize()
     w = layer.weight.detach()
     grad = (2 * layer(x, ends)).detach()
-    for a, b in ((x.detach(), w.transpose(1, 2)), (grad, w), (x.detach().T, grad)):
+    # the weight gradient in the weight's own (G, N, K) order: gradᵀ @ x per group
+    for a, b in ((x.detach(), w.transpose(1, 2)), (grad, w), (grad.T, x.detach())):
         with GroupedMatmul(a, b, ends) as plan:
             tuned, _ = _tuning_cache.recall(plan)
             assert tuned is not None, f"not remembered: {tuple(a.shape)} @ {tuple(b.shape)}"
@@ -433,6 +436,41 @@ def test_the_torch_op_trains_experts_against_float64():
     _check(x.grad, x64.grad, torch.bfloat16)
     _check(experts.weight.grad, w64.grad, torch.bfloat16)
     assert experts.weight.grad[1].abs().max() == 0
+
+
+@needs_grouped
+@pytest.mark.parametrize("form, a_kind, b_kind, out_dtype", GRADIENT_CASES)
+@pytest.mark.parametrize("upstream", ["random", "expanded"])
+def test_no_gradient_asks_more_alignment_of_the_offsets_than_the_forward(form, a_kind, b_kind, out_dtype, upstream):
+    """The CPU test's grid (tests/cpu/test_grouped_torch.py, there with cuBLASLt's alignment rule emulated)
+    on the real library: offsets that start groups off 16 bytes, which the forward of each case takes, give
+    right gradients too, against float64, whatever the inputs' layouts and the upstream gradient."""
+    from nvblaslt.torch import grouped_mm
+
+    torch.manual_seed(len(form) * 7 + len(a_kind) + len(b_kind))
+    n = 1 if form.endswith("n=1") else 96
+    form = form.split()[0]
+    sizes = [20, 0, 36, 12] if form == "3d2d" else [19, 0, 36, 13]  # groups start off 16 bytes (bf16)
+    ends = _ends(sizes)
+    total, groups, m, k = sum(sizes), len(sizes), 48, 64
+    shapes = {"2d3d": ((total, k), (groups, k, n)), "2d2d": ((m, total), (total, n)),
+              "3d2d": ((groups, m, k), (k, total))}[form]
+    make = {"row": lambda shape: _operand(shape, torch.bfloat16, "row"),
+            "transposed": lambda shape: _operand(shape, torch.bfloat16, "col"),
+            "expanded": lambda shape: torch.randn(shape[-2], 1, device="cuda").to(torch.bfloat16).expand(*shape)}
+    a = make[a_kind](shapes[0]).detach().requires_grad_()
+    b = make[b_kind](shapes[1]).detach().requires_grad_()
+    out = grouped_mm(a, b, ends, out_dtype=out_dtype)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    want = _reference(form, a64, b64, ends, groups)
+    _check(out, want.detach(), out.dtype)
+    grad = torch.ones((), device="cuda", dtype=out.dtype).expand(out.shape) if upstream == "expanded" \
+        else torch.randn_like(out)
+    got = torch.autograd.grad(out, (a, b), grad)
+    expected = torch.autograd.grad(want, (a64, b64), grad.double())
+    for g, w in zip(got, expected):
+        assert g.shape == w.shape
+        _check(g, w, torch.bfloat16)
 
 
 @needs_grouped
