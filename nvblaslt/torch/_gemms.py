@@ -37,6 +37,7 @@ _INPUT_GRAD_EPILOGS = {  # (previous activation, its bias gradient wanted) -> (e
     ("relu", False): (_E.DRELU, "relu_aux", None), ("relu", True): (_E.DRELU_BGRAD, "relu_aux", "drelu_bgrad"),
     ("gelu", False): (_E.DGELU, "gelu_aux", None), ("gelu", True): (_E.DGELU_BGRAD, "gelu_aux", "dgelu_bgrad"),
 }
+_ELEMENTWISE = {_E.DEFAULT, _E.RELU, _E.GELU}  # epilogs with no vector along D's rows or columns
 # float64 epilogs this process's cuBLASLt refused: those steps run as torch ops (see fp64_refuses).
 refused_fp64: set[MatmulEpilog] = set()
 
@@ -74,19 +75,20 @@ def fp64_refuses(dtype: torch.dtype, epilog: MatmulEpilog, error: CublasLtError 
 
 
 def _data(t):
-    """``t``'s memory without autograd (DLPack refuses tensors that require grad; parameters still do under
-    no_grad())."""
-    return t.detach() if t is not None and t.requires_grad else t
+    """``t`` without autograd where autograd is on (a view of a tensor that requires grad would be recorded).
+    With it off (no_grad(), inference, an autograd Function's forward) ``t`` itself: views of it are not
+    recorded, and nvblaslt reads a tensor that requires grad as it is (1 µs a parameter less, H200 host)."""
+    return t.detach() if t is not None and t.requires_grad and torch.is_grad_enabled() else t
 
 
 def _forward_gemm(x, weight, bias, epilog):
     """(y, extra outputs) of y = epilog(x Wᵀ + b) as one GEMM, y (tokens, features) row-major or a
     transposed view; None where the step runs as torch ops (nothing to compute, or float64 without a kernel)."""
-    if x.numel() == 0 or weight.shape[0] == 0 or fp64_refuses(x.dtype, epilog):
+    if x.numel() == 0 or weight.shape[0] == 0 or (x.dtype == torch.float64 and fp64_refuses(x.dtype, epilog)):
         return None
     x, weight, bias = _data(x), _data(weight), _data(bias)
     try:
-        if bias is None and epilog in (_E.DEFAULT, _E.RELU, _E.GELU):
+        if bias is None and epilog in _ELEMENTWISE:
             return _gemm(x, weight.T, epilog)  # elementwise epilog: either orientation; this one is y itself
         # the bias runs along D's rows: D = W xᵀ is (features, tokens), y's memory
         d, extra = _gemm(weight, x.T, epilog, None if bias is None else {"bias": bias})

@@ -316,8 +316,8 @@ def unpack_relu_mask(aux, rows):
 
 class EmulatedMatmul:
     """nvblaslt.matmul's contract, emulated with torch ops on CPU tensors: the epilogs' math, the aux and
-    bias-gradient layouts, and the checks whose failure would mean the CUDA path calls it wrongly (tensors
-    that require grad, which DLPack refuses; BGRADB without a row-major B; an aux not as the forward made it).
+    bias-gradient layouts, and the checks whose failure would mean the CUDA path calls it wrongly (operands
+    autograd would record; BGRADB without a row-major B; an aux not as the forward made it).
     ``order``: how D is laid out — nvmath-python's rule ("nvmath"), always column-major ("column", the
     rule before it) or always row-major ("row"); the CUDA path must be right under each."""
 
@@ -334,8 +334,8 @@ class EmulatedMatmul:
         if name in self.refuse:
             raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", 15, "CUBLAS_STATUS_NOT_SUPPORTED", "emulated")
         inputs = dict(epilog_inputs or {})
-        for t in (a, b, *inputs.values()):
-            assert not t.requires_grad, "DLPack refuses tensors that require grad"
+        for t in (a, b, *inputs.values()):  # nvblaslt reads their memory; a view autograd records is waste
+            assert not (t.requires_grad and torch.is_grad_enabled()), "an operand autograd records"
         z = a @ b
         m, n = z.shape
         outputs = {}
