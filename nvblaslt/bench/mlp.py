@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -125,7 +127,25 @@ def main(args=None) -> dict:
     options = parser.parse_args(args)
     if options.quick:
         options.rounds, options.warmup = 5, 2
+    if options.search:
+        return _measure(options)
+    # "heuristic plans" are the heuristics' own: a plan recalls what an earlier search stored on disk, so
+    # this run reads and writes an empty tuning cache of its own
+    from .._tuning_cache import ENV_CACHE_DIR
 
+    saved = os.environ.get(ENV_CACHE_DIR)
+    with tempfile.TemporaryDirectory(prefix="nvblaslt-mlp-") as scratch:
+        os.environ[ENV_CACHE_DIR] = scratch
+        try:
+            return _measure(options)
+        finally:
+            if saved is None:
+                os.environ.pop(ENV_CACHE_DIR, None)
+            else:
+                os.environ[ENV_CACHE_DIR] = saved
+
+
+def _measure(options) -> dict:
     import torch
 
     import nvblaslt

@@ -150,6 +150,23 @@ def test_the_mlp_bench_runs_as_a_smoke_test_on_cpu(capsys):
     assert "FusedLinear eager: backward='auto', heuristic plans; ReLU: unfused (RELU_BIAS; " in capsys.readouterr().out
 
 
+def test_the_mlp_bench_without_search_plans_from_an_empty_tuning_cache_of_its_own(monkeypatch, tmp_path):
+    """"heuristic plans" must be the heuristics' own: the user's cache may hold an earlier search's picks,
+    which plans recall (an H200 run after a --search run printed searched figures as heuristic ones)."""
+    import os
+
+    monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path))
+    seen = []
+    monkeypatch.setattr(mlp, "_measure", lambda options: seen.append((options.search,
+                                                                      os.environ["NVBLASLT_CACHE_DIR"])) or {})
+    mlp.main(["--device", "cpu"])
+    mlp.main(["--device", "cpu", "--search"])
+    (searched_first, scratch), searched = seen
+    assert not searched_first and scratch != str(tmp_path) and not os.path.exists(scratch)  # removed after
+    assert searched == (True, str(tmp_path))  # a search tunes into the user's cache, as --help says
+    assert os.environ["NVBLASLT_CACHE_DIR"] == str(tmp_path)
+
+
 def test_nothing_in_the_core_imports_the_bench():
     """The bench consumes the package; only the command line (``nvblaslt/__main__.py``) reaches it."""
     import ast
