@@ -60,21 +60,28 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
 def check_like_x(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     """x a float tensor, weight and bias of its dtype and device, bias one value per output: the
     checks a Linear and a Conv2d layer share."""
-    if x.dtype not in _FLOATS:
-        raise NvblasltTypeError(f"x: expected float16, bfloat16, float32 or float64, got {x.dtype}")
+    dtype, device = x.dtype, x.device
+    if dtype not in _FLOATS:
+        raise NvblasltTypeError(f"x: expected float16, bfloat16, float32 or float64, got {dtype}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is None:
             continue
-        if t.dtype != x.dtype:
-            raise NvblasltTypeError(f"{name}: expected dtype {x.dtype} (x's), got {t.dtype}")
-        if t.device != x.device:
-            raise NvblasltValueError(f"{name}: on {t.device}, but x is on {x.device}")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        if t.dtype != dtype:
+            raise NvblasltTypeError(f"{name}: expected dtype {dtype} (x's), got {t.dtype}")
+        if t.device != device:
+            raise NvblasltValueError(f"{name}: on {t.device}, but x is on {device}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise NvblasltValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
+# whether autocast is on for any device: one C call, where asking for x's device costs five times more
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
 def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Cast as autocast casts nn.Linear's inputs, when it is on for x's device."""
+    if not _any_autocast():
+        return x, weight, bias
     device = getattr(x, "device", None)
     if device is None or not torch.is_autocast_enabled(device.type):
         return x, weight, bias
