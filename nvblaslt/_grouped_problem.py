@@ -127,14 +127,15 @@ def _orientation(name: str, shape: tuple[int, ...], strides: tuple[int, ...], it
     """(row-major, leading dimension) of one group's ``shape`` matrix with element ``strides``."""
     rows, cols = shape
     s0, s1 = strides
-    # One contiguous column (or row) is either order. Taken as a row-major column, its lead is 1 element,
-    # for which cuBLASLt has no kernel (an N=1 weight); in the other order the lead is never stepped over,
-    # so it may be any value from the extent up: the extent rounded up to 16 bytes.
+    # One contiguous column (or row) is either order. Its other stride is the lead where it is one (at least
+    # the extent); where it is not (a (K, 1) weight's strides are (1, 1)), the lead is never stepped over and
+    # may be any value from the extent up: the extent rounded up to 16 bytes. (Taken row-major, such a
+    # column has a lead of 1 element, for which cuBLASLt has no kernel.)
     per_boundary = max(1, BOUNDARY_BYTES // itemsize)
-    if cols <= 1 < rows and s0 == 1:
-        return False, -(-rows // per_boundary) * per_boundary
-    if rows <= 1 < cols and s1 == 1:
-        return True, -(-cols // per_boundary) * per_boundary
+    if cols == 1 < rows and s0 == 1:
+        return False, s1 if s1 >= rows else -(-rows // per_boundary) * per_boundary
+    if rows == 1 < cols and s1 == 1:
+        return True, s0 if s0 >= cols else -(-cols // per_boundary) * per_boundary
     if cols <= 1:
         s1 = 1  # a column: any stride across the one column is as good as 1
     if s1 == 1 and s0 >= max(cols, 1):

@@ -1,9 +1,10 @@
 """Probe (GPU): how far is an untuned fused layer's first algorithm from the best it could run? For the
 GEMMs a fused MLP step runs (bf16, 8192 tokens, 4096↔16384: the forward RELU_BIAS / GELU_AUX_BIAS / BIAS,
 the weight gradient with BGRADB, the input gradient with DGELU), every algorithm the heuristics return
-for the fused epilog is timed, and so is every algorithm they return for the plain GEMM that
-``cublasLtMatmulAlgoCheck`` accepts with the epilog, beside the plain GEMM itself (CUDA events,
-interleaved rounds). What it finds decides how ``nvblaslt.torch`` picks its untuned plans (issue 23).
+for the fused epilog (up to 8, their default) is timed, and so is every one they return for the plain GEMM
+that ``cublasLtMatmulAlgoCheck`` accepts with the epilog, beside the plain GEMM itself (CUDA events,
+interleaved rounds). An algorithm cuBLASLt refused at launch would run as the plan's next one: the probe
+says so where it happens. What it finds decides how ``nvblaslt.torch`` picks its untuned plans (issue 23).
 
     python -m tools.probe_epilog_defaults
 """
@@ -36,7 +37,12 @@ def _describe(result) -> str:
 
 
 def main() -> None:
-    os.environ["NVBLASLT_CACHE_DIR"] = tempfile.mkdtemp()  # the heuristics' own picks, nothing remembered
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ["NVBLASLT_CACHE_DIR"] = scratch  # the heuristics' own picks, nothing remembered
+        _probe()
+
+
+def _probe() -> None:
     import nvblaslt
     from nvblaslt import Matmul
 
@@ -76,6 +82,8 @@ def main() -> None:
             for key, (plan, result) in candidates.items():
                 plan.execute(algorithm=result)
                 times[key].append(_gpu_ms(plan))
+                if plan.algorithm is not result:  # refused at launch: the plan moved on to its next one
+                    print(f"  ({key} was refused at launch; its row times another algorithm)")
             times["plain GEMM, no epilog"].append(_gpu_ms(plain))
         floor = statistics.median(times["plain GEMM, no epilog"])
         accepted = sum(key.startswith("plain GEMM's") for key in candidates)

@@ -74,14 +74,8 @@ def check_like_x(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
         raise NvblasltValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
 
 
-# whether autocast is on for any device: one C call, where asking for x's device costs five times more
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
-
-
 def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Cast as autocast casts nn.Linear's inputs, when it is on for x's device."""
-    if not _any_autocast():
-        return x, weight, bias
     device = getattr(x, "device", None)
     if device is None or not torch.is_autocast_enabled(device.type):
         return x, weight, bias

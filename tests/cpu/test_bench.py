@@ -165,6 +165,9 @@ def test_the_mlp_bench_without_search_plans_from_an_empty_tuning_cache_of_its_ow
     assert not searched_first and scratch != str(tmp_path) and not os.path.exists(scratch)  # removed after
     assert searched == (True, str(tmp_path))  # a search tunes into the user's cache, as --help says
     assert os.environ["NVBLASLT_CACHE_DIR"] == str(tmp_path)
+    monkeypatch.delenv("NVBLASLT_CACHE_DIR")
+    mlp.main(["--device", "cpu"])
+    assert "NVBLASLT_CACHE_DIR" not in os.environ and seen[-1][1] not in (None, str(tmp_path))
 
 
 def test_nothing_in_the_core_imports_the_bench():

@@ -110,8 +110,9 @@ def test_a_group_starting_off_16_bytes_along_memory_is_emptied_and_only_that_one
     assert arrays[2][3] == 0  # and it points at the operand's aligned base, not at element 11
 
 
+@pytest.mark.parametrize("layout", ["row", "col"])
 @pytest.mark.parametrize("form", ["2d3d", "3d2d", "2d2d", "3d3d"])
-def test_a_one_wide_operand_takes_the_order_whose_lead_is_aligned(form):
+def test_a_one_wide_operand_takes_the_order_whose_lead_is_aligned(form, layout):
     """A contiguous (…, K, 1) weight is as much column- as row-major; row-major its lead is one element,
     for which cuBLASLt has no kernel (NOT_SUPPORTED on the H200). It runs in the other order, its lead the
     extent rounded up to 16 bytes, and every group still gets its product."""
@@ -121,13 +122,36 @@ def test_a_one_wide_operand_takes_the_order_whose_lead_is_aligned(form):
     ends = np.cumsum(sizes).astype(np.int32)
     a_shape, b_shape = {"2d3d": ((total, k), (groups, k, 1)), "3d2d": ((groups, 1, k), (k, total)),
                         "2d2d": ((1, total), (total, 8)), "3d3d": ((groups, m, k), (groups, k, 1))}[form]
-    a, b = _random(rng, a_shape, "row"), _random(rng, b_shape, "row")
+    a, b = _random(rng, a_shape, layout), _random(rng, b_shape, layout)
     offs = None if form == "3d3d" else ends
     problem = _grouped_problem.describe(op(a, "a"), op(b, "b"), op(offs, "offs") if offs is not None else None)
     np.testing.assert_allclose(emulate(problem, a, b, offs), expected(form, a, b, offs, groups), rtol=1e-12,
                                atol=1e-12)
     for matrix in (problem.a, problem.b, problem.d):
         assert matrix.alignment >= 16, matrix
+
+
+@pytest.mark.parametrize("a_shape, b_shape, ends", [((2, 3, 4), (2, 4, 0), None), ((6, 4), (2, 4, 0), [2, 6]),
+                                                     ((3, 6), (6, 0), [2, 6]), ((2, 3, 1), (1, 0), [0, 0])])
+def test_an_empty_result_is_described_as_the_product_it_is(a_shape, b_shape, ends):
+    """A result with no columns is not a one-wide matrix: D keeps op(A)·op(B)'s extents (a one-wide rule
+    that matched zero described it transposed)."""
+    torch = pytest.importorskip("torch")  # its empty tensors' strides are those of a one-wide matrix (NumPy's are 0)
+    a, b = torch.randn(a_shape, dtype=torch.float16), torch.empty(b_shape, dtype=torch.float16)
+    offs = None if ends is None else torch.tensor(ends, dtype=torch.int32)
+    problem = _grouped_problem.describe(op(a, "a"), op(b, "b"), op(offs, "offs") if offs is not None else None)
+    assert emulate(problem, a.numpy(), b.numpy(), None if offs is None else offs.numpy()).size == 0
+    # (emulate() asserts each group's D extents against op(A)·op(B)'s)
+
+
+def test_a_one_token_total_keeps_the_plan_key_of_larger_totals():
+    """A row-major (1, K) operand whose rows are the ragged extent keeps its lead (and so the plan key) at
+    a total of one token, also where K's rows are not on 16 bytes."""
+    b = _f16(2, 20, 16)
+    offs = op(np.array([1, 1], np.int32))
+    one = _grouped_problem.describe(op(_f16(1, 20)), op(b), offs)
+    many = _grouped_problem.describe(op(_f16(16, 20)), op(b), op(np.array([8, 16], np.int32)))
+    assert one.key == many.key
 
 
 def test_results_rows_start_on_16_bytes():
