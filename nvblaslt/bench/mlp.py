@@ -136,6 +136,9 @@ def main(args=None) -> dict:
     saved = os.environ.get(ENV_CACHE_DIR)
     with tempfile.TemporaryDirectory(prefix="nvblaslt-mlp-") as scratch:
         os.environ[ENV_CACHE_DIR] = scratch
+        import nvblaslt
+
+        nvblaslt.clear_plan_cache()  # plans an earlier section of `nvblaslt bench` made (this thread's only)
         try:
             return _measure(options)
         finally:
