@@ -32,12 +32,14 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .. import NvblasltTypeError
 from .._grouped_problem import padded_strides
 from ._eager import autograd_function, direct, wants_grad
 from ._tuning import first_search, tuning
 
 _SCHEMA = "(Tensor a, Tensor b, Tensor? offs, ScalarType? out_dtype) -> Tensor"
 _NATIVE = (torch.bfloat16, torch.float16)
+_FP8 = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
 
 
 def _out_shape(a: Tensor, b: Tensor, offs: Tensor | None) -> tuple[int, ...]:
@@ -55,7 +57,11 @@ def _out_shape(a: Tensor, b: Tensor, offs: Tensor | None) -> tuple[int, ...]:
 
 
 def _reference(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype) -> Tensor:
-    """The same result as a loop of torch matmuls (any device and dtype); unwritten rows are zeros."""
+    """The same result as a loop of torch matmuls (any device and dtype); unwritten rows are zeros. A wider
+    result is computed in its own dtype, as cuBLASLt writes a float32 result of bfloat16 operands (not their
+    bfloat16 product, cast), and fp8 operands are widened to the result's dtype."""
+    if out_dtype.itemsize > a.dtype.itemsize or (a.dtype in _FP8 and out_dtype not in _FP8):
+        a, b = a.to(out_dtype), b.to(out_dtype)
     out = a.new_zeros(_out_shape(a, b, offs), dtype=out_dtype)
     if a.dim() == 3 and b.dim() == 3:
         return torch.bmm(a, b).to(out_dtype)
@@ -174,7 +180,18 @@ def _native(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> Te
     return nvblaslt.grouped_matmul(a, b, offs, out_dtype=dtype)
 
 
+def _refuse_unscaled_fp8(a: Tensor, b: Tensor) -> None:
+    """fp8 on CUDA has no unscaled grouped GEMM (torch's matmuls refuse it too): say where the scaled one is."""
+    for name, t in (("a", a), ("b", b)):
+        if t.is_cuda and t.dtype in _FP8:
+            raise NvblasltTypeError(f"{name}: {t.dtype} operands on CUDA need their scales: call "
+                                    f"nvblaslt.grouped_matmul(a, b, offs, scale_a=…, scale_b=…), which takes "
+                                    f"torch tensors and returns one (forward only); grouped_mm takes bfloat16, "
+                                    f"float16 or float32")
+
+
 def _grouped_mm_impl(a, b, offs, out_dtype):
+    _refuse_unscaled_fp8(a, b)
     dtype = out_dtype or a.dtype
     if a.is_cuda and a.dtype in _NATIVE:
         return _native(a, b, offs, dtype)
@@ -188,6 +205,7 @@ def _grouped_mm_op(a, b, offs, out_dtype):
 
 @_grouped_mm_op.register_fake
 def _grouped_mm_fake(a, b, offs, out_dtype):
+    _refuse_unscaled_fp8(a, b)
     dtype, shape = out_dtype or a.dtype, _out_shape(a, b, offs)
     if a.is_cuda and a.dtype in _NATIVE:  # cuBLASLt's result: every row on 16 bytes, as the real op returns it
         return a.new_empty_strided(shape, padded_strides(shape, dtype.itemsize), dtype=dtype)

@@ -164,6 +164,39 @@ def test_the_fake_gives_cuda_results_the_real_ops_padded_strides():
     assert cpu.stride() == (7, 1)                                      # torch matmuls off CUDA: contiguous
 
 
+def test_unscaled_fp8_on_cuda_is_refused_by_name_and_pointed_at_the_scaled_call():
+    """fp8 CUDA operands have no unscaled grouped GEMM (torch's matmuls refuse them as well): the op and its
+    fake say so and name nvblaslt.grouped_matmul's scales; fp8 off CUDA runs as torch matmuls."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from nvblaslt import NvblasltTypeError
+
+    with FakeTensorMode():
+        a = torch.empty(10, 16, device="cuda", dtype=torch.float8_e4m3fn)
+        b = torch.empty(2, 16, 8, device="cuda", dtype=torch.float8_e4m3fn)
+        offs = torch.empty(2, device="cuda", dtype=torch.int32)
+        with pytest.raises(NvblasltTypeError, match=r"a: torch.float8_e4m3fn operands on CUDA need their scales.*"
+                                                    r"grouped_matmul\(a, b, offs, scale_a="):
+            torch.ops.nvblaslt.grouped_mm(a, b, offs, torch.bfloat16)
+        with pytest.raises(NvblasltTypeError, match="b: torch.float8_e5m2"):
+            torch.ops.nvblaslt.grouped_mm(a.to(torch.bfloat16), b.to(torch.float8_e5m2), offs, None)
+    x = torch.randn(10, 16).to(torch.float8_e4m3fn)
+    w = torch.randn(2, 16, 8).to(torch.float8_e4m3fn)
+    ends = torch.tensor([4, 10], dtype=torch.int32)
+    torch.testing.assert_close(grouped_mm(x, w, ends, out_dtype=torch.float32),
+                               torch.cat([x[:4].float() @ w[0].float(), x[4:].float() @ w[1].float()]))
+
+
+def test_a_float32_result_of_bfloat16_operands_is_not_their_rounded_product_off_cuda():
+    """As cuBLASLt writes it: computed in float32, not the bfloat16 product cast afterwards."""
+    torch.manual_seed(3)
+    x, w = torch.randn(10, 64, dtype=torch.bfloat16), torch.randn(2, 64, 8, dtype=torch.bfloat16)
+    ends = torch.tensor([4, 10], dtype=torch.int32)
+    want = torch.cat([x[:4].float() @ w[0].float(), x[4:].float() @ w[1].float()])
+    got = grouped_mm(x, w, ends, out_dtype=torch.float32)
+    assert (got - want).abs().max() < 1e-4 < (want.bfloat16().float() - want).abs().max()
+
+
 def test_the_grouped_bench_train_section_checks_its_gradients_on_the_cpu():
     from nvblaslt.bench.grouped import Experts, train_case
 
