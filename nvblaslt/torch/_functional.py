@@ -9,9 +9,6 @@ import torch
 from torch import Tensor
 
 from .. import NvblasltTypeError, NvblasltValueError
-from ._eager import direct, wants_grad
-from ._gemms import forward_inference
-from . import _ops
 from ._ops import layer
 from ._tuning import chain_for
 
@@ -144,13 +141,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     _check_tensors(x, weight, bias)
     x, weight, bias = _autocast(x, weight, bias)
     _check(x, weight, bias)
-    flat = x.dim() == 2  # the common case: no reshape either way
-    x2 = x.contiguous() if flat else x.reshape(-1, x.shape[-1]).contiguous()
-    if not wants_grad(x2, weight, bias) and direct(x2, weight, bias):  # plain eager inference: one GEMM
-        out = forward_inference(x2, weight, bias, activation, cuda=_ops.uses_cublaslt(x2))
-    else:
-        out = layer(x2, weight, bias, activation, None)[0]
-    return out if flat else out.reshape(*x.shape[:-1], weight.shape[0])
+    if x.dim() == 2:  # the common case: no reshape either way
+        return layer(x.contiguous(), weight, bias, activation, None)[0]
+    lead = x.shape[:-1]
+    out, _ = layer(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation, None)
+    return out.reshape(*lead, weight.shape[0])
 
 
 def linked_layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, state: Any,

@@ -158,14 +158,17 @@ def layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, stat
     its output (ReLU) or kept pre-activation (GELU); ``"epilog"`` / ``"bgradb"``: in the next layer's
     input-gradient GEMM (DRELU_BGRAD / DGELU_BGRAD, or DRELU / DGELU with BGRADB here for the bias
     gradient), through the link this layer returns. Returns (out, state for the next layer)."""
-    grad = wants_grad(x2, weight, bias, *(state[2:] if state else ()))
+    carried = state[1:] if state is not None else ()  # the previous layer's aux and links, where linked
+    grad = wants_grad(x2, weight, bias, *carried[1:])
+    # plain eager: the op's own code, no dispatch; without a gradient, the forward's GEMM alone
+    eager = direct(x2, weight, bias, *carried)
+    if eager and not grad:
+        return forward_inference(x2, weight, bias, activation, cuda=uses_cublaslt(x2)), None
     linked = grad and activation != "none" and chain is not None
     keep_aux = linked or (grad and activation == "gelu")  # ReLU's own backward reads its output instead
     prev_activation, prev_aux, link, link_bias = state if state is not None else ("none", None, None, None)
     arguments = (x2, weight, bias, activation, keep_aux, prev_aux, prev_activation, link, link_bias)
-    if direct(x2, weight, bias, prev_aux, link, link_bias):  # plain eager: the op's own code, no dispatch
-        if not grad:
-            return forward_inference(x2, weight, bias, activation, cuda=uses_cublaslt(x2)), None
+    if eager:
         out, aux, out_link, out_link_bias = _Linear.apply(*arguments)
     else:
         out, aux, out_link, out_link_bias = torch.ops.nvblaslt.linear(*arguments)
