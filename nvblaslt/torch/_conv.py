@@ -176,12 +176,19 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPai
             [20., 24.]])
     """
     activation = activation_name(activation)
-    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+    for name, t in (("weight", weight), ("bias", bias)):
         if not isinstance(t, Tensor) and not (name == "bias" and t is None):
             raise NvblasltTypeError(f"{name}: expected a torch.Tensor{' or None' if name == 'bias' else ''}, got "
                                     f"{type(t).__module__}.{type(t).__qualname__}")
     kernel = (weight.shape[-2], weight.shape[-1]) if weight.dim() >= 2 else (1, 1)
-    g = Geometry(kernel, *conv_arguments(kernel, stride, padding, dilation, groups))
+    return _conv(x, weight, bias, Geometry(kernel, *conv_arguments(kernel, stride, padding, dilation, groups)),
+                 activation)
+
+
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, g: Geometry, activation: str) -> Tensor:
+    """``conv2d()`` of checked parameters (its geometry and activation resolved): x checked, cast, convolved."""
+    if not isinstance(x, Tensor):
+        raise NvblasltTypeError(f"x: expected a torch.Tensor, got {type(x).__module__}.{type(x).__qualname__}")
     x, weight, bias = _autocast(x, weight, bias)
     _check(x, weight, bias, g)
     return fused_conv(x, weight, bias, activation, g)
@@ -252,6 +259,7 @@ class FusedConv2d(nn.Module):
     weight: Tensor
     bias: Tensor | None
     resolved_padding: tuple[int, int]  # the padding as pixels, "same" and "valid" resolved
+    _parsed: tuple[tuple, Geometry]  # (what it was parsed from, the geometry): forward's fast path
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntPair, stride: IntPair = 1,
                  padding: IntPair | str = 0, dilation: IntPair = 1, groups: int = 1, bias: bool = True,
@@ -272,6 +280,7 @@ class FusedConv2d(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+        self._parse()
 
     def reset_parameters(self) -> None:
         """Initialize ``weight`` and ``bias`` as ``nn.Conv2d`` does, drawing the same random numbers."""
@@ -310,6 +319,7 @@ class FusedConv2d(nn.Module):
         fused.weight = conv.weight
         fused.bias = conv.bias
         fused.train(conv.training)
+        fused._parse()
         return fused
 
     def forward(self, x: Tensor) -> Tensor:
@@ -330,7 +340,19 @@ class FusedConv2d(nn.Module):
         NvblasltTypeError, NvblasltValueError
             As ``conv2d()`` raises them (a channels-first ``x`` among them).
         """
-        return conv2d(x, self.weight, self.bias, self.stride, self.resolved_padding, self.dilation, 1, self.activation)
+        # the geometry as parsed when the layer was made, while its parameters still match it: a step's host
+        # time is the layer's cost, and nn.Module keeps weight a Parameter and bias a Parameter or None
+        parsed = self.__dict__.get("_parsed")  # None in a layer pickled before it had one
+        if parsed is None or parsed[0] != (self.weight.shape[2:], self.stride, self.resolved_padding, self.dilation,
+                                           self.activation):
+            return conv2d(x, self.weight, self.bias, self.stride, self.resolved_padding, self.dilation, 1,
+                          self.activation)
+        return _conv(x, self.weight, self.bias, parsed[1], self.activation)
+
+    def _parse(self) -> None:
+        kernel = self.kernel_size
+        self._parsed = ((kernel, self.stride, self.resolved_padding, self.dilation, self.activation),
+                        Geometry(kernel, self.stride, self.resolved_padding, self.dilation))
 
     def extra_repr(self) -> str:
         """The layer's sizes, as ``nn.Conv2d`` shows them, and its activation, for ``repr()``."""

@@ -78,7 +78,7 @@ def _backward(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, p
     return tuple(unused(x) if t is None else t for t in (dx, dw, db, dprev_b))
 
 
-def _linear_backward_impl(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
+def linear_backward_impl(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
                           prev_activation, prev_bias_grad, input_grad, weight_grad):
     """(grad_input, grad_weight, grad_bias, grad_prev_bias); empty tensors for what was not asked for.
     grad_input is w.r.t. x, or w.r.t. the previous layer's pre-activation when ``prev_activation`` is set."""
@@ -90,7 +90,7 @@ def _linear_backward_impl(grad_out, grad_link, x, weight, out, aux, activation, 
 @torch.library.custom_op("nvblaslt::linear_backward", mutates_args=(), schema=_BACKWARD_SCHEMA)
 def _linear_backward_op(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
                         prev_activation, prev_bias_grad, input_grad, weight_grad):
-    return _linear_backward_impl(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
+    return linear_backward_impl(grad_out, grad_link, x, weight, out, aux, activation, bias_grad, prev_aux,
                                  prev_activation, prev_bias_grad, input_grad, weight_grad)
 
 
@@ -136,7 +136,7 @@ def _linear_autograd(ctx, grad_out, grad_aux, grad_link, grad_link_bias):
                  prev_bias_grad, input_grad, needs[_WEIGHT])
     # the backward op has no autograd of its own: under create_graph it runs as the op, which says so
     if not torch.is_grad_enabled() and direct(grad_out, grad_link, x, weight, out, aux, prev_aux):
-        dx, dw, db, dprev_b = _linear_backward_impl(*arguments)
+        dx, dw, db, dprev_b = linear_backward_impl(*arguments)
     else:
         dx, dw, db, dprev_b = torch.ops.nvblaslt.linear_backward(*arguments)
     grads = [None] * 9

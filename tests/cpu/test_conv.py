@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 nn, F = torch.nn, torch.nn.functional
 
 from nvblaslt import NvblasltError, NvblasltTypeError, NvblasltValueError  # noqa: E402
-from nvblaslt.torch import _conv, _gemms, _im2col, _ops  # noqa: E402
+from nvblaslt.torch import _conv, _conv_ops, _gemms, _im2col, _ops  # noqa: E402
 from nvblaslt.torch._conv import FusedConv2d, conv2d  # noqa: E402
 from nvblaslt.torch._im2col import Geometry  # noqa: E402
 
@@ -390,6 +390,7 @@ def emulated_cuda_path(monkeypatch):
         return emulated(a, b, epilog=epilog, epilog_inputs=epilog_inputs)
     monkeypatch.setattr(_gemms, "matmul", recording)
     monkeypatch.setattr(_ops, "uses_cublaslt", lambda x: True)
+    monkeypatch.setattr(_conv_ops, "uses_cublaslt", lambda x: True)
     emulated.operands = operands
     return emulated
 
@@ -479,6 +480,22 @@ def test_torch_compile_fullgraph_without_graph_breaks_on_cpu(backend):
 
 
 # ---- the module ---------------------------------------------------------------------------------------------
+
+def test_a_layer_whose_settings_change_after_it_was_made_convolves_with_the_new_ones():
+    # forward reuses the geometry parsed at construction only while the layer still matches it
+    torch.manual_seed(6)
+    layer = FusedConv2d(3, 4, 1, activation="relu", dtype=torch.float64)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64).contiguous(memory_format=CL)
+    assert layer(x).shape == (2, 4, 6, 6)
+    layer.stride = (2, 2)
+    torch.testing.assert_close(layer(x), torch.relu(nn.functional.conv2d(x, layer.weight, layer.bias, stride=2)))
+    layer.activation = "gelu"
+    expected = nn.functional.gelu(nn.functional.conv2d(x, layer.weight, layer.bias, stride=2), approximate="tanh")
+    torch.testing.assert_close(layer(x), expected)
+    layer.stride = (0, 1)
+    with pytest.raises(NvblasltValueError, match="stride"):
+        layer(x)
+
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_fused_conv2d_has_nn_conv2ds_parameters_init_and_keys(bias):

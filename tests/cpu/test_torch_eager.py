@@ -99,6 +99,41 @@ def test_grouped_mm_takes_the_eager_path_with_the_same_gradients():
     assert torch.autograd.gradgradcheck(lambda a, b: grouped_mm(a, b, offs), (a, b))
 
 
+@pytest.mark.parametrize("kernel, activation", [(1, "relu"), (1, "gelu"), (3, "relu")])
+def test_a_convolution_takes_the_eager_path_with_the_same_values_and_gradients(kernel, activation):
+    from nvblaslt.torch._conv import FusedConv2d
+
+    torch.manual_seed(3)
+    layer = FusedConv2d(3, 4, kernel, padding=kernel // 2, activation=activation, dtype=F64)
+    x = torch.randn(2, 3, 5, 5, dtype=F64).contiguous(memory_format=torch.channels_last).requires_grad_()
+    params = [x, *layer.parameters()]
+    eager = layer(x)
+    assert _origin(eager) == "Conv2dBackward"  # the autograd.Function, not the op's wrapper
+    with _Seen() as seen:
+        through_op = layer(x)
+    assert "nvblaslt.conv2d.default" in seen.ops
+    assert "nvblaslt" in _origin(through_op)
+    torch.testing.assert_close(eager, through_op)
+    for mine, theirs in zip(_grads(eager, *params), _grads(through_op, *params)):
+        torch.testing.assert_close(mine, theirs)
+    with torch.no_grad():
+        inference = layer(x)
+    assert inference.grad_fn is None and inference.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(inference, eager.detach())
+    expected = torch.nn.functional.conv2d(x, layer.weight, layer.bias, padding=kernel // 2)
+    expected = torch.relu(expected) if activation == "relu" else torch.nn.functional.gelu(expected, approximate="tanh")
+    torch.testing.assert_close(eager, expected)
+
+
+def test_a_convolutions_second_order_gradient_runs_the_backward_op():
+    from nvblaslt.torch._conv import FusedConv2d
+
+    layer = FusedConv2d(3, 2, 1, activation="gelu", dtype=F64)
+    x = torch.randn(2, 3, 4, 4, dtype=F64).contiguous(memory_format=torch.channels_last)
+    grad_weight, = torch.autograd.grad(layer(x).sum(), layer.weight, create_graph=True)
+    assert "nvblaslt_conv2d_backward" in type(grad_weight.grad_fn).__name__
+
+
 def test_a_second_order_gradient_runs_the_backward_op_which_says_it_has_no_formula():
     # under create_graph the backward must not run directly: on CUDA its GEMMs record no graph
     x = torch.randn(3, 4, dtype=F64, requires_grad=True)
