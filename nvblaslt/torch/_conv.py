@@ -306,20 +306,13 @@ class FusedConv2d(nn.Module):
         if not isinstance(conv, nn.Conv2d):
             raise NvblasltTypeError(f"conv: expected a torch.nn.Conv2d, got {type(conv).__module__}."
                                     f"{type(conv).__qualname__}")
-        kernel = cast(tuple[int, int], tuple(conv.kernel_size))
-        stride, resolved, dilation = conv_arguments(kernel, conv.stride, conv.padding, conv.dilation, conv.groups,
-                                                    conv.padding_mode)
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
-        fused.in_channels, fused.out_channels, fused.kernel_size = conv.in_channels, conv.out_channels, kernel
-        fused.stride, fused.dilation, fused.groups, fused.padding_mode = stride, dilation, 1, "zeros"
-        fused.padding = conv.padding if isinstance(conv.padding, str) else resolved
-        fused.resolved_padding = resolved
-        fused.activation = activation_name(activation)
+        # made on the meta device (no memory, no initialization), then given conv's own parameters
+        fused = cls(conv.in_channels, conv.out_channels, cast(tuple[int, int], tuple(conv.kernel_size)), conv.stride,
+                    conv.padding, conv.dilation, conv.groups, conv.bias is not None, conv.padding_mode, activation,
+                    device="meta")
         fused.weight = conv.weight
         fused.bias = conv.bias
         fused.train(conv.training)
-        fused._parse()
         return fused
 
     def forward(self, x: Tensor) -> Tensor:
