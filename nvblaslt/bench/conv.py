@@ -13,11 +13,12 @@ ResNet-50's 3×3 convolutions, which FusedConv2d runs through an im2col. Rows pe
   again for dW, col2im once): their share of the fused step is printed.
 
 Every row of a shape is timed in the same interleaved rounds (each case once per round, in a fresh
-order: ``nvblaslt._timing.shuffled_rounds``), CUDA events around the step queued behind ~2 ms of GPU
-work so that the host is ahead as in a training loop (the host's time to issue a step is kept too),
-median; the ratios are of the same run. The gradients of the fused step are checked against eager's
-first. ``--quick`` (5 shapes, fewer rounds) takes about a minute and a half on an H100, the full run
-about four. ``--device cpu`` smoke-tests the script (wall clock, meaningless times).
+order: ``nvblaslt._timing.shuffled_rounds``), median; the ratios are of the same run. ``--timing``: by
+default the wall clock to a synchronize after each step, as a loop that logs the loss every step sees it
+(the host's time to issue the step is paid); ``spin`` times CUDA events queued behind ~2 ms of GPU work,
+GPU time with the host's time hidden; ``both`` prints each. The host's time to issue a step is kept too. The gradients of the fused step are checked against eager's
+first. ``--quick`` (7 shapes, fewer rounds) takes about two minutes on an H100, the full run about five;
+``--shapes small`` runs the six small pointwise layers alone. ``--device cpu`` smoke-tests the script (wall clock, meaningless times).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, NamedTuple
 
 
 from .common import progress
-from .timing import step_rounds
+from .timing import TIMINGS, add_timing_argument, step_rounds, timing_modes
 
 
 
@@ -62,14 +63,26 @@ POINTWISE = [
     Shape("MobileNetV2 1×1 144→24 @56²", 128, 144, 24, 56),
     Shape("MobileNetV2 1×1 96→576 @14²", 256, 96, 576, 14),
 ]
+# Small pointwise layers, where the host's time to issue a step is most of it (an H200 run synced per step
+# found FusedConv2d's step at 1.5-2.2× cuDNN's here before the eager path skipped the custom ops' dispatch)
+SMALL = [
+    Shape("EfficientNet-B0 1×1 40→240 @28²", 128, 40, 240, 28),
+    Shape("EfficientNet-B0 1×1 240→40 @28²", 128, 240, 40, 28),
+    Shape("ResNet-101 1×1 1024→256 @14²", 128, 1024, 256, 14),
+    Shape("RegNet 1×1 368→368 @14²", 128, 368, 368, 14),
+    Shape("ConvNeXt-B 1×1 128→512 @56²", 32, 128, 512, 56),
+    Shape("ResNet-50 1×1 256→64 @56²", 32, 256, 64, 56),
+]
 KXK = [
     Shape("ResNet-50 3×3 64→64 @56²", 64, 64, 64, 56, 3, 1, 1),
     Shape("ResNet-50 3×3 256→256 @14²", 128, 256, 256, 14, 3, 1, 1),
     Shape("ResNet-50 3×3/2 128→128 @56²", 64, 128, 128, 56, 3, 2, 1),
 ]
 SHAPES = {
-    "full": POINTWISE + KXK,
-    "quick": [POINTWISE[0], POINTWISE[1], POINTWISE[6], POINTWISE[10], KXK[0]],
+    "full": POINTWISE + SMALL + KXK,
+    "pointwise": POINTWISE + SMALL,
+    "small": SMALL,
+    "quick": [POINTWISE[0], POINTWISE[1], POINTWISE[6], POINTWISE[10], SMALL[0], SMALL[4], KXK[0]],
     "tiny": [Shape("pointwise 8→16 @6²", 2, 8, 16, 6), Shape("3×3 8→8 @6²", 2, 8, 8, 6, 3, 1, 1)],
 }
 ROWS = {"eager": "torch conv2d + bias + ReLU, eager", "compile": "torch.compile of it",
@@ -80,9 +93,9 @@ def _label(shape: Shape) -> str:
     return f"{shape.label}, N {shape.batch}"
 
 
-def _interleaved(torch, cases: list, rounds: int, cuda: bool) -> tuple[list[float], list[float]]:
+def _interleaved(torch, cases: list, rounds: int, cuda: bool, timing: str) -> tuple[list[float], list[float]]:
     """(median ms, median host ms) of each (name, run) case, every case once per round in a fresh order."""
-    return step_rounds(torch, cases, rounds, cuda)
+    return step_rounds(torch, cases, rounds, cuda, timing)
 
 
 def _step(model, x, grad):
@@ -158,12 +171,18 @@ def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bo
         if device.type == "cuda":
             torch.cuda.synchronize()
         warm_s[name] = time.perf_counter() - begin
-    medians, host = _interleaved(torch, cases, options.rounds, device.type == "cuda")
-    ms = {name: value for (name, _), value in zip(cases, medians)}
+    by_timing: dict[str, dict[str, Any]] = {}
+    for timing in timing_modes(options.timing):  # each mode in rounds of its own
+        medians, host = _interleaved(torch, cases, options.rounds, device.type == "cuda", timing)
+        times = {name: value for (name, _), value in zip(cases, medians)}
+        by_timing[timing] = {"ms": times, "host_ms": {name: value for (name, _), value in zip(cases, host)},
+                             "x_eager": times["fused"] / times["eager"]}
+    first = by_timing[timing_modes(options.timing)[0]]  # the headline: sync per step unless asked otherwise
+    ms = first["ms"]
     row: dict[str, Any] = {"label": _label(shape), "shape": shape._asdict(), "family":
                            "pointwise" if shape.kernel == 1 else f"{shape.kernel}×{shape.kernel}",
-                           "ms": ms, "host_ms": {name: value for (name, _), value in zip(cases, host)},
-                           "check": check, "warmup_s": warm_s, "x_eager": ms["fused"] / ms["eager"]}
+                           "ms": ms, "host_ms": first["host_ms"], "timing": timing_modes(options.timing)[0],
+                           "by_timing": by_timing, "check": check, "warmup_s": warm_s, "x_eager": first["x_eager"]}
     if compile_error:
         row["compile_error"] = compile_error
     if "compile" in ms:
@@ -177,9 +196,14 @@ def _gmean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
-def summary(rows: list[dict]) -> list[str]:
-    """The verdict lines under the table: per family, where FusedConv2d stands against eager and compile."""
+def summary(rows: list[dict], timing: str | None = None) -> list[str]:
+    """The verdict lines under the table: per family, where FusedConv2d stands against eager and compile
+    (timed as the rows' headline, or as ``timing``, one of the modes the rows were timed in)."""
     lines = []
+    if timing is not None:
+        rows = [{**r, "x_eager": r["by_timing"][timing]["x_eager"],
+                 **({"x_compile": r["by_timing"][timing]["ms"]["fused"] / r["by_timing"][timing]["ms"]["compile"]}
+                    if "compile" in r["ms"] else {})} for r in rows]
     for family in dict.fromkeys(r["family"] for r in rows):
         mine = [r for r in rows if r["family"] == family]
         eager = [r["x_eager"] for r in mine]
@@ -196,7 +220,7 @@ def summary(rows: list[dict]) -> list[str]:
             text += " — slower than cuDNN: no speed claim"
         lines.append(text)
     pointwise = [r["x_eager"] for r in rows if r["family"] == "pointwise"]
-    if pointwise:
+    if pointwise and timing is None:
         verdict = "pays" if _gmean(pointwise) <= 1.0 else "does not pay"
         lines.append(f"fuse(): converting pointwise Conv2d + ReLU {verdict} here (geometric mean "
                      f"{_gmean(pointwise):.3f}× eager); k×k stays nn.Conv2d (nvblaslt.torch._conv.FUSED_KERNELS)")
@@ -209,11 +233,12 @@ def main(args=None) -> dict:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--rounds", type=int, help="interleaved rounds per shape (default 20, quick 7)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps per case (compilation included)")
-    parser.add_argument("--quick", action="store_true", help="5 shapes, 7 rounds, 2 warm-up steps: about 90 s")
+    parser.add_argument("--quick", action="store_true", help="7 shapes, 7 rounds, 2 warm-up steps: about two minutes")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     parser.add_argument("--compile-budget", type=float,
                         help="seconds of torch.compile warm-up (compilation) after which the remaining shapes go "
                              "without the compile row, said in the table (default 150, quick 50)")
+    add_timing_argument(parser)
     parser.add_argument("--no-cudnn-benchmark", action="store_true", help="cuDNN's heuristics instead of its search")
     parser.add_argument("--search", action="store_true",
                         help="first run one fused step per shape under nvblaslt.torch.autotune() (slow; winners "
@@ -266,13 +291,16 @@ def main(args=None) -> dict:
     gpu = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})"
     version = getattr(nvblaslt.library(), "version_tuple", None) if cuda else None
     dtype_name = str(dtype).removeprefix("torch.")
+    modes = timing_modes(options.timing)
     print(f"Conv2d + bias + ReLU, one training step (forward + backward, x requires grad), {dtype_name}, "
-          f"channels-last; median of {options.rounds} interleaved rounds, ms ({time.strftime('%Y-%m-%d')})")
+          f"channels-last; median of {options.rounds} interleaved rounds, ms ({time.strftime('%Y-%m-%d')}); "
+          f"timed: {TIMINGS[modes[0]]}")
     print(f"{gpu}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version() if cuda else '-'} "
           f"(benchmark {'on' if torch.backends.cudnn.benchmark else 'off'}), cuBLASLt "
           f"{'.'.join(map(str, version)) if version else '-'}, Python {platform.python_version()}")
     header = (f"{'shape':42s} {'eager':>8s} {'compile':>8s} {'fused':>8s} {'×eager':>7s} {'×compile':>8s} "
-              f"{'im2col':>7s} {'host ms e/f':>12s} {'grad diff':>9s}")
+              f"{'im2col':>7s} {'host ms e/f':>12s} {'grad diff':>9s}"
+              + "".join(f" {'×eager ' + mode:>12s}" for mode in modes[1:]))
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -281,10 +309,13 @@ def main(args=None) -> dict:
         x_compile = f"{row['x_compile']:8.3f}" if "x_compile" in row else f"{'—':>8s}"
         share = f"{row['im2col_share']:7.0%}" if "im2col_share" in row else f"{'':7s}"
         print(f"{row['label']:42s} {ms['eager']:8.3f} {compile_ms} {ms['fused']:8.3f} {row['x_eager']:7.3f} "
-              f"{x_compile} {share} {host['eager']:5.2f}/{host['fused']:<6.2f} {row['check']:9.1e}")
+              f"{x_compile} {share} {host['eager']:5.2f}/{host['fused']:<6.2f} {row['check']:9.1e}"
+              + "".join(f" {row['by_timing'][mode]['x_eager']:12.3f}" for mode in modes[1:]))
     print("columns: eager = " + ROWS["eager"] + "; compile = " + ROWS["compile"] + "; fused = " + ROWS["fused"]
           + " (RELU_BIAS; ReLU backward from y; BGRADB; dx GEMM; k×k through im2col/col2im); im2col = share of "
-          "the fused step spent in " + ROWS["im2col"] + "; grad diff = fused vs eager gradients (relative)")
+          "the fused step spent in " + ROWS["im2col"] + "; host ms = the host's time to issue a step, eager/fused; "
+          "grad diff = fused vs eager gradients (relative)"
+          + "".join(f"; ×eager {mode} = the same ratio timed as {TIMINGS[mode]}" for mode in modes[1:]))
     skipped = [r["label"] for r in rows if "compile" not in r["ms"] and "compile_error" not in r]
     if skipped and not options.no_compile:
         print(f"no torch.compile row for {len(skipped)} shape(s): the compile budget ({options.compile_budget:.0f} s "
@@ -293,6 +324,8 @@ def main(args=None) -> dict:
         if "compile_error" in r:
             print(f"torch.compile failed for {r['label']}: {r['compile_error']}")
     lines = summary(rows)
+    for mode in modes[1:]:
+        lines += [f"[{mode}] {line}" for line in summary(rows, mode)]
     for line in lines:
         print(line)
     print(f"({time.time() - started:.0f} s in all, compilation included)")

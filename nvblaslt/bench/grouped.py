@@ -4,7 +4,10 @@ Issue 24's expert shapes (Mixtral-8x7B G=8 K=4096 N=14336, and back; Qwen3-30B-A
 N=768; DeepSeek-V3 G=256 K=7168 N=2048), bf16, at 8k and 32k tokens, routed balanced and skewed (a
 few experts take most tokens, some none). The experts' weights are stored (G, N, K) as
 ``nn.Linear`` keeps them. Rows per case, all timed in the same interleaved rounds (each once per
-round, in a fresh order), CUDA events around bursts of calls, median:
+round, in a fresh order), median; ``--timing sync`` (the default) times the wall clock over bursts of
+calls with a synchronize after each call, as a loop that waits for every step sees it (host time paid);
+``--timing spin`` times CUDA events around the bursts (GPU time; the host's time hidden while the GPU is
+the slower). Rows:
 
 - ``torch._grouped_mm`` (CUTLASS on Hopper), where this torch has it;
 - a per-expert ``torch.mm`` loop over the same split (its offsets read on the host once, before timing);
@@ -40,7 +43,7 @@ import tempfile
 from typing import Any, NamedTuple
 
 from .common import captured, free_memory, max_relative, progress
-from .timing import event_rounds
+from .timing import TIMINGS, add_timing_argument, event_rounds, wall_rounds
 
 
 class Experts(NamedTuple):
@@ -68,7 +71,7 @@ def split(torch, tokens: int, groups: int, skewed: bool, seed: int):
 
 
 def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds: int, calls: int,
-             search: bool = False) -> dict[str, Any]:
+             search: bool = False, timer=event_rounds) -> dict[str, Any]:
     sizes = split(torch, tokens, shape.groups, skewed, seed=shape.groups + tokens)
     offs = sizes.cumsum(0).to(device="cuda", dtype=torch.int32)
     x = torch.randn(tokens, shape.k, device="cuda", dtype=torch.bfloat16)
@@ -129,7 +132,7 @@ def run_case(torch, nvblaslt, shape: Experts, tokens: int, skewed: bool, rounds:
             reports["GroupedMatmul searched, execute()"] = str(searched.tuning_report)
             errors["GroupedMatmul searched, execute()"] = max_relative(torch, searched.execute(), reference)
             cases.append(("GroupedMatmul searched, execute()", lambda: searched.execute()))
-        times = event_rounds(torch, cases, rounds, calls, seed=tokens)
+        times = timer(torch, cases, rounds, calls, seed=tokens)
     flops = 2 * tokens * shape.k * shape.n
     rows = {name: {"ms": statistics.median(t), "tflops": flops / statistics.median(t) / 1e9} for (name, _), t in
             zip(cases, times)}
@@ -386,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", default="forward,train",
                         help="forward (the GEMM alone), train (the experts layer's forward + backward), or both")
     parser.add_argument("--no-tune", action="store_true", help="leave out the tuned rows (autotune of each GEMM)")
+    add_timing_argument(parser, both=False)
     parser.add_argument("--shapes", help="comma-separated parts of the shapes' labels to run (default: every "
                                          "shape), e.g. Qwen3,Mixtral")
     parser.add_argument("--search", action="store_true",
@@ -427,15 +431,17 @@ def _run(args, sections: set[str]) -> int:
     lib = nvblaslt.library()
     header = (f"{torch.cuda.get_device_name()}, cuBLASLt {'.'.join(map(str, lib.version_tuple))} ({lib.path}), "
               f"torch {torch.__version__}, Python {platform.python_version()}, bf16")
+    timer = wall_rounds if args.timing == "sync" else event_rounds  # the kernels' own choice stays GPU-timed
     print(header)
+    print(f"timed: {TIMINGS[args.timing]}")
     results = []
     cases = [(section, shape, tokens, skewed) for section in ("forward", "train") if section in sections
              for shape in shapes for tokens in token_counts for skewed in (False, True)]
     for section, shape, tokens, skewed in cases:  # every untuned row first: a tuned pick is remembered
         progress(f"{section}: {shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
-        case = (run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5, search=args.search)
+        case = (run_case(torch, nvblaslt, shape, tokens, skewed, rounds, calls=5, search=args.search, timer=timer)
                 if section == "forward"
-                else train_case(torch, shape, tokens, skewed, rounds))
+                else train_case(torch, shape, tokens, skewed, rounds, timer=timer))
         case["section"] = section
         results.append(case)
         _print_case(case)
@@ -444,12 +450,12 @@ def _run(args, sections: set[str]) -> int:
         for case, (section, shape, tokens, skewed) in zip(results, cases):
             if section == "train":
                 progress(f"train, tuned: {shape.label} {tokens} tokens {'skewed' if skewed else 'balanced'}")
-                case["tuned"] = tuned_rows(torch, shape, tokens, skewed, rounds, search=args.search)
+                case["tuned"] = tuned_rows(torch, shape, tokens, skewed, rounds, timer, search=args.search)
                 _print_tuned(case)
                 free_memory(torch)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"machine": header, "cases": results}, handle, indent=1)
+            json.dump({"machine": header, "timing": args.timing, "cases": results}, handle, indent=1)
     return 0
 
 

@@ -16,9 +16,10 @@ mode per activation, the epilogs it uses, and whether the plans were searched (`
 one step of every fused model under ``nvblaslt.torch.autotune()`` first, winners remembered on disk).
 
 Every row is timed in the same interleaved rounds (each case once per round, in a fresh order
-each round; CUDA events around the step, queued behind ~2 ms of GPU work so that the host is ahead
-as in a training loop; median), after warm-up (which includes compilation), so clock drift falls
-on all rows alike. The JSON also keeps each row's host time to issue the step. ``nvblaslt bench
+each round; median), after warm-up (which includes compilation), so clock drift falls on all rows
+alike. ``--timing``: by default the wall clock to a synchronize after each step, as a loop that logs
+``loss.item()`` every step sees it (host time paid); ``spin``: CUDA events queued behind ~2 ms of GPU
+work, GPU time with the host's time hidden; ``both``: a table for each, in rounds of their own. The JSON also keeps each row's host time to issue the step. ``nvblaslt bench
 --sections mlp`` runs it as the bench's ``mlp`` section (``section``).
 """
 
@@ -35,7 +36,7 @@ from typing import Any
 
 
 from .common import progress
-from .timing import step_rounds
+from .timing import TIMINGS, add_timing_argument, step_rounds, timing_modes
 
 MODES = ("auto", "unfused", "bgradb", "epilog")
 NAMES = {"relu": "ReLU", "gelu": "tanh-GELU"}
@@ -74,20 +75,18 @@ def _step(model, params, x, grad):
 
 
 def _interleaved(torch, cases: list, rounds: int, warmup: int, cuda: bool,
-                 sync_per_step: bool = False) -> tuple[list[float], list[float]]:
+                 timing: str = "sync") -> tuple[list[float], list[float]]:
     """(median ms, median host ms) of each case, every case once per round, each round in a fresh order
-    (``nvblaslt._timing.shuffled_rounds``: no case always follows the same one). On CUDA the step is
-    timed with events queued behind a short spin kernel, so that the host is ahead of the GPU as in a
-    training loop: the time is the GPU's (host stalls inside the step still show), not the host's
-    latency to its first launch. Host ms is the host's time to issue the step (wall clock on the CPU,
-    where both are the same)."""
+    (``nvblaslt._timing.shuffled_rounds``: no case always follows the same one), timed on CUDA as
+    ``timing`` says (``timing.TIMINGS``). Host ms is the host's time to issue the step (wall clock on the
+    CPU, where all are the same)."""
     for name, run in cases:
         _progress(f"warm-up: {name}")
         for _ in range(warmup):
             run()
     if cuda:
         torch.cuda.synchronize()
-    return step_rounds(torch, cases, rounds, cuda, sync_per_step)
+    return step_rounds(torch, cases, rounds, cuda, timing)
 
 
 def _relative(a, b) -> float:
@@ -112,9 +111,7 @@ def main(args=None) -> dict:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="5 rounds, 2 warm-up steps")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
-    parser.add_argument("--sync-per-step", action="store_true",
-                        help="time each step to a torch.cuda.synchronize() after it, as a loop logging loss.item() "
-                             "does (default: GPU events behind a 2 ms spin, the host's time hidden)")
+    add_timing_argument(parser)
     parser.add_argument("--backward", choices=[*MODES, "all"], default="auto",
                         help="FusedSequential.backward of the FusedLinear rows; 'all' adds an eager row for "
                              "each mode besides 'auto'")
@@ -217,39 +214,26 @@ def _measure(options) -> dict:
             cases.append((f"{activation}: {label}", run))
 
     _progress(f"{len(cases)} cases, {options.warmup} warm-up steps each (compiling where asked)")
-    medians, host = _interleaved(torch, cases, options.rounds, options.warmup, cuda, options.sync_per_step)
-    times, host_times = {}, {}
-    for (label, _), ms, host_ms in zip(cases, medians, host):
-        activation, _, row = label.partition(": ")
-        times[activation, row], host_times[activation, row] = ms, host_ms
-
+    modes = timing_modes(options.timing)
     shape = "→".join(map(str, widths))
     gpu = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})"
-    print(f"one training step (forward + backward), {options.dtype}, tokens {options.tokens}, MLP {shape}; "
-          f"median of {options.rounds} interleaved rounds, ms ({time.strftime('%Y-%m-%d')}); timed "
-          + ("to a synchronize after each step" if options.sync_per_step else "with GPU events behind a 2 ms spin"))
     version = getattr(nvblaslt.library(), "version_tuple", None) if cuda else None
-    print(f"{gpu}, torch {torch.__version__}, cuBLASLt {'.'.join(map(str, version)) if version else '?'}, "
-          f"Python {platform.python_version()}")
-    header = f"{'step':46s}" + "".join(f" | {NAMES.get(a, a):>9s} {'×eager':>7s} {'×floor':>7s}" for a in activations)
-    print(header)
-    print("-" * len(header))
     results: dict[str, Any] = {"rows": {}, "checks": checks, "options": vars(options), "gpu": gpu,
-                               "torch": torch.__version__, "legend": {}}
-    floor_label = next(lb for k, lb in rows if k == "floor")
-    for key, label in rows:
-        line = f"{label + (' *' if label in legend else ''):46s}"
-        for activation in activations:
-            if (activation, label) not in times:
-                line += f" | {'—':>9s} {'':7s} {'':7s}"
-                continue
-            ms = times[activation, label]
-            eager = times[activation, rows[0][1]]
-            floor_ms = times[activation, floor_label]
-            line += f" | {ms:9.2f} {ms / eager:7.3f} {ms / floor_ms:7.3f}"
-            results["rows"].setdefault(label, {})[activation] = {
-                "ms": ms, "x_eager": ms / eager, "x_floor": ms / floor_ms, "host_ms": host_times[activation, label]}
-        print(line)
+                               "torch": torch.__version__, "legend": {}, "timing": modes[0], "by_timing": {}}
+    for index, timing in enumerate(modes):  # each mode in rounds of its own; the first after the warm-up
+        medians, host = _interleaved(torch, cases, options.rounds, options.warmup if index == 0 else 0, cuda,
+                                     timing)
+        times, host_times = {}, {}
+        for (label, _), ms, host_ms in zip(cases, medians, host):
+            activation, _, row = label.partition(": ")
+            times[activation, row], host_times[activation, row] = ms, host_ms
+        print(f"one training step (forward + backward), {options.dtype}, tokens {options.tokens}, MLP {shape}; "
+              f"median of {options.rounds} interleaved rounds, ms ({time.strftime('%Y-%m-%d')}); timed: "
+              f"{TIMINGS[timing]}")
+        print(f"{gpu}, torch {torch.__version__}, cuBLASLt {'.'.join(map(str, version)) if version else '?'}, "
+              f"Python {platform.python_version()}")
+        results["by_timing"][timing] = _table(rows, legend, activations, times, host_times)
+    results["rows"] = results["by_timing"][modes[0]]
     print("* nvblaslt configuration of the FusedLinear rows (nvblaslt.torch.fuse(model, backward=…), " + plans + "):")
     for label, setting in legend.items():
         chosen = setting.split("=")[1].strip("'")
@@ -265,6 +249,30 @@ def _measure(options) -> dict:
         with open(options.json, "w") as handle:
             json.dump(results, handle, indent=1)
     return results
+
+
+def _table(rows: list[tuple[str, str]], legend: dict[str, str], activations: list[str], times: dict,
+           host_times: dict) -> dict[str, dict]:
+    """Print one timing mode's table; its rows as the JSON keeps them."""
+    header = f"{'step':46s}" + "".join(f" | {NAMES.get(a, a):>9s} {'×eager':>7s} {'×floor':>7s}" for a in activations)
+    print(header)
+    print("-" * len(header))
+    table: dict[str, dict] = {}
+    floor_label = next(lb for k, lb in rows if k == "floor")
+    for key, label in rows:
+        line = f"{label + (' *' if label in legend else ''):46s}"
+        for activation in activations:
+            if (activation, label) not in times:
+                line += f" | {'—':>9s} {'':7s} {'':7s}"
+                continue
+            ms = times[activation, label]
+            eager = times[activation, rows[0][1]]
+            floor_ms = times[activation, floor_label]
+            line += f" | {ms:9.2f} {ms / eager:7.3f} {ms / floor_ms:7.3f}"
+            table.setdefault(label, {})[activation] = {
+                "ms": ms, "x_eager": ms / eager, "x_floor": ms / floor_ms, "host_ms": host_times[activation, label]}
+        print(line)
+    return table
 
 
 # ---- the bench's mlp section ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The bench's clocks: CUDA events around bursts, host time over bursts, GPU time queued behind a
-sleep. Every set of rounds goes through ``nvblaslt._timing.shuffled_rounds``, the package's one
+"""The bench's clocks: CUDA events around bursts, the wall clock to a synchronize after each step, host
+time over bursts, GPU time queued behind a sleep. Every set of rounds goes through ``nvblaslt._timing.shuffled_rounds``, the package's one
 way of timing contestants against each other (a fresh order each round); warm-up and what is
 measured stay here."""
 
@@ -81,23 +81,61 @@ def queued_gpu_us(torch, launch: Callable, calls: int) -> float | None:
     return statistics.median(values)
 
 
+def wall_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, calls: int = 1,
+                seed: int = 0) -> list[list[float]]:
+    """``event_rounds``' contract, timed as a loop that waits for each step sees it: the wall clock from
+    a drained device over ``calls`` calls, each followed by ``torch.cuda.synchronize()``, per call (the
+    host's time to issue each call is paid in full)."""
+    for _, fn in cases:
+        fn()
+        fn()
+    torch.cuda.synchronize()
+
+    def measure(case: tuple[str, Callable]) -> float:
+        fn = case[1]
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        for _ in range(calls):
+            fn()
+            torch.cuda.synchronize()
+        return (time.perf_counter() - begin) * 1e3 / calls
+    return shuffled_rounds(cases, rounds, measure, shuffler=random.Random(seed))
+
+
 SPIN_CYCLES = 4_000_000  # ~2 ms of GPU clock queued before each timed step: the host's head start
+
+# How a training step is timed. "sync": the wall clock to a synchronize after the step, as a loop that logs
+# loss.item() every step sees it: the host's time to issue the step is paid. "spin": CUDA events around the
+# step queued behind a short spin kernel, as a loop that never waits sees it: GPU time, the host's time hidden
+# (host stalls inside the step still show). Every bench defaults to "sync" and labels what it printed.
+TIMINGS = {"sync": "wall clock to a synchronize after each step (host time paid)",
+           "spin": "GPU events behind a 2 ms spin (GPU time; the host's time to issue the step hidden)"}
+
+
+def timing_modes(choice: str) -> tuple[str, ...]:
+    """The modes a bench's ``--timing`` asks for: one of ``TIMINGS``, or "both" (sync first)."""
+    return tuple(TIMINGS) if choice == "both" else (choice,)
+
+
+def add_timing_argument(parser, default: str = "sync", both: bool = True) -> None:
+    """``--timing {sync,spin[,both]}`` on a bench's parser."""
+    parser.add_argument("--timing", choices=[*TIMINGS, *(["both"] if both else [])], default=default,
+                        help="sync: " + TIMINGS["sync"] + "; spin: " + TIMINGS["spin"]
+                             + ("; both: each, in rounds of their own" if both else "") + f" (default {default})")
 
 
 def step_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, cuda: bool,
-                sync_per_step: bool = False) -> tuple[list[float], list[float]]:
+                timing: str = "sync") -> tuple[list[float], list[float]]:
     """(median ms, median host ms) of each (name, run) training-step case, every case once per round in
-    a fresh order (``shuffled_rounds``). On CUDA a step is timed with events queued behind a short spin
-    kernel, so that the host is ahead of the GPU as in a training loop that never waits: the time is
-    the GPU's (host stalls inside the step still show). ``sync_per_step``: the wall clock from the
-    step's first call to ``torch.cuda.synchronize()`` after it, as a loop that logs ``loss.item()``
-    every step sees it (the host's time to issue the step is then paid in full). Host ms is the
-    host's time to issue the step (on the CPU, the wall clock, where all are the same)."""
+    a fresh order (``shuffled_rounds``), timed on CUDA as ``timing`` (a key of ``TIMINGS``) says. Host ms
+    is the host's time to issue the step (on the CPU, the wall clock, where all are the same)."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing: expected one of {sorted(TIMINGS)}, got {timing!r}")
     host: list[list[float]] = [[] for _ in cases]
 
     def measure(index: int) -> float:
         run = cases[index][1]
-        if cuda and sync_per_step:
+        if cuda and timing == "sync":
             torch.cuda.synchronize()  # nothing of the previous step left
             begin = time.perf_counter()
             run()

@@ -119,9 +119,9 @@ def test_the_mlp_bench_times_through_the_shuffled_rounds(monkeypatch):
     assert order == ["abcd"[i] for _ in range(5) for i in _timing.shuffled(expected, 4)]
 
 
-def test_sync_per_step_times_each_step_to_a_synchronize_after_it():
-    """Issue 23's harness: a loop that logs loss.item() waits for every step, so the step's time is the
-    wall clock to a synchronize after it (no spin kernel hides the host's time)."""
+def test_by_default_a_step_is_timed_to_a_synchronize_after_it():
+    """A loop that logs loss.item() waits for every step, so the step's time is the wall clock to a
+    synchronize after it: no spin kernel hides the host's time unless the spin timing is asked for."""
     import types
     import time as clock
 
@@ -130,7 +130,7 @@ def test_sync_per_step_times_each_step_to_a_synchronize_after_it():
                                  _sleep=lambda cycles: calls.append("spin"))
     torch = types.SimpleNamespace(cuda=cuda)
     cases = [("slow", lambda: (calls.append("step"), clock.sleep(0.004))), ("fast", lambda: calls.append("step"))]
-    medians, host = mlp._interleaved(torch, cases, rounds=3, warmup=0, cuda=True, sync_per_step=True)
+    medians, host = mlp._interleaved(torch, cases, rounds=3, warmup=0, cuda=True)  # the default timing
     assert "spin" not in calls
     steps = [i for i, call in enumerate(calls) if call == "step"]
     assert len(steps) == 6 and all(calls[i - 1] == "sync" and calls[i + 1] == "sync" for i in steps)
@@ -223,3 +223,58 @@ def test_a_failing_nvblaslt_cold_start_row_raises_and_a_missing_peer_is_left_out
     assert import_time._fresh("import somepeer", "import a_package_that_is_not_there") is None
     with pytest.raises(RuntimeError, match="fresh interpreter failed"):
         import_time._fresh("import nvblaslt", "raise SystemExit(3)")
+
+
+def test_the_spin_timing_queues_each_step_behind_a_spin_and_times_gpu_events():
+    import types
+
+    calls: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self):
+            calls.append("record")
+            self.at = len(calls)
+
+        def synchronize(self):
+            calls.append("event sync")
+
+        def elapsed_time(self, other):
+            return float(other.at - self.at)
+    cuda = types.SimpleNamespace(synchronize=lambda: calls.append("sync"), _sleep=lambda cycles: calls.append("spin"),
+                                 Event=Event)
+    torch = types.SimpleNamespace(cuda=cuda)
+    medians, _ = mlp._interleaved(torch, [("a", lambda: calls.append("step"))], rounds=2, warmup=0, cuda=True,
+                                  timing="spin")
+    assert calls.count("spin") == 2 and "sync" not in calls[1:]
+    assert all(calls[i - 2: i] == ["spin", "record"] for i, c in enumerate(calls) if c == "step")
+    with pytest.raises(ValueError, match="timing"):
+        mlp._interleaved(torch, [("a", lambda: None)], rounds=1, warmup=0, cuda=True, timing="events")
+
+
+def test_both_timings_print_a_table_each_with_its_label(capsys):
+    pytest.importorskip("torch")
+    from nvblaslt.bench.timing import TIMINGS
+
+    results = mlp.main(["--device", "cpu", "--dtype", "float32", "--tokens", "8", "--widths", "8,16,8",
+                        "--quick", "--no-compile", "--timing", "both"])
+    out = capsys.readouterr().out
+    assert all(f"timed: {TIMINGS[mode]}" in out for mode in ("sync", "spin"))
+    assert set(results["by_timing"]) == {"sync", "spin"} and results["rows"] == results["by_timing"]["sync"]
+
+
+def test_wall_rounds_pays_each_calls_host_time_with_a_synchronize_after_it():
+    import types
+
+    from nvblaslt.bench.timing import wall_rounds
+
+    calls: list[str] = []
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: calls.append("sync")))
+    samples = wall_rounds(torch, [("a", lambda: calls.append("a")), ("b", lambda: calls.append("b"))], rounds=2,
+                          calls=3)
+    assert [len(s) for s in samples] == [2, 2]
+    timed = calls[calls.index("sync") + 1:]  # after the warm-up's drain
+    assert all(timed[i + 1] == "sync" for i, call in enumerate(timed) if call in "ab")
+    assert timed.count("a") == timed.count("b") == 6

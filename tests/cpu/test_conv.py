@@ -619,6 +619,18 @@ def test_conv_bench_runs_as_a_smoke_test_on_cpu(capsys):
     assert [("im2col_share" in row) for row in results["rows"]] == [False, True]
     out = capsys.readouterr().out
     assert "FusedConv2d" in out and "×eager" in out
+    assert "timed: wall clock to a synchronize after each step (host time paid)" in out  # the default pays host time
+    assert all(row["timing"] == "sync" and set(row["by_timing"]) == {"sync"} for row in results["rows"])
+
+
+def test_conv_bench_times_both_ways_when_asked_and_labels_each(capsys):
+    from nvblaslt.bench import conv as bench
+
+    results = bench.main(["--device", "cpu", "--no-compile", "--rounds", "1", "--shapes", "tiny", "--timing", "both"])
+    for row in results["rows"]:
+        assert set(row["by_timing"]) == {"sync", "spin"} and row["x_eager"] == row["by_timing"]["sync"]["x_eager"]
+    out = capsys.readouterr().out
+    assert "×eager spin" in out and any(line.startswith("[spin] pointwise:") for line in out.splitlines())
 
 
 def test_conv_bench_drops_a_failing_compile_row_and_says_so(monkeypatch, capsys):
