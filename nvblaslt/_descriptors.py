@@ -28,8 +28,16 @@ Attribute = enum.IntEnum | str
 
 _OwnedT = TypeVar("_OwnedT", bound="_Owned")
 
+# {address: GPU ordinal} of every live Handle nvblaslt made, so that options.handle of another GPU is refused
+_devices_of_handles: dict[int, int] = {}
+
 
 def _destroy(destroy: Callable[[int], Any], handle: int) -> None:
+    destroy(handle)
+
+
+def _destroy_handle(destroy: Callable[[int], Any], handle: int) -> None:
+    _devices_of_handles.pop(handle, None)  # before the address can be given to another handle
     destroy(handle)
 
 
@@ -37,11 +45,12 @@ class _Owned:
     """Owns one C handle; ``_destroy_name`` is the cuBLASLt function that frees it."""
 
     _destroy_name: str
+    _release: Callable[[Callable[[int], Any], int], None] = staticmethod(_destroy)
 
     def __init__(self, lib: Library, handle: int):
         self.lib = lib
         self._handle = handle
-        self._finalizer = weakref.finalize(self, _destroy, getattr(lib, self._destroy_name), handle)
+        self._finalizer = weakref.finalize(self, self._release, getattr(lib, self._destroy_name), handle)
 
     @property
     def handle(self) -> int:
@@ -385,6 +394,7 @@ class Handle(_Owned):
     """
 
     _destroy_name = "cublasLtDestroy"
+    _release = staticmethod(_destroy_handle)
     _per_thread = threading.local()
 
     def __init__(self, device: int, *, lib: Library | None = None):
@@ -397,6 +407,7 @@ class Handle(_Owned):
         self.device = device
         with _cuda.on_device(device):  # a handle belongs to the device current when it is made
             super().__init__(lib, _create(lib.cublasLtCreate))
+        _devices_of_handles[self._handle] = device
 
     @classmethod
     def for_device(cls, device: int | None = None) -> Handle:
@@ -439,6 +450,15 @@ class Handle(_Owned):
         if handle is None:
             handle = handles[device] = cls(device)
         return handle
+
+
+def check_handle_device(handle: int, device: int) -> None:
+    """Refuse ``options.handle`` where it is a ``Handle`` nvblaslt made for a GPU other than
+    ``device`` (the plan's). A caller's own handle's device cannot be read: it is taken on trust."""
+    made_for = _devices_of_handles.get(handle)
+    if made_for is not None and made_for != device:
+        raise NvblasltValueError(f"options.handle: expected a cublasLtHandle_t for GPU {device} (the operands'), got "
+                                 f"0x{handle:x}, nvblaslt's Handle for GPU {made_for}; use Handle.for_device({device})")
 
 
 class Algorithm:

@@ -16,7 +16,7 @@ from . import _cuda, _operands, _tuning_cache
 from ._epilogs import as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options, with_shortcuts
-from ._outputs import OutputChecker
+from ._outputs import OutputChecker, check_out_allowed
 from ._plan import Matmul
 from ._problem import canonical
 from ._frameworks import fast_reader, framework_of
@@ -318,6 +318,8 @@ def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epil
         plan = cache.get(key)
     else:
         plan = None
+    if out is not None:  # before host operands are staged
+        check_out_allowed(host, options.inplace)
     if plan is None:
         if _cuda.is_capturing(stream_h):
             raise NvblasltValueError(

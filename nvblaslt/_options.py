@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._address import readable
 from ._errors import CublasLtError, NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._types import check_compute_type
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # imported by __post_init__ only when a logger is given (then
     import logging
 
 DEFAULT_WORKSPACE = 32 << 20  # what cuBLASLt's docs suggest for Hopper
+HANDLE_ALIGNMENT = 8  # a cublasLtHandle_t points to a heap object holding pointers
 _SIZE = re.compile(r"^\s*(?P<number>(\d+\.?\d*|\.\d+)(e[+-]?\d+)?)\s*(?P<unit>(?P<power>[kmgt]?)(?P<binary>i?)b|%)\s*$",
                    re.IGNORECASE)
 
@@ -88,7 +90,10 @@ class MatmulOptions:
     handle : int, optional
         A ``cublasLtHandle_t`` of the caller's, as an int, for the operands' device; the caller
         keeps ownership (nvblaslt never destroys it). None: nvblaslt's handle for this thread and
-        device.
+        device. 0, a negative or wider than 64-bit int, an address not aligned to 8 bytes or one
+        this process cannot read is refused where the options are made, and a ``Handle`` of
+        nvblaslt's made for another GPU where the plan is; a readable address that holds no
+        handle cannot be told from a handle, and cuBLASLt may crash on it.
     logger : logging.Logger, optional
         Where nvblaslt logs its decisions (plans, tuning); default the ``nvblaslt`` logger.
     memory_limit : int, float or str, default "80%"
@@ -108,7 +113,8 @@ class MatmulOptions:
     NvblasltValueError
         ``compute_type`` is not a compute type of any cuBLAS release nvblaslt knows; ``blocking``
         is neither True nor ``"auto"``; ``block_scaling`` is True; ``sm_count_target`` is not an
-        int ≥ 0; ``memory_limit`` is not a size nvblaslt can read.
+        int ≥ 0; ``memory_limit`` is not a size nvblaslt can read; ``handle`` is 0, negative,
+        beyond 64 bits, misaligned or not readable in this process.
     NvblasltTypeError
         ``device_id`` is not an int; ``result_amax``, ``inplace``, ``block_scaling`` or
         ``fast_accumulation`` is not a bool; ``handle`` is not an int; ``logger`` is not a
@@ -186,8 +192,8 @@ class MatmulOptions:
         if isinstance(self.sm_count_target, bool) or not isinstance(self.sm_count_target, int) \
                 or self.sm_count_target < 0:
             raise NvblasltValueError(f"options.sm_count_target: expected an int ≥ 0, got {self.sm_count_target!r}")
-        if self.handle is not None and (isinstance(self.handle, bool) or not isinstance(self.handle, int)):
-            raise NvblasltTypeError(f"options.handle: expected a cublasLtHandle_t as an int, got {self.handle!r}")
+        if self.handle is not None:
+            check_handle(self.handle)
         if self.memory_limit is None:
             self.memory_limit = "80%"
         limit = self.memory_limit
@@ -359,6 +365,25 @@ class MatmulPlanPreferences:
         self.epilog = as_options(MatmulEpilogPreferences, self.epilog, "preferences.epilog")
 
 
+def check_handle(handle: object) -> None:
+    """Refuse an ``options.handle`` that cannot be a ``cublasLtHandle_t`` of this process, before
+    cuBLASLt dereferences it (where a bad one crashes the process): not an int, NULL, negative,
+    beyond 64 bits, misaligned, or an address this process cannot read. A readable address that is
+    not a handle cannot be told apart here; a handle of nvblaslt's on another GPU is refused where
+    the plan's device is known (``_descriptors.check_handle_device``)."""
+    if isinstance(handle, bool) or not isinstance(handle, int):
+        raise NvblasltTypeError(f"options.handle: expected a cublasLtHandle_t as an int, got {handle!r}")
+    if not 0 < handle < 1 << 64:
+        raise NvblasltValueError(f"options.handle: expected a cublasLtHandle_t (a non-NULL pointer, an int from 1 "
+                                 f"to 2**64 - 1), got {handle!r}")
+    if handle % HANDLE_ALIGNMENT:
+        raise NvblasltValueError(f"options.handle: expected a cublasLtHandle_t (a pointer to cuBLASLt's context, "
+                                 f"aligned to {HANDLE_ALIGNMENT} bytes), got 0x{handle:x}")
+    if readable(handle, HANDLE_ALIGNMENT) is False:
+        raise NvblasltValueError(f"options.handle: expected a cublasLtHandle_t, got 0x{handle:x}, an address this "
+                                 f"process cannot read (no handle lives there; cuBLASLt would crash on it)")
+
+
 class HeuristicsLimitError(CublasLtError, NvblasltValueError):
     """``preferences.limit=0`` where the heuristics are to be asked. nvmath-python passes it on to
     ``cublasLtMatmulAlgoGetHeuristic``, which answers ``CUBLAS_STATUS_INVALID_VALUE``; nvblaslt
@@ -519,5 +544,5 @@ def conjugate_flags(qualifiers) -> tuple[bool, bool]:
 
 
 __all__ = ["MatmulOptions", "MatmulPlanPreferences", "MatmulEpilogPreferences", "MatmulQuantizationScales",
-           "HeuristicsLimitError", "as_options", "check_heuristics_limit", "conjugate_flags", "qualifiers_dtype",
-           "with_shortcuts", "field"]
+           "HeuristicsLimitError", "as_options", "check_handle", "check_heuristics_limit", "conjugate_flags",
+           "qualifiers_dtype", "with_shortcuts", "field"]

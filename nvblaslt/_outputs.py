@@ -12,6 +12,13 @@ from ._frameworks import Framework, framework_of
 from ._strides import extent_bytes, overlaps
 
 
+def check_out_allowed(host: bool, inplace: bool) -> None:
+    """``out=`` is refused with host operands (D is copied back into a new host array) and in place
+    (D is ``c``): known before anything is staged."""
+    if host or inplace:
+        raise NvblasltValueError("out: not available for host operands or in-place plans")
+
+
 class OutputChecker:
     """``out=`` for one plan. ``operands`` and ``epilog_inputs`` are the plan's own dicts, which
     ``reset_operands`` and the function form update in place: the overlap checks see the current ones."""
@@ -36,8 +43,7 @@ class OutputChecker:
         last = self._last
         if last is not None and last[0]() is out and last[1] == self._fingerprint(out):
             return last[2]  # the same array as last time (so of the operands' package), unchanged
-        if self._host or self._problem.inplace:
-            raise NvblasltValueError("out: not available for host operands or in-place plans")
+        check_out_allowed(self._host, self._problem.inplace)
         framework = framework_of(out)
         if framework is not self._framework:
             raise NvblasltTypeError(f"out: a {framework.name} array, but the operands are {self._framework.name} "

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import _cuda, _dtypes, _epilogs, _host, _memory, _reading
 from ._cuda import cudart
-from ._descriptors import HeuristicResult
+from ._descriptors import HeuristicResult, check_handle_device
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
@@ -227,6 +227,8 @@ class Matmul(OperandResets):
             for name, op in zip("abc", ops):
                 if op.device != self.device:
                     raise NvblasltValueError(f"{name}: on GPU {op.device}, but a is on GPU {self.device}")
+        if options.handle is not None:
+            check_handle_device(options.handle, self.device)
         if stream is None:  # host operands: no framework stream to ask
             stream = framework.stream_getter(self.device)() if not self._host else 0
         self.stream = self._last_stream = stream
