@@ -106,7 +106,8 @@ def test_bias_dtypes():
 def test_two_d_aux_is_broadcast_over_a_batch_or_refused(activation):
     """A 2-D aux with a batched DRELU/DGELU is planned with an aux batch stride of 0, so every batch reads the
     one aux: D is checked against float64 with that aux broadcast. The one refusal allowed is cuBLASLt having
-    no kernel for it (NOT_SUPPORTED); a refusal by nvblaslt's own checks, or any other error, fails."""
+    no kernel for it (NOT_SUPPORTED), reported as an xfail naming it; a refusal by nvblaslt's own checks, or
+    any other error, fails."""
     m, n, k = 40, 24, 16
     fwd = E.RELU_AUX if activation == "relu" else E.GELU_AUX
     bwd = E.DRELU if activation == "relu" else E.DGELU
@@ -118,7 +119,8 @@ def test_two_d_aux_is_broadcast_over_a_batch_or_refused(activation):
         d = matmul(a, b, epilog=bwd, epilog_inputs={f"{activation}_aux": aux2d})
     except nvblaslt.CublasLtError as error:
         assert error.status_name == "CUBLAS_STATUS_NOT_SUPPORTED", error
-        return  # cuBLASLt has no kernel for a broadcast aux here: refused clearly, allowed
+        pytest.xfail(f"cuBLASLt has no kernel for {bwd.name} with a 2-D {activation}_aux broadcast over a "
+                     f"batch of 3 ({error.status_name})")
     # the derivative the epilog reads: the stored bitmask's bits, or GELU's stored pre-activation
     factor = unpack_relu_bits(host_bits(aux2d), m) if activation == "relu" else gelu_grad(host(aux2d)[:m, :])
     check(d, np.matmul(host(a), host(b)) * factor, "float32")  # (3, m, n): the one aux for every batch
@@ -370,9 +372,9 @@ def test_bgrada_with_a_row_major_a_runs_as_bgradb_of_the_transposed_problem():
     a, b = rand((16, 8)), rand((8, 12))
     try:
         d, aux = matmul(a, b, epilog=E.BGRADA)
-    except NvblasltError as error:  # no kernel: said clearly
+    except NvblasltError as error:  # no kernel: said clearly, and reported
         assert "BGRAD" in str(error)
-        return
+        pytest.xfail(f"BGRADA with a row-major A refused: {type(error).__name__}: {error}")
     check(d, host(a) @ host(b), "float32")
     check(aux["bgrada"], host(a).sum(axis=-1), "float32")
 
@@ -398,17 +400,17 @@ def test_fp8_gelu_aux_with_scale_and_amax():
     a = rand((64, 32)).to(torch.float8_e4m3fn)
     b = rand((48, 32)).to(torch.float8_e4m3fn).T
     prefs = {"epilog": {"aux_type": torch.float8_e4m3fn, "aux_amax": True}}
+    with pytest.raises(NvblasltError, match="aux_quantization_scale"):  # nvblaslt's own check, before cuBLASLt's
+        matmul(a, b, epilog=E.GELU_AUX, preferences=prefs, options={"result_type": "bfloat16"},
+               quantization_scales=ONES)
     try:
         d, aux = matmul(a, b, epilog=E.GELU_AUX, preferences=prefs, options={"result_type": "bfloat16"},
                         epilog_inputs={"aux_quantization_scale": 0.5}, quantization_scales=ONES)
     except nvblaslt.CublasLtError as error:  # cuBLASLt 13.1 / H200 refuses this fp8 aux: said with its status
-        assert error.status_name in ("CUBLAS_STATUS_NOT_SUPPORTED", "CUBLAS_STATUS_INVALID_VALUE")
-        return
+        assert error.status_name in ("CUBLAS_STATUS_NOT_SUPPORTED", "CUBLAS_STATUS_INVALID_VALUE"), error
+        pytest.xfail(f"cuBLASLt refused GELU_AUX with an fp8 (E4M3) aux, scale and amax ({error.status_name})")
     z = host(a) @ host(b)
     assert aux["gelu_aux"].dtype == torch.float8_e4m3fn
     assert rel_error(host(aux["gelu_aux"])[:64], np.clip(z * 0.5, -448, 448)) < 0.1
     assert abs(float(host(aux["gelu_aux_amax"])[0]) - np.abs(z).max()) / np.abs(z).max() < 1e-2
     check(d, gelu(z), "bfloat16")
-    with pytest.raises(NvblasltError, match="aux_quantization_scale"):
-        matmul(a, b, epilog=E.GELU_AUX, preferences=prefs, options={"result_type": "bfloat16"},
-               quantization_scales=ONES)
