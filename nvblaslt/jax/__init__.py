@@ -1,11 +1,12 @@
 """JAX as a first-class user: nvblaslt's fused GEMMs inside ``jax.jit``, differentiable.
 
 ``matmul`` is ``nvblaslt.matmul`` for JAX arrays on a CUDA GPU, usable under ``jit``, ``grad``
-and ``vmap``. Each GEMM is one XLA call (``jax.experimental.buffer_callback``) on XLA's stream,
+and ``vmap``; ``dense`` a stack of fused Dense + activation layers whose backward runs DRELU_BGRAD /
+DGELU_BGRAD and the bias-gradient epilogs. Each GEMM is one XLA call (``jax.experimental.buffer_callback``) on XLA's stream,
 writing D and the epilog's outputs straight into XLA's buffers; shapes come from nvblaslt's own
 rules at trace time, plans are made on the first run and kept. Imported only by those who ask.
 
-Modules, each calling only those below it: ``_matmul`` (the public function and its gradient) →
+Modules, each calling only those below it: ``_dense`` (layer stacks) → ``_matmul`` (the public function and its gradient) →
 ``_gemm`` (checks, the static spec, caller layouts) → ``_bridge`` (the primitive, its lowering,
 vmap rule and launch) → ``_planning`` (shapes from nvblaslt's rules, no GPU).
 """
@@ -13,10 +14,11 @@ vmap rule and launch) → ``_planning`` (shapes from nvblaslt's rules, no GPU).
 from __future__ import annotations
 
 from ._bridge import clear_plans
+from ._dense import dense
 from ._matmul import matmul
 
-__all__ = ["clear_plans", "matmul"]
+__all__ = ["clear_plans", "dense", "matmul"]
 
-for _public in (clear_plans, matmul):
+for _public in (clear_plans, dense, matmul):
     _public.__module__ = __name__
 del _public

@@ -1,0 +1,147 @@
+"""``dense``: a stack of Dense + activation layers (flax's kernel (in, out) orientation) as fused GEMMs,
+with a backward that runs each activation's derivative inside the next layer's input-gradient GEMM.
+
+How each step maps onto cuBLASLt, for x (T, in), kernel (in, out), all buffers row-major:
+
+- forward: D = kernelᵀ @ xᵀ, (out, T) column-major = y (T, out) row-major; the bias runs along D's
+  rows as the epilogs need it (RELU_BIAS / GELU_BIAS; RELU_AUX_BIAS keeping the ReLU bitmask for
+  the layer above's backward, GELU_AUX_BIAS keeping the pre-activation).
+- weight and bias gradient: D = dzᵀ @ x, (out, in) column-major = dkernel (in, out); BGRADA sums
+  dzᵀ over T into the bias gradient in the same call (cuBLASLt's BGRADB of the transposed product).
+- input gradient: D = kernel @ dzᵀ, (in, T) column-major = dx (T, in); with the layer below's aux,
+  DRELU_BGRAD / DGELU_BGRAD turn it into that layer's dz and sum its bias gradient in the same call.
+  Below the first layer, dx = dz @ kernelᵀ, row-major as it is.
+
+The operands' transposes are flags on XLA's buffers (no copy); the results' transposes cancel
+against the ones that make them the caller's arrays.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from .._epilogs import MatmulEpilog
+from .._errors import NvblasltTypeError, NvblasltValueError
+from ._gemm import backward_epilog, gemm, keeping_aux
+from ._matmul import activation_backward
+
+ACTIVATIONS = ("none", "relu", "gelu")
+
+
+def dense(x, layers, activations):
+    """y = actₙ(… act₁(x @ kernel₁ + bias₁) … @ kernelₙ + biasₙ) as one fused GEMM per layer.
+
+    Parameters
+    ----------
+    x : jax.Array
+        (…, in) on a GPU.
+    layers : sequence of (kernel, bias)
+        kernel (in, out) as flax lays it out; bias (out,) or None.
+    activations : str or sequence of str
+        "none", "relu" or "gelu" (cuBLASLt's tanh GELU), one per layer or one for all.
+
+    Returns
+    -------
+    jax.Array
+        (…, out) of the last layer. ``jax.grad`` runs the backward described in the module.
+    """
+    layers = tuple((kernel, bias) for kernel, bias in layers)
+    if isinstance(activations, str):
+        activations = (activations,) * len(layers)
+    activations = tuple(activations)
+    if len(activations) != len(layers) or not layers:
+        raise NvblasltValueError(f"activations: expected one per layer ({len(layers)}), got {len(activations)}")
+    for activation in activations:
+        if activation not in ACTIVATIONS:
+            raise NvblasltValueError(f"activations: expected one of {ACTIVATIONS}, got {activation!r}")
+    if not hasattr(x, "shape") or x.ndim < 1:
+        raise NvblasltTypeError(f"x: expected an array of shape (…, in), got {type(x).__name__}")
+    lead = x.shape[:-1]
+    y = _stack(activations, x.reshape((-1, x.shape[-1])), layers)
+    return y.reshape((*lead, y.shape[-1]))
+
+
+def _layer_forward(x2, kernel, bias, epilog):
+    d, aux = gemm(kernel, x2, epilog=epilog, epilog_inputs=None if bias is None else {"bias": bias},
+                  a_transposed=True, b_transposed=True)
+    return jnp.swapaxes(d, -1, -2), next(iter(aux.values()), None)
+
+
+def _plain_epilog(activation: str, bias: bool) -> MatmulEpilog:
+    if activation == "none":
+        return MatmulEpilog.BIAS if bias else MatmulEpilog.DEFAULT
+    return MatmulEpilog[f"{activation.upper()}{'_BIAS' if bias else ''}"]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _stack(activations, x2, layers):
+    for (kernel, bias), activation in zip(layers, activations):
+        x2, _ = _layer_forward(x2, kernel, bias, _plain_epilog(activation, bias is not None))
+    return x2
+
+
+def _fusable(activation: str, next_kernel) -> bool:
+    """The layer above can take this activation's backward in its input-gradient GEMM (cuBLASLt reads
+    out of bounds for aux epilogs with K = 1, which nvblaslt refuses)."""
+    return activation != "none" and next_kernel is not None and next_kernel.shape[1] > 1
+
+
+def _stack_fwd(activations, x2, layers):
+    inputs, kept = [], []
+    count = len(layers)
+    for index, ((kernel, bias), activation) in enumerate(zip(layers, activations)):
+        inputs.append(x2)
+        next_kernel = layers[index + 1][0] if index + 1 < count else None
+        if activation == "gelu" or (activation == "relu" and _fusable(activation, next_kernel)):
+            epilog = keeping_aux(activation, bias is not None)
+        else:
+            epilog = _plain_epilog(activation, bias is not None)
+        x2, aux = _layer_forward(x2, kernel, bias, epilog)
+        kept.append(aux)
+    return x2, (tuple(inputs), tuple(kept), x2, layers)
+
+
+def _stack_bwd(activations, residuals, dy):
+    inputs, kept, y, layers = residuals
+    count = len(layers)
+    dz = activation_backward(dy, activations[-1], y, _pre_activation(kept[-1], y.shape[-1]))
+    grads = [None] * count
+    bias_grad = None  # the bias gradient of the layer below, where its backward ran fused
+    dx = None
+    for index in reversed(range(count)):
+        kernel, bias = layers[index]
+        x2 = inputs[index]
+        dz = dz.astype(kernel.dtype)
+        if bias is not None and bias_grad is None:
+            dkernel, sums = gemm(dz, x2, epilog=MatmulEpilog.BGRADA, a_transposed=True)
+            bias_grad = sums["bgrada"].astype(bias.dtype)
+        else:
+            dkernel, _ = gemm(dz, x2, a_transposed=True)
+        grads[index] = (jnp.swapaxes(dkernel, -1, -2), None if bias is None else bias_grad)
+        bias_grad = None
+        below = activations[index - 1] if index else "none"
+        if index and _fusable(below, kernel):
+            below_bias = layers[index - 1][1] is not None
+            epilog = backward_epilog(below, below_bias)
+            key = f"{below}_aux"
+            d, extra = gemm(kernel, dz, epilog=epilog, epilog_inputs={key: kept[index - 1]}, b_transposed=True)
+            dz = jnp.swapaxes(d, -1, -2)
+            if below_bias:
+                bias_grad = extra[f"d{below}_bgrad"].astype(layers[index - 1][1].dtype)
+            continue
+        dx, _ = gemm(dz, kernel, b_transposed=True)
+        if index:
+            below_output = inputs[index]  # the layer below's output is this layer's input
+            dz = activation_backward(dx, below, below_output, _pre_activation(kept[index - 1], dx.shape[-1]))
+    return dx.astype(inputs[0].dtype), tuple(grads)
+
+
+def _pre_activation(aux, features: int):
+    """The GELU input a GELU_AUX epilog kept, (ld, T) with rows past ``features`` padding, as (T, features)."""
+    return None if aux is None else jnp.swapaxes(aux[:features, :], -1, -2)
+
+
+_stack.defvjp(_stack_fwd, _stack_bwd)
