@@ -2,7 +2,8 @@
 
 ``matmul`` is ``nvblaslt.matmul`` for JAX arrays on a CUDA GPU, usable under ``jit``, ``grad``
 and ``vmap``; ``dense`` a stack of fused Dense + activation layers whose backward runs DRELU_BGRAD /
-DGELU_BGRAD and the bias-gradient epilogs. Each GEMM is one XLA call (``jax.experimental.buffer_callback``) on XLA's stream,
+DGELU_BGRAD and the bias-gradient epilogs; ``ragged_dot`` ``jax.lax.ragged_dot`` on cuBLASLt's grouped
+GEMM (cuBLASLt 13.4 or newer). Each GEMM is one XLA call (``jax.experimental.buffer_callback``) on XLA's stream,
 writing D and the epilog's outputs straight into XLA's buffers; shapes come from nvblaslt's own
 rules at trace time, plans are made on the first run and kept. Imported only by those who ask.
 
@@ -16,9 +17,10 @@ from __future__ import annotations
 from ._bridge import clear_plans
 from ._dense import dense
 from ._matmul import matmul
+from ._ragged import ragged_dot
 
-__all__ = ["clear_plans", "dense", "matmul"]
+__all__ = ["clear_plans", "dense", "matmul", "ragged_dot"]
 
-for _public in (clear_plans, dense, matmul):
+for _public in (clear_plans, dense, matmul, ragged_dot):
     _public.__module__ = __name__
 del _public
