@@ -33,7 +33,7 @@ import time
 from typing import Any, NamedTuple
 
 
-from .common import progress
+from .common import captured, progress
 from .timing import TIMINGS, add_timing_argument, step_rounds, timing_modes
 
 
@@ -86,7 +86,8 @@ SHAPES = {
     "tiny": [Shape("pointwise 8→16 @6²", 2, 8, 16, 6), Shape("3×3 8→8 @6²", 2, 8, 8, 6, 3, 1, 1)],
 }
 ROWS = {"eager": "torch conv2d + bias + ReLU, eager", "compile": "torch.compile of it",
-        "fused": "FusedConv2d eager", "im2col": "im2col + col2im alone"}
+        "fused": "FusedConv2d eager", "im2col": "im2col + col2im alone",
+        "eager_graph": "the eager step captured in a CUDA graph", "fused_graph": "FusedConv2d's step, CUDA graph"}
 
 
 def _label(shape: Shape) -> str:
@@ -155,6 +156,10 @@ def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bo
     if compile_rows:
         cases.append(("compile", _step(torch.compile(reference, dynamic=False), x, grad)))
     cases.append(("fused", _step(fused, x, grad)))
+    if device.type == "cuda" and options.graphs:  # the whole step replayed: no host time in either
+        for name, model in (("eager_graph", reference), ("fused_graph", fused)):
+            graph, _ = captured(torch, _step(model, x, grad))
+            cases.append((name, graph.replay))
     if shape.kernel > 1:
         cases.append(("im2col", _copies(torch, x, shape)))
     warm_s, compile_error = {}, None
@@ -177,12 +182,16 @@ def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bo
         times = {name: value for (name, _), value in zip(cases, medians)}
         by_timing[timing] = {"ms": times, "host_ms": {name: value for (name, _), value in zip(cases, host)},
                              "x_eager": times["fused"] / times["eager"]}
+        if "fused_graph" in times:
+            by_timing[timing]["x_graph"] = times["fused_graph"] / times["eager_graph"]
     first = by_timing[timing_modes(options.timing)[0]]  # the headline: sync per step unless asked otherwise
     ms = first["ms"]
     row: dict[str, Any] = {"label": _label(shape), "shape": shape._asdict(), "family":
                            "pointwise" if shape.kernel == 1 else f"{shape.kernel}×{shape.kernel}",
                            "ms": ms, "host_ms": first["host_ms"], "timing": timing_modes(options.timing)[0],
                            "by_timing": by_timing, "check": check, "warmup_s": warm_s, "x_eager": first["x_eager"]}
+    if "x_graph" in first:
+        row["x_graph"] = first["x_graph"]
     if compile_error:
         row["compile_error"] = compile_error
     if "compile" in ms:
@@ -219,6 +228,10 @@ def summary(rows: list[dict], timing: str | None = None) -> list[str]:
         if family != "pointwise" and _gmean(eager) > 1.0:
             text += " — slower than cuDNN: no speed claim"
         lines.append(text)
+        graphs = [r["x_graph"] for r in mine if "x_graph" in r]
+        if graphs and timing is None:
+            lines.append(f"{family}, each step replayed from a CUDA graph: FusedConv2d ≤ 1.0× cuDNN's graph on "
+                         f"{sum(v <= 1.0 for v in graphs)}/{len(graphs)} shapes (geometric mean {_gmean(graphs):.3f}×)")
     pointwise = [r["x_eager"] for r in rows if r["family"] == "pointwise"]
     if pointwise and timing is None:
         verdict = "pays" if _gmean(pointwise) <= 1.0 else "does not pay"
@@ -239,6 +252,8 @@ def main(args=None) -> dict:
                         help="seconds of torch.compile warm-up (compilation) after which the remaining shapes go "
                              "without the compile row, said in the table (default 150, quick 50)")
     add_timing_argument(parser)
+    parser.add_argument("--no-graphs", dest="graphs", action="store_false",
+                        help="leave out the rows of each step captured in a CUDA graph (replayed: no host time)")
     parser.add_argument("--no-cudnn-benchmark", action="store_true", help="cuDNN's heuristics instead of its search")
     parser.add_argument("--search", action="store_true",
                         help="first run one fused step per shape under nvblaslt.torch.autotune() (slow; winners "
@@ -300,7 +315,7 @@ def main(args=None) -> dict:
           f"{'.'.join(map(str, version)) if version else '-'}, Python {platform.python_version()}")
     header = (f"{'shape':42s} {'eager':>8s} {'compile':>8s} {'fused':>8s} {'×eager':>7s} {'×compile':>8s} "
               f"{'im2col':>7s} {'host ms e/f':>12s} {'grad diff':>9s}"
-              + "".join(f" {'×eager ' + mode:>12s}" for mode in modes[1:]))
+              + "".join(f" {'×eager ' + mode:>12s}" for mode in modes[1:]) + f" {'graph ×':>8s}")
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -310,12 +325,14 @@ def main(args=None) -> dict:
         share = f"{row['im2col_share']:7.0%}" if "im2col_share" in row else f"{'':7s}"
         print(f"{row['label']:42s} {ms['eager']:8.3f} {compile_ms} {ms['fused']:8.3f} {row['x_eager']:7.3f} "
               f"{x_compile} {share} {host['eager']:5.2f}/{host['fused']:<6.2f} {row['check']:9.1e}"
-              + "".join(f" {row['by_timing'][mode]['x_eager']:12.3f}" for mode in modes[1:]))
+              + "".join(f" {row['by_timing'][mode]['x_eager']:12.3f}" for mode in modes[1:])
+              + (f" {row['x_graph']:8.3f}" if "x_graph" in row else f" {'—':>8s}"))
     print("columns: eager = " + ROWS["eager"] + "; compile = " + ROWS["compile"] + "; fused = " + ROWS["fused"]
           + " (RELU_BIAS; ReLU backward from y; BGRADB; dx GEMM; k×k through im2col/col2im); im2col = share of "
           "the fused step spent in " + ROWS["im2col"] + "; host ms = the host's time to issue a step, eager/fused; "
           "grad diff = fused vs eager gradients (relative)"
-          + "".join(f"; ×eager {mode} = the same ratio timed as {TIMINGS[mode]}" for mode in modes[1:]))
+          + "".join(f"; ×eager {mode} = the same ratio timed as {TIMINGS[mode]}" for mode in modes[1:])
+          + "; graph × = " + ROWS["fused_graph"] + " over " + ROWS["eager_graph"] + " (replays: no host time)")
     skipped = [r["label"] for r in rows if "compile" not in r["ms"] and "compile_error" not in r]
     if skipped and not options.no_compile:
         print(f"no torch.compile row for {len(skipped)} shape(s): the compile budget ({options.compile_budget:.0f} s "

@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 
-from .common import progress
+from .common import captured, progress
 from .timing import TIMINGS, add_timing_argument, step_rounds, timing_modes
 
 MODES = ("auto", "unfused", "bgradb", "epilog")
@@ -112,6 +112,8 @@ def main(args=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="5 rounds, 2 warm-up steps")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     add_timing_argument(parser)
+    parser.add_argument("--no-graphs", dest="graphs", action="store_false",
+                        help="leave out the rows of each step captured in a CUDA graph (replayed: no host time)")
     parser.add_argument("--backward", choices=[*MODES, "all"], default="auto",
                         help="FusedSequential.backward of the FusedLinear rows; 'all' adds an eager row for "
                              "each mode besides 'auto'")
@@ -204,6 +206,12 @@ def _measure(options) -> dict:
             mine.append(("fused_compile", "FusedLinear, torch.compile(fullgraph=True)",
                          _step(torch.compile(fused, fullgraph=True), fused_params, x, grad)))
             legend.setdefault("FusedLinear, torch.compile(fullgraph=True)", f"backward={mode!r}")
+        if cuda and options.graphs:  # the whole step replayed: no host time in either
+            for label, model, params in (("nn.Linear + activation, CUDA graph", reference,
+                                          list(reference.parameters())),
+                                         ("FusedLinear, CUDA graph", fused, fused_params)):
+                graph, _ = captured(torch, _step(model, params, x, grad))
+                mine.append((label, label, graph.replay))
         for other in extra_modes:
             label = f"FusedLinear eager [{other}]"
             mine.append((f"fused_{other}", label, _step(forms[other], fused_params, x, grad)))

@@ -88,10 +88,10 @@ def weight_format(weight: Tensor) -> torch.memory_format:
 
 
 def weight_from_matrix(matrix: Tensor, weight: Tensor) -> Tensor:
-    """(O, KH·KW·C) -> (O, C, KH, KW) in ``weight``'s memory format (a weight-sized copy)."""
+    """(O, KH·KW·C) -> (O, C, KH, KW) in ``weight``'s memory format: a view where the matrix already is
+    that layout (a 1×1 kernel, or a channels-last weight), else a weight-sized copy."""
     o, c, kh, kw = weight.shape
-    grad = matrix.view(o, kh, kw, c).permute(0, 3, 1, 2)
-    return torch.empty_like(weight, memory_format=weight_format(weight)).copy_(grad)
+    return matrix.view(o, kh, kw, c).permute(0, 3, 1, 2).contiguous(memory_format=weight_format(weight))
 
 
 # ---- im2col and its adjoint -------------------------------------------------------------------------------
