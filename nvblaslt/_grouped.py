@@ -28,6 +28,7 @@ from ._errors import CublasLtError, NvblasltStateError, NvblasltTypeError, Nvbla
 from ._grouped_arrays import GroupedArrays
 from ._grouped_version import require_grouped
 from ._grouped_problem import GroupedProblem
+from ._hints import Array, Stream
 from ._launch import raw_function
 from ._loader import library
 from ._memory import DeviceBuffer
@@ -41,9 +42,14 @@ def _check_offsets_default() -> bool:
     return os.environ.get(_ENV_CHECK, "") not in ("", "0")
 
 
-def stream_of(a, stream) -> int:
-    """``stream``'s handle, or the current stream of ``a``'s package on its device."""
-    return stream_handle(stream) if stream is not None else _operands.framework_of(a).stream_of(a)
+def stream_of(a: Any, stream: Any) -> int:
+    """``stream``'s handle, or the current stream of ``a``'s package on its device. A host array (a CPU
+    tensor) has none to ask, and a CPU-only package cannot answer: 0, and ``bind`` refuses the array by name."""
+    if stream is not None:
+        return stream_handle(stream)
+    if a is None or _operands.is_host_array(a):
+        return 0
+    return _operands.framework_of(a).stream_of(a)
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,12 @@ class Bound:
     operands: tuple
 
 
-def bind(a, b, offs, stream: int, out_dtype=None, defaults: tuple = (None, None, None)) -> Bound:
+def bind(a: Array | None, b: Array | None, offs: Array | None, stream: int, out_dtype: _dtypes.DType | None = None,
+         defaults: tuple = (None, None, None)) -> Bound:
     """Read the operands (each default ``defaults``' where not given), all on one device, and describe them."""
+    for name, given, default in (("a", a, defaults[0]), ("b", b, defaults[1])):
+        if given is None and default is None:
+            raise NvblasltTypeError(f"{name}: expected an array on the GPU, got None")
     a_op = _read(a, "a", stream) if a is not None else defaults[0]
     b_op = _read(b, "b", stream) if b is not None else defaults[1]
     offs_op = _read(offs, "offs", stream) if offs is not None else defaults[2]
@@ -66,7 +76,7 @@ def bind(a, b, offs, stream: int, out_dtype=None, defaults: tuple = (None, None,
     return Bound(_grouped_problem.describe(a_op, b_op, offs_op, out_dtype=out_dtype), (a_op, b_op, offs_op))
 
 
-def _read(obj, name: str, stream: int):
+def _read(obj: Array, name: str, stream: int) -> _operands.Operand:
     op = _operands.read(obj, name, stream)
     if op.host:
         raise NvblasltValueError(f"{name}: expected an array on the GPU (grouped GEMM reads offsets on the device "
@@ -74,7 +84,8 @@ def _read(obj, name: str, stream: int):
     return op
 
 
-def read_scales(scale_a, scale_b, problem: GroupedProblem, device: int, stream: int) -> tuple[int, int]:
+def read_scales(scale_a: Array | None, scale_b: Array | None, problem: GroupedProblem, device: int,
+                stream: int) -> tuple[int, int]:
     """The device pointers of ``a``'s and ``b``'s per-tensor scales (0: none, a scale of 1), checked: one
     float32 value on the operands' GPU each, for fp8 operands only."""
     pointers = []
@@ -128,7 +139,8 @@ class GroupedMatmul:
         plan.free()
     """
 
-    def __init__(self, a, b, offs=None, *, out_dtype: Any = None, stream: Any = None,
+    def __init__(self, a: Array, b: Array, offs: Array | None = None, *, out_dtype: Any = None,
+                 stream: Stream | None = None,
                  workspace_bytes: int = WORKSPACE_BYTES):
         stream_h = stream_of(a, stream)
         self.out_dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
@@ -274,7 +286,7 @@ class GroupedMatmul:
         """The most workspace an algorithm may use (what the tuning cache checks a remembered one against)."""
         return self.workspace_bytes
 
-    def check(self, algo) -> HeuristicResult | None:
+    def check(self, algo: Any) -> HeuristicResult | None:
         """``algo`` (a ``cublasLtMatmulAlgo_t``) as cuBLASLt accepts it for this plan, or None."""
         a, b, c, d = self.layouts
         result = self.lib.api.cublasLtMatmulHeuristicResult_t()
@@ -348,8 +360,9 @@ class GroupedMatmul:
         return (f"{p.groups} groups ({p.form}, ragged {p.ragged or 'none'}), {p.b.dtype.name} → {p.d.dtype.name}, "
                 f"transa={p.transa}, transb={p.transb}")
 
-    def execute(self, a=None, b=None, offs=None, *, out=None, stream: Any = None, check_offsets: bool | None = None,
-                scale_a=None, scale_b=None):
+    def execute(self, a: Array | None = None, b: Array | None = None, offs: Array | None = None, *,
+                out: Array | None = None, stream: Stream | None = None, check_offsets: bool | None = None,
+                scale_a: Array | None = None, scale_b: Array | None = None) -> Array:
         """Run the plan on new operands and offsets, returning the result; nothing waits for the GPU.
 
         Parameters
@@ -380,7 +393,7 @@ class GroupedMatmul:
             raise NvblasltStateError(f"{', '.join(missing)}: expected arrays: the plan's were released "
                                      f"(release_operands), so execute must be given them")
         first = a if a is not None else self._operands[0].obj
-        stream_h = stream_handle(stream) if stream is not None else self.framework.stream_of(first)
+        stream_h = stream_of(first, stream)
         bound = bind(a, b, offs, stream_h, self.out_dtype, defaults=self._operands)
         if bound.problem.key != self.problem.key:
             raise NvblasltValueError(
@@ -395,7 +408,8 @@ class GroupedMatmul:
         """Drop the plan's references to its last operands (``execute`` must then be given them)."""
         self._operands = (None, None, None)
 
-    def run(self, bound: Bound, *, out, stream: int, check_offsets: bool | None, scales: tuple[int, int] = (0, 0)):
+    def run(self, bound: Bound, *, out: Array | None, stream: int, check_offsets: bool | None,
+            scales: tuple[int, int] = (0, 0)) -> Array:
         """``execute`` for operands already read and known to fit this plan (``grouped_matmul``'s path).
 
         Parameters
@@ -420,7 +434,8 @@ class GroupedMatmul:
                            check_offsets=check_offsets, scales=scales)
 
     def launch(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int, offs_64: bool, *,
-               out, stream: int, check_offsets: bool | None, scales: tuple[int, int] = (0, 0)):
+               out: Array | None, stream: int, check_offsets: bool | None,
+               scales: tuple[int, int] = (0, 0)) -> Array:
         """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
         ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
 

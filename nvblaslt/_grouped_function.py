@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _dtypes, _tuning_cache
 from ._frameworks import fast_reader
 from ._grouped import GroupedMatmul, bind, read_scales, stream_of
+from ._hints import Array, Stream
+
+ArrayT = TypeVar("ArrayT")  # the result is an array of the operands' package: a torch.Tensor for tensors
 
 _plans = threading.local()  # one cache per thread: cuBLASLt handles are per thread
 _MAX_PLANS = 64
 
 
-def grouped_matmul(a, b, offs=None, *, out_dtype: Any = None, out=None, stream: Any = None,
-                   check_offsets: bool | None = None, scale_a=None, scale_b=None):
+def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype: Any = None, out: ArrayT | None = None,
+                   stream: Stream | None = None, check_offsets: bool | None = None, scale_a: Array | None = None,
+                   scale_b: Array | None = None) -> ArrayT:
     """``out_g = a_g · b_g`` for every group of a ragged split, in one cuBLASLt call (``torch._grouped_mm``).
 
     =====================  =====================  =================  =========================

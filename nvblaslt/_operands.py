@@ -12,6 +12,7 @@ import weakref
 from dataclasses import dataclass
 
 from . import _cuda, _dlpack, _dtypes, _frameworks
+from ._address import readable_range
 from ._cuda import cudart
 from ._errors import CudaError, NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
 from ._frameworks import Framework, framework_of
@@ -124,6 +125,10 @@ def _read_dlpack(obj, name: str, stream: int) -> Operand:
 
 def _pointer_device(pointer: int, name: str) -> int:
     error, attributes = cudart.cudaPointerGetAttributes(pointer)
+    if error in (cudart.cudaError_t.cudaErrorInsufficientDriver, cudart.cudaError_t.cudaErrorNoDevice):
+        # no GPU to ask: the checks that need none (shapes, dtypes) still come first, and the first GPU
+        # work says there is no GPU
+        return 0
     if error not in (_cuda.SUCCESS, cudart.cudaError_t.cudaErrorInvalidValue):
         _cuda.check((error, None), f"cudaPointerGetAttributes for {name}")  # no driver or GPU: say so
     if error != _cuda.SUCCESS or attributes.type not in (cudart.cudaMemoryType.cudaMemoryTypeDevice,
@@ -168,8 +173,15 @@ def _read_interface(obj, interface: dict, name: str, protocol: str, host: bool =
     return pointer, shape, strides, dtype, bool(data[1])
 
 
+_CAI_VERSIONS = range(4)  # the versions the CUDA Array Interface's specification defines
+
+
 def _read_cai(obj, name: str, stream: int) -> Operand:
     interface = obj.__cuda_array_interface__
+    version = interface.get("version") if isinstance(interface, dict) else None
+    if version is not None and (isinstance(version, bool) or version not in _CAI_VERSIONS):
+        raise NvblasltValueError(f"{name}: __cuda_array_interface__ version {version!r}; nvblaslt reads versions 0 to "
+                                 f"3 (a later version may change what the fields mean)")
     pointer, shape, strides, dtype, readonly = _read_interface(obj, interface, name, "__cuda_array_interface__")
     producer_stream = interface.get("stream")
     if producer_stream is not None:  # CAI v3: order the producer's work before ours
@@ -185,6 +197,11 @@ def _read_cai(obj, name: str, stream: int) -> Operand:
 def _read_host_interface(obj, name: str) -> Operand:
     pointer, shape, strides, dtype, readonly = _read_interface(obj, obj.__array_interface__, name,
                                                                "__array_interface__", host=True)
+    if math.prod(shape):  # its memory is read in this process (staged, or a scale read as a number): a bad
+        low, high = element_range(shape, strides)  # pointer would crash it, so both ends are probed first
+        if readable_range(pointer + low * dtype.itemsize, pointer + (high + 1) * dtype.itemsize) is False:
+            raise NvblasltValueError(f"{name}: __array_interface__ data pointer 0x{pointer:x}: the memory of its "
+                                     f"{shape} {dtype.name} elements cannot be read in this process")
     return Operand(obj, pointer, shape, strides, dtype, -1, readonly, framework_of(obj).name, True)
 
 
