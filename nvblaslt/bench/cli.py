@@ -85,13 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     args = arguments(sys.argv[1:] if argv is None else argv)
     if args.recall_check:
         return search.recall_check(json.loads(args.recall_check))
+    needs_gpu = any(name not in import_time.WITHOUT_GPU for name in args.sections)
     try:
         import torch
     except ImportError:
-        print("bench: needs PyTorch (timing events and the comparisons)", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("bench: needs an NVIDIA GPU", file=sys.stderr)
+        torch = None
+        if needs_gpu:
+            print("bench: needs PyTorch (timing events and the comparisons)", file=sys.stderr)
+            return 2
+    args.gpu = torch is not None and torch.cuda.is_available()
+    if needs_gpu and not args.gpu:
+        print(f"bench: needs an NVIDIA GPU (--sections {','.join(import_time.WITHOUT_GPU)} runs without one)",
+              file=sys.stderr)
         return 2
     handler = logging.StreamHandler(sys.stderr)  # nvblaslt's decisions and search progress
     handler.setFormatter(logging.Formatter("           nvblaslt: %(message)s"))
@@ -99,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"machine": report.machine(torch), "quick": args.quick, "sections": args.sections, "errors": {}}
+    machine = report.machine(torch) if args.gpu else import_time.machine_without_gpu(torch)
+    results: dict = {"machine": machine, "quick": args.quick, "sections": args.sections, "errors": {}}
     for name in SECTIONS:
         if name not in args.sections:
             continue

@@ -1,13 +1,16 @@
 """The ``import`` section: cold start in fresh interpreters — ``import nvblaslt`` beside ``import cupy``,
 and the time to a first result (import, first GEMM on CuPy arrays, synchronize) of nvblaslt, CuPy and
-nvmath-python. Each row runs in its own fresh process, the rows interleaved round by round."""
+nvmath-python. Each row runs in its own fresh process, the rows interleaved round by round. Without a
+GPU only the imports are timed (this section alone then runs: ``WITHOUT_GPU``)."""
 
 from __future__ import annotations
 
+import platform
 import random
 import statistics
 import subprocess
 import sys
+import time
 
 _CLOCK = "import time; t = time.perf_counter()\n"
 _DONE = "\nprint(time.perf_counter() - t)"
@@ -21,6 +24,23 @@ ROWS = {
     "first result, cupy a @ b": _OPERANDS + "r = a @ b" + _SYNC,
     "first result, nvmath matmul": _OPERANDS + "import nvmath\nr = nvmath.linalg.advanced.matmul(a, b)" + _SYNC,
 }
+
+
+WITHOUT_GPU = ("import",)  # the sections that run without a GPU
+_IMPORT_ROWS = ("import nvblaslt", "import cupy")  # the rows that need none
+
+
+def machine_without_gpu(torch) -> dict:
+    """``report.machine``'s fields where there is no GPU to describe."""
+    import nvblaslt
+
+    try:
+        cublaslt = ".".join(map(str, nvblaslt.library().version_tuple))
+    except nvblaslt.LibraryNotFoundError:
+        cublaslt = "not found"
+    return {"gpu": "no GPU", "driver_cuda": "-", "cublaslt": cublaslt,
+            "torch": torch.__version__ if torch is not None else "-", "nvmath": None,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
 def _fresh(name: str, code: str) -> float | None:
@@ -37,12 +57,13 @@ def _fresh(name: str, code: str) -> float | None:
 
 def section(args, torch, results: dict) -> None:
     rounds = args.rounds or (3 if args.quick else 7)
-    runs: dict[str, list[float]] = {name: [] for name in ROWS}
+    rows = ROWS if getattr(args, "gpu", True) else {name: ROWS[name] for name in _IMPORT_ROWS}
+    runs: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(rounds):
-        order = list(ROWS)
+        order = list(rows)
         random.shuffle(order)
         for name in order:
-            seconds = _fresh(name, ROWS[name])
+            seconds = _fresh(name, rows[name])
             if seconds is not None:  # a package missing here (CuPy, nvmath-python): the row is left out
                 runs[name].append(seconds)
     results["import"] = {name: {"seconds": statistics.median(times), "runs": times}
