@@ -180,7 +180,16 @@ def _launch(spec: Spec, outputs, ctx, outs, *ins) -> None:
 
 
 def clear_plans() -> None:
-    """Free this thread's bridge plans (the next run of each GEMM plans again)."""
+    """Free this thread's bridge plans (the next run of each GEMM plans again).
+
+    XLA runs the callbacks in its own threads: call it where the GEMMs ran, or leave the plans to the
+    process's end.
+
+    Examples
+    --------
+    >>> import nvblaslt.jax
+    >>> nvblaslt.jax.clear_plans()
+    """
     plans = getattr(_local, "plans", {})
     for entry in plans.values():
         entry.plan.free()

@@ -47,6 +47,21 @@ def dense(x, layers, activations):
     -------
     jax.Array
         (…, out) of the last layer. ``jax.grad`` runs the backward described in the module.
+
+    Raises
+    ------
+    NvblasltValueError
+        An unknown activation, or not one per layer.
+
+    Examples
+    --------
+    On a GPU:
+
+    .. code-block:: python
+
+        layers = [(w1, b1), (w2, b2)]              # w (in, out), b (out,): flax.linen.Dense's params
+        loss = lambda x, layers: (nvblaslt.jax.dense(x, layers, "relu") ** 2).sum()
+        grads = jax.jit(jax.grad(loss, argnums=1))(x, layers)   # DRELU_BGRAD and BGRADA inside
     """
     layers = tuple((kernel, bias) for kernel, bias in layers)
     if isinstance(activations, str):

@@ -78,6 +78,23 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
     ``a``, ``b``, ``c`` and the bias; the aux outputs carry no gradient. ``jax.vmap`` folds the
     mapped axis into the GEMM's batch: one strided-batched launch, unmapped operands broadcast.
     GELU is cuBLASLt's tanh form.
+
+    Examples
+    --------
+    On a GPU (the results are JAX arrays):
+
+    .. code-block:: python
+
+        import jax, jax.numpy as jnp
+        import nvblaslt.jax as nj
+
+        @jax.jit
+        def layer(a, b, bias):
+            y, aux = nj.matmul(a, b, epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias})
+            return y, aux["relu_aux"]      # relu(a @ b + bias[:, None]) and its ReLU bitmask
+
+        grads = jax.grad(lambda a, b, bias: nj.matmul(a, b, epilog="GELU_BIAS",
+                                                      epilog_inputs={"bias": bias}).sum(), argnums=(0, 1, 2))
     """
     refuse_unavailable(qualifiers=qualifiers, algorithm=algorithm, stream=stream, out=out)
     epilog = as_epilog(epilog)

@@ -96,6 +96,17 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         Shapes that do not fit the form, ``group_offset``, arrays off a GPU.
     NvblasltTypeError
         Dtypes the grouped GEMM does not take.
+
+    Examples
+    --------
+    On a GPU with cuBLASLt 13.4 or newer:
+
+    .. code-block:: python
+
+        tokens = jnp.ones((8192, 4096), jnp.bfloat16)              # sorted by expert
+        experts = jnp.ones((8, 4096, 14336), jnp.bfloat16)
+        sizes = jnp.array([900, 1200, 0, 1900, 1200, 800, 1300, 892], jnp.int32)
+        hidden = jax.jit(nvblaslt.jax.ragged_dot)(tokens, experts, sizes)   # (8192, 14336)
     """
     if group_offset is not None:
         raise NvblasltValueError("group_offset: not supported by nvblaslt.jax.ragged_dot; got a value")
