@@ -12,6 +12,7 @@ dispatch.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -56,5 +57,6 @@ def autograd_function(name: str, implementation: Callable[..., Any], setup_conte
     def run_backward(ctx: Any, *grads: Any) -> Any:
         return backward(ctx, *grads)
 
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
-                                                    "backward": staticmethod(run_backward)})
+    # types.new_class, not type(): the docs build imports this module against a stand-in torch (no torch installed)
+    body = {"forward": staticmethod(forward), "backward": staticmethod(run_backward)}
+    return types.new_class(name, (torch.autograd.Function,), {}, lambda namespace: namespace.update(body))
