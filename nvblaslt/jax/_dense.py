@@ -88,7 +88,7 @@ def _layer_forward(x2, kernel, bias, epilog):
 def _plain_epilog(activation: str, bias: bool) -> MatmulEpilog:
     if activation == "none":
         return MatmulEpilog.BIAS if bias else MatmulEpilog.DEFAULT
-    return MatmulEpilog[f"{activation.upper()}{'_BIAS' if bias else ''}"]
+    return MatmulEpilog.__members__[f"{activation.upper()}{'_BIAS' if bias else ''}"]
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))

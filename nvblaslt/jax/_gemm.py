@@ -135,9 +135,9 @@ def activation_of(epilog: MatmulEpilog) -> str | None:
 
 def keeping_aux(activation: str, bias: bool) -> MatmulEpilog:
     """The forward epilog that also returns the activation's aux (its backward's input)."""
-    return MatmulEpilog[f"{activation.upper()}_AUX{'_BIAS' if bias else ''}"]
+    return MatmulEpilog.__members__[f"{activation.upper()}_AUX{'_BIAS' if bias else ''}"]
 
 
 def backward_epilog(activation: str, bias_gradient: bool) -> MatmulEpilog:
     """DRELU / DGELU, or their _BGRAD forms: the activation's backward fused into a GEMM's output."""
-    return MatmulEpilog[f"D{activation.upper()}{'_BGRAD' if bias_gradient else ''}"]
+    return MatmulEpilog.__members__[f"D{activation.upper()}{'_BGRAD' if bias_gradient else ''}"]

@@ -2,9 +2,10 @@
 
 The gradient (``jax.custom_vjp``) of D = act(alpha·a@b + beta·c + bias):
 dz = dD · act'(z), from D itself for ReLU and from the kept pre-activation (the GELU_AUX form's
-aux, run in the forward in place of GELU / GELU_BIAS) for GELU; then da = alpha·dz bᵀ, with
-BGRADA summing dz over N into the bias gradient in the same GEMM (alpha = 1), db = alpha·aᵀ dz,
-dc = beta·dz, each summed over what was broadcast. The activation's backward inside a GEMM
+aux, run in the forward in place of GELU / GELU_BIAS) for GELU; then da = alpha·dz bᵀ,
+db = alpha·aᵀ dz, dc = beta·dz, each summed over what was broadcast, and the bias gradient dz
+summed over N. The bias gradient is not fused here: dz is row-major, and cuBLASLt 13.1 has BGRADA
+kernels only for a column-major A (refused on an H200). The activation's backward inside a GEMM
 (DRELU_BGRAD / DGELU_BGRAD) needs the GEMM that follows the activation: ``dense`` chains do that.
 """
 
@@ -15,7 +16,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from .._epilogs import SPECS, MatmulEpilog, as_epilog
+from .._epilogs import SPECS, as_epilog
 from .._errors import NvblasltTypeError, NvblasltUnsupportedError
 from ._gemm import activation_of, as_array, gemm, keeping_aux, refuse_unavailable, scalar
 from ._planning import options_of
@@ -192,18 +193,11 @@ def _differentiable_bwd(static, residuals, cotangents):
     if b.ndim < 2:
         dz2 = jnp.expand_dims(dz2, -1)
     keywords = dict(options=dict((k, v) for k, v in options if k != "result_type"), preferences=dict(preferences) or None)
-    gradient_a = dz2.astype(b2.dtype)
-    row_sums = None  # the bias gradient: dz summed over N, (…, M)
-    if bias is not None and alpha == 1:
-        da, sums = gemm(gradient_a, b2, alpha=alpha, epilog=MatmulEpilog.BGRADA, b_transposed=True, **keywords)
-        row_sums = sums["bgrada"][..., 0] if sums["bgrada"].ndim > 1 else sums["bgrada"]
-    else:
-        da, _ = gemm(gradient_a, b2, alpha=alpha, b_transposed=True, **keywords)
+    da, _ = gemm(dz2.astype(b2.dtype), b2, alpha=alpha, b_transposed=True, **keywords)
     db, _ = gemm(a2, dz2.astype(a2.dtype), alpha=alpha, a_transposed=True, **keywords)
     bias_grad = None
     if bias is not None:
-        if row_sums is None:
-            row_sums = dz2.astype(jnp.float32).sum(-1)
+        row_sums = dz2.astype(jnp.float32).sum(-1)  # fused by XLA with dz's own elementwise pass
         column = bias.ndim >= 2 and bias.shape[-1] == 1  # (…, M, 1)
         bias_grad = _summed_to(row_sums[..., None] if column else row_sums, bias.shape).astype(bias.dtype)
     dc = None if c is None else _summed_to((beta * dz.astype(jnp.float32)), c.shape).astype(c.dtype)

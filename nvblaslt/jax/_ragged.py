@@ -10,6 +10,7 @@ buffers (``DeviceArray`` over a borrowed pointer): no copy. Offsets stay on the 
 from __future__ import annotations
 
 from functools import partial
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
 from .. import DeviceArray, _cuda, _grouped_version
+from .._memory import DeviceBuffer
 from .._errors import NvblasltTypeError, NvblasltValueError
 from .._loader import library
 from .._strides import c_strides
@@ -44,7 +46,7 @@ def _view(buffer, transposed: bool, stream: int):
     if transposed:
         shape = (*shape[:-2], shape[-1], shape[-2])
         strides = (*strides[:-2], strides[-1], strides[-2])
-    return DeviceArray(_Borrowed(interface["data"][0]), shape, strides, dtype_of(buffer.dtype, "buffer"),
+    return DeviceArray(cast(DeviceBuffer, _Borrowed(interface["data"][0])), shape, strides, dtype_of(buffer.dtype, "buffer"),
                        _cuda.current_device(), stream)  # the device XLA made current
 
 
