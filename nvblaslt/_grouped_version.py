@@ -8,8 +8,10 @@ from ._loader import Library
 # cuBLASLt's grouped mode: the API from 13.2, Hopper kernels from 13.4 (cublasLtGetVersion numbers)
 API_VERSION = 130200
 MIN_VERSION = 130400
-UPGRADE = ("pip install 'nvidia-cublas>=13.4' and set NVBLASLT_LIBRARY to its libcublasLt.so.13 when a framework "
-           "pins an older one (docs/guide/grouped.md)")
+UPGRADE = ("pip install 'nvidia-cublas>=13.4'; where a framework pins an older one (PyTorch does), install it beside: "
+           "pip install --no-deps --target DIR 'nvidia-cublas>=13.4', then, after importing the framework, "
+           "nvblaslt.load('DIR/nvidia/cu13/lib/libcublasLt.so.13', process_wide=True) before nvblaslt's first call, "
+           "or set NVBLASLT_LIBRARY to that file (docs/install.md)")
 
 
 def require_grouped(lib: Library, needed: int = MIN_VERSION) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import functools
 import importlib
 import os
 import pkgutil
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ._errors import CublasLtError, LibraryNotFoundError
+from ._errors import CublasLtError, LibraryNotFoundError, NvblasltStateError, NvblasltTypeError
 
 ENV_LIBRARY = "NVBLASLT_LIBRARY"
 
@@ -50,7 +49,8 @@ class Library:
     path : str
         The file loaded.
     found_via : str
-        How it was found: ``"$NVBLASLT_LIBRARY"``, ``"cuda-pathfinder (…)"`` or ``"explicit path"``.
+        How it was found: ``"$NVBLASLT_LIBRARY"``, ``"cuda-pathfinder (…)"``, ``"explicit path"`` or
+        ``"nvblaslt.load(process_wide=True)"``.
     version : int
         ``cublasLtGetVersion()``: 130100 for 13.1.0.
     api : module
@@ -158,18 +158,25 @@ def _find() -> tuple[str, str]:
     return loaded.abs_path, f"cuda-pathfinder ({loaded.found_via})"
 
 
-def load(path: str | None = None) -> Library:
+def load(path: str | None = None, *, process_wide: bool = False) -> Library:
     """Load a libcublasLt (``path``, or found as ``library()`` finds it) and bind it.
 
     Each call loads and binds anew; ``library()`` keeps one for the process, and is what the rest of
-    nvblaslt uses. A library newer than the committed bindings loads with a ``UserWarning``: what it
-    added since is not bound.
+    nvblaslt uses: ``process_wide=True`` makes the library loaded here that one, without an
+    environment variable (a newer cuBLASLt beside the one a framework such as PyTorch pins). A
+    library newer than the committed bindings loads with a ``UserWarning``: what it added since is
+    not bound.
 
     Parameters
     ----------
     path : str, optional
         The libcublasLt file. Default: ``$NVBLASLT_LIBRARY`` if set, else what cuda-pathfinder finds
         (NVIDIA's wheels, conda, the system loader, ``CUDA_HOME``).
+    process_wide : bool, default False
+        Make it the library every nvblaslt call uses (``library()``). Call it before nvblaslt first
+        uses a library, and after importing the framework whose own cuBLAS you keep (its libraries
+        then stay its own; loaded before them, this one would serve them too). Loading the same file
+        again returns the library in use.
 
     Returns
     -------
@@ -181,6 +188,9 @@ def load(path: str | None = None) -> Library:
     LibraryNotFoundError
         No libcublasLt was found or it could not be loaded (the message says where it looked and what
         to install), or nvblaslt has no bindings for its major version.
+    NvblasltStateError
+        ``process_wide=True`` after nvblaslt already uses another library (its plans, handles and
+        descriptors belong to that one).
 
     Examples
     --------
@@ -193,6 +203,11 @@ def load(path: str | None = None) -> Library:
         ...
     nvblaslt.LibraryNotFoundError: libcublasLt at /nonexistent/libcublasLt.so.13 (from explicit path) could not be loaded: ...
     """
+    if not isinstance(process_wide, bool):
+        raise NvblasltTypeError(f"process_wide: expected a bool, got {process_wide!r}")
+    if process_wide:
+        with _lock:
+            return _make_process_wide(path)
     found_via = "explicit path"
     if path is None:
         path, found_via = _find()
@@ -245,11 +260,30 @@ def _warn_if_newer_than_bindings(library: Library) -> None:
 
 
 _lock = threading.Lock()
+_in_use: Library | None = None  # library()'s, once loaded or chosen
 
 
-@functools.cache
+def _make_process_wide(path: str | None) -> Library:
+    global _in_use
+    if _in_use is not None:
+        wanted = os.path.realpath(path) if path is not None else None
+        if wanted is None or wanted == os.path.realpath(_in_use.path):
+            return _in_use
+        raise NvblasltStateError(f"process_wide: nvblaslt already uses {_in_use.path} (cuBLASLt "
+                                 f"{'.'.join(map(str, _in_use.version_tuple))}, from {_in_use.found_via}); call "
+                                 f"nvblaslt.load({path!r}, process_wide=True) before the first call that needs a "
+                                 f"library, or set {ENV_LIBRARY} for the next process")
+    _in_use = load(path)
+    if path is not None:
+        _in_use.found_via = "nvblaslt.load(process_wide=True)"
+    return _in_use
+
+
 def _default() -> Library:
-    return load()
+    global _in_use
+    if _in_use is None:
+        _in_use = load()
+    return _in_use
 
 
 def library() -> Library:
