@@ -9,6 +9,12 @@ try:
     import cupy
 except ImportError:
     sys.exit("this example needs CuPy and an NVIDIA GPU")
+import nvblaslt
+
+try:  # a GPU, a driver and a cuBLASLt nvblaslt can use: asked before any array is made on the GPU
+    nvblaslt.Handle.for_device(0)
+except nvblaslt.NvblasltError as missing:
+    sys.exit(f"this example needs an NVIDIA GPU, its driver and cuBLASLt: {missing}")
 
 from nvblaslt import MatmulEpilog as Epilog
 from nvblaslt import matmul

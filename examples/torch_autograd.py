@@ -14,8 +14,14 @@ try:
     import torch
 except ImportError:
     sys.exit("this example needs PyTorch")
+import nvblaslt
+
+try:  # a GPU, a driver and a cuBLASLt nvblaslt can use: asked before any array is made on the GPU
+    nvblaslt.Handle.for_device(0)
+except nvblaslt.NvblasltError as missing:
+    sys.exit(f"this example needs an NVIDIA GPU, its driver and cuBLASLt: {missing}")
 if not torch.cuda.is_available():
-    sys.exit("this example needs an NVIDIA GPU")
+    sys.exit("this example needs PyTorch with CUDA (torch.cuda.is_available() is False)")
 
 from nvblaslt import CublasLtError, MatmulEpilog, matmul
 
