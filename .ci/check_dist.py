@@ -15,7 +15,8 @@ from pathlib import Path
 SDIST_NEEDS = ["LICENSE", "pyproject.toml", "README.md", "tests/__init__.py", "tests/conftest.py", "tests/fakes.py",
                "tests/reference.py", "tests/scripts.py", "tests/cpu/__init__.py", "tests/gpu/__init__.py",
                "codegen/templates/bindings.py.j2", "headers/stubs/stdint.h", "headers/pins/cuda12.json",
-               "headers/pins/cuda13.json", "examples/regenerate_bindings.py", "nvblaslt/py.typed"]
+               "headers/pins/cuda13.json", "examples/regenerate_bindings.py", "nvblaslt/py.typed",
+               "CHANGELOG.md", "CONTRIBUTING.md", "tools/nvmath_suite.py", "docs/guide/migrating.md"]
 
 
 def check_wheel(path: Path) -> list[str]:
