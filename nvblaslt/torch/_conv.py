@@ -307,9 +307,9 @@ class FusedConv2d(nn.Module):
             raise NvblasltTypeError(f"conv: expected a torch.nn.Conv2d, got {type(conv).__module__}."
                                     f"{type(conv).__qualname__}")
         # made on the meta device (no memory, no initialization), then given conv's own parameters
-        fused = cls(conv.in_channels, conv.out_channels, cast(tuple[int, int], tuple(conv.kernel_size)), conv.stride,
-                    conv.padding, conv.dilation, conv.groups, conv.bias is not None, conv.padding_mode, activation,
-                    device="meta")
+        fused = cls(conv.in_channels, conv.out_channels, cast(IntPair, conv.kernel_size), cast(IntPair, conv.stride),
+                    cast("IntPair | str", conv.padding), cast(IntPair, conv.dilation), conv.groups,
+                    conv.bias is not None, conv.padding_mode, activation, device="meta")
         fused.weight = conv.weight
         fused.bias = conv.bias
         fused.train(conv.training)

@@ -28,8 +28,8 @@ from torch import Tensor, nn
 
 Pair = tuple[int, int]
 
-# (cols (M, K), W (O, K), bias (O,) or None, activation, keep_aux) -> (act(cols Wᵀ + b) (M, O), aux)
-Gemm = Callable[[Tensor, Tensor, "Tensor | None", str, bool], tuple[Tensor, Tensor]]
+# (cols (M, K), W (O, K), bias (O,) or None, activation, keep_aux) -> (act(cols Wᵀ + b) (M, O), aux or None)
+Gemm = Callable[[Tensor, Tensor, "Tensor | None", str, bool], tuple[Tensor, "Tensor | None"]]
 # (dy (M, O), cols (M, K) or None when dW is not wanted, W (O, K), out rows (M, O) or None, aux, activation,
 #  bias_grad, input_grad, weight_grad) -> (dcols (M, K), dW (O, K), db (O,)), each None where not asked for
 GemmBackward = Callable[[Tensor, "Tensor | None", Tensor, "Tensor | None", Tensor, str, bool, bool, bool],
@@ -152,7 +152,7 @@ def col2im(cols: Tensor, g: Geometry, shape: tuple) -> Tensor:
 
 
 def forward(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool, g: Geometry,
-            gemm: Gemm) -> tuple[Tensor, Tensor]:
+            gemm: Gemm) -> tuple[Tensor, Tensor | None]:
     """x (N, C, H, W) channels-last -> (out (N, O, OH, OW) channels-last, aux as ``gemm`` keeps it)."""
     n, _, h, w = x.shape
     oh, ow = g.output_size(h, w)
