@@ -140,3 +140,56 @@ def test_relative_links_point_at_files(page: Path):
     broken = [target for target in _LINK.findall(page.read_text())
               if "://" not in target and not (page.parent / target).exists()]
     assert not broken, f"{page.relative_to(ROOT)}: links to missing files: {broken}"
+
+
+# Words of the team's own notebook that a user of the README cannot follow.
+INTERNAL_WORDS = re.compile(r"\bthe seed\b|\bseed code\b|shared/peer|peer_nvmath|\bissue \d+|\bwork items?\b|"
+                            r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+SPEED = re.compile(r"\d\.\d+×|\d (?:ms|µs)\b")  # a ratio or a time, not a shape such as 1×1
+MACHINE = re.compile(r"\b(?:H100|H200|A100|B200|GH200|L40S?)\b")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+TIMING_MODE = re.compile(r"synchroni[sz]e|host time|GPU time|graph replay", re.I)
+
+
+def _paragraphs(text: str) -> list[str]:
+    """Prose paragraphs and list items, without code blocks."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [p for p in re.split(r"\n\s*\n|\n(?=- )", text) if p.strip()]
+
+
+def test_readme_has_no_internal_words():
+    found = INTERNAL_WORDS.findall((ROOT / "README.md").read_text())
+    assert not found, f"README.md: words a user cannot follow: {found}"
+
+
+def test_internal_words_are_found():  # the check above can fail
+    assert INTERNAL_WORDS.search("as the seed does, at 4c9ef84") and INTERNAL_WORDS.search("see issue 33")
+    assert not INTERNAL_WORDS.search("cuBLAS 13.10, fp16 (65536,16384), 2026-11-27, a deadbeef")
+
+
+def test_every_readme_speed_figure_names_its_machine_date_and_timing_mode():
+    bare = [p.strip()[:90] for p in _paragraphs((ROOT / "README.md").read_text())
+            if SPEED.search(p) and not (MACHINE.search(p) and DATE.search(p) and TIMING_MODE.search(p))]
+    assert not bare, f"README.md: speed figures without machine, date or timing mode: {bare}"
+
+
+def test_every_headline_benchmark_names_its_machine_and_timing_mode():
+    text = (DOCS / "benchmarks.md").read_text()
+    section = text[text.index("## Headline figures"):]
+    rows = [r for r in section[:section.index("\n## ", 3)].splitlines() if r.startswith("| ") and "---" not in r]
+    assert len(rows) > 10, "the headline table is gone"
+    header, *rows = rows
+    assert header.split("|")[-2].strip() == "timing mode"
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert MACHINE.search(cells[-2]), f"no machine: {row[:80]}"
+        assert re.match(r"(sync|GPU time, host time hidden|host time|graph replay|CUDA events|wall clock)", cells[-1]), \
+            f"timing mode not one of the page's: {row[:80]}"
+
+
+def test_every_page_is_in_a_toctree():
+    toctrees = "".join(re.findall(r"```\{toctree\}(.*?)```", (DOCS / "index.md").read_text(), flags=re.S))
+    listed = {line.strip() for line in toctrees.splitlines() if line.strip() and not line.strip().startswith(":")}
+    pages = {str(p.relative_to(DOCS).with_suffix("")) for p in DOCS.rglob("*.md") if p.name != "index.md"}
+    pages |= {str(p.relative_to(DOCS).with_suffix("")) for p in DOCS.rglob("*.rst")}
+    assert not pages - listed, f"pages in no toctree of docs/index.md: {sorted(pages - listed)}"

@@ -54,3 +54,41 @@ def test_console_script_runs_the_module_cli():
     assert PROJECT["project"]["scripts"] == {"nvblaslt": "nvblaslt.__main__:main"}
     out = subprocess.run([sys.executable, "-m", "nvblaslt", "--help"], capture_output=True, text=True, check=True)
     assert "usage: nvblaslt" in out.stdout and "info" in out.stdout and "bench" in out.stdout
+
+
+def test_changelog_has_an_unreleased_section_and_one_for_this_version():
+    import nvblaslt
+
+    headings = re.findall(r"^## \[([^\]]+)\](.*)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert headings and headings[0][0] == "Unreleased", "CHANGELOG.md: the first section is [Unreleased]"
+    versions = {name: rest for name, rest in headings[1:]}
+    assert nvblaslt.__version__ in versions, f"CHANGELOG.md: no section for {nvblaslt.__version__}"
+    assert all(re.fullmatch(r" - \d{4}-\d\d-\d\d", rest) for rest in versions.values()), \
+        "CHANGELOG.md: each release heading is `## [X.Y.Z] - YYYY-MM-DD`"
+
+
+def test_python_classifiers_run_from_the_lowest_supported_version_without_gaps():
+    lowest = re.fullmatch(r">=3\.(\d+)", PROJECT["project"]["requires-python"])
+    assert lowest, "requires-python is `>=3.N`"
+    minors = sorted(int(c.rsplit(".", 1)[1]) for c in PROJECT["project"]["classifiers"]
+                    if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert minors == list(range(int(lowest.group(1)), minors[-1] + 1)), minors
+
+
+def test_the_docs_extra_has_numpy_and_no_torch():
+    docs = PROJECT["project"]["optional-dependencies"]["docs"]
+    assert any(r.startswith("numpy") for r in docs), "the doctests pass NumPy arrays"
+    assert not any(r.startswith(("torch", "jax")) for r in docs), "the docs build must not pull a CUDA build of torch"
+
+
+def test_authors_are_named():
+    assert all(author.get("name") for author in PROJECT["project"]["authors"])
+
+
+def test_the_sdist_carries_the_files_the_readme_links():
+    manifest = (ROOT / "MANIFEST.in").read_text().split()
+    always = {"README.md", "LICENSE", "pyproject.toml"}  # setuptools puts these in every sdist
+    top_level = {link.split("/")[0].split("#")[0] for link in re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+                 if "://" not in link}
+    missing = sorted(name for name in top_level - always if name not in manifest)
+    assert not missing, f"MANIFEST.in: README.md links these, which the sdist would lack: {missing}"
