@@ -172,7 +172,7 @@ def test_a_host_operand_whose_memory_cannot_be_read_is_refused_before_it_is_stag
     assert "cannot be read in this process" in done.stdout
 
 
-def test_a_host_fp8_scale_whose_memory_cannot_be_read_is_refused_not_read():
+def test_a_host_fp8_scale_whose_memory_cannot_be_read_is_refused_not_read(default_lib):  # the scale is read by the plan
     pytest.importorskip("torch")
     call = ("import torch; a = torch.ones(16, 16).to(torch.float8_e4m3fn); "
             "nvblaslt.matmul(a, a.T, quantization_scales={'a': Fake((1,), 0x55550000), 'b': 1.0}, "
