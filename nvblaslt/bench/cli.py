@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
     except ImportError:
-        torch = None
+        torch = None  # type: ignore[assignment]  # the import section runs without it
         if needs_gpu:
             print("bench: needs PyTorch (timing events and the comparisons)", file=sys.stderr)
             return 2
