@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from . import _dtypes
 from ._dtypes import DType
 from ._errors import NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
-from ._generated.cublaslt_13 import cublasLtEpilogue_t
+from ._pinned import cublasLtEpilogue_t
 from ._strides import batch_stride, c_strides
 
 

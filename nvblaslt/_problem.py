@@ -21,7 +21,7 @@ from . import _types
 from ._dtypes import DType
 from ._epilogs import SPECS, MatmulEpilog, transposed_epilog
 from ._errors import NvblasltUnsupportedError, NvblasltValueError
-from ._generated.cublaslt_13 import cublasLtOrder_t, cublasOperation_t
+from ._pinned import cublasLtOrder_t, cublasOperation_t
 from ._strides import batch_order, batch_stride, c_strides
 from ._operands import Operand
 

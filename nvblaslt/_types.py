@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from . import _dtypes
 from ._dtypes import BFLOAT16, COMPLEX64, COMPLEX128, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT16, FLOAT32, FLOAT64, DType
 from ._errors import NvblasltArgumentError, NvblasltTypeError, NvblasltValueError
-from ._generated.cublaslt_13 import cublasComputeType_t
+from ._pinned import cublasComputeType_t
 
 F8 = (FLOAT8_E4M3, FLOAT8_E5M2)
 # (A, B) -> default compute type (without the CUBLAS_ prefix)
