@@ -16,10 +16,17 @@ batch goes on in a new process. Required of every case:
 - a refusal is also a ValueError or TypeError (issue 22), and an input accepted although it does
   nothing (as nvmath-python accepts it) gives a warning saying so.
 
-Each test below asserts one of these and lists its offending inputs compactly, grouped. Marked ``fuzz``:
+Each test below asserts one of these and lists its offending inputs compactly, grouped.
 
-    python -m pytest -m fuzz tests
-    python -m tests.fuzz.test_cpu_fuzz [--only PREFIX]     # the whole report without pytest (repository root)
+By default the tests run a quick, deterministic part of the table (``quick_ids``): one case of every
+family and variant — every kind of bad or valid input, each entry (``fn``/``obj``) and operand position
+taken in turn — about a quarter of the cases, in about 10 s. A fault that shows at one operand
+position or entry point alone may wait for the whole table: the same tests over it are marked
+``slow`` as well, and run only when ``-m`` names it (tests/fuzz/conftest.py):
+
+    python -m pytest -m fuzz tests                         # quick
+    python -m pytest -m slow tests/fuzz                    # the whole table (30 s on 2 idle cores)
+    python -m tests.fuzz.test_cpu_fuzz [--only PREFIX] [--quick]   # the report without pytest (repository root)
 """
 
 from __future__ import annotations
@@ -114,11 +121,34 @@ def _run_batch(ids: list[str]) -> dict[str, dict]:
     return records
 
 
-def run_all(only: str | None = None) -> tuple[dict, dict[str, dict]]:
+# the no-GPU message test reads this one; the rotation below need not pick it
+QUICK_ALWAYS = ("valid/plain/fn",)
+
+
+def family_variant(case_id: str) -> str:
+    """``operand/strides-negative`` of ``operand/strides-negative/bias/obj``: the input, wherever it goes."""
+    return "/".join(case_id.split("/")[:2])
+
+
+def quick_ids(cases: dict) -> list[str]:
+    """One case of every family/variant, in table order. Which of a variant's cases (entry point,
+    operand position) turns with the variant's index, so consecutive variants take different ones and
+    every position and entry is exercised; the same ids on every run."""
+    groups: dict[str, list[str]] = {}
+    for case_id in cases:
+        groups.setdefault(family_variant(case_id), []).append(case_id)
+    chosen = {members[index % len(members)] for index, members in enumerate(groups.values())}
+    chosen.update(i for i in QUICK_ALWAYS if i in cases)
+    return [i for i in cases if i in chosen]
+
+
+def run_all(only: str | None = None, quick: bool = False) -> tuple[dict, dict[str, dict]]:
+    """(the cases that ran, their records): the whole table, or ``quick_ids`` of it."""
     from tests.fuzz._fuzz_inputs import build_cases
 
-    cases = build_cases()
-    ids = [i for i in cases if only is None or i.startswith(only)]
+    table = build_cases()
+    ids = [i for i in (quick_ids(table) if quick else table) if only is None or i.startswith(only)]
+    cases = {i: table[i] for i in ids}
     batches = [ids[i:i + BATCH] for i in range(0, len(ids), BATCH)]
     records: dict[str, dict] = {}
     with ThreadPoolExecutor(WORKERS) as pool:
@@ -229,14 +259,15 @@ def _library_installed() -> str | None:
     return None  # another failure: let the fuzz report it
 
 
-@pytest.fixture(scope="module")
-def fuzz():
+@pytest.fixture(scope="module", params=["quick", pytest.param("full", marks=pytest.mark.slow)])
+def fuzz(request):
+    """(the cases run, their records): ``quick_ids`` by default, the whole table under ``-m slow``."""
     reason = _library_installed()
     if reason:
         pytest.skip(reason)
     start = time.perf_counter()
-    cases, records = run_all()
-    print(f"\ncpu fuzz: {len(cases)} cases in {time.perf_counter() - start:.0f} s")
+    cases, records = run_all(quick=request.param == "quick")
+    print(f"\ncpu fuzz ({request.param}): {len(cases)} cases in {time.perf_counter() - start:.0f} s")
     return cases, records
 
 
@@ -248,10 +279,19 @@ def _check(fuzz, classes: set[str]):
 
 
 def test_every_case_ran(fuzz):
+    from tests.fuzz._fuzz_inputs import build_cases
+
     cases, records = fuzz
     assert set(records) == set(cases)
-    kinds = collections.Counter(case.kind for case in cases.values())
-    assert len(cases) >= 500 and kinds["invalid"] >= 300 and kinds["valid"] >= 50, kinds
+    table = build_cases()
+    kinds = collections.Counter(case.kind for case in table.values())
+    assert len(table) >= 500 and kinds["invalid"] >= 300 and kinds["valid"] >= 50, kinds
+    # the quick part still holds every kind of input, every expectation, entry point and operand position
+    assert {family_variant(i) for i in cases} == {family_variant(i) for i in table}
+    assert {case.kind for case in cases.values()} == set(kinds)
+    ran = {tuple(i.split("/")[2:]) for i in cases if i.startswith("operand/")}
+    assert {part for parts in ran for part in parts} >= {"a", "b", "c", "bias", "relu_aux", "gelu_aux", "out",
+                                                         "fn", "obj"}, ran
 
 
 def test_no_crash_and_no_hang(fuzz):
@@ -295,8 +335,8 @@ def test_issue_22_items_are_all_covered(fuzz):
                    "scalar/alpha-numpy-0-d/", "scalar/alpha-gpu-scalar/", "epilog/numpy-int64-RELU/"):
         assert any(i.startswith(prefix) and i in records for i in cases), prefix
     torch_cases = [i for i in cases if i.startswith(("escape/torch-", "meaningless/torch-autotune"))]
-    if importlib.util.find_spec("torch") is not None:
-        assert len(torch_cases) >= 14 and all(i in records for i in torch_cases)
+    if importlib.util.find_spec("torch") is not None:  # each torch variant, once at least
+        assert len({family_variant(i) for i in torch_cases}) >= 14 and all(i in records for i in torch_cases)
 
 
 def test_invalid_inputs_are_refused_before_a_gpu_is_needed(fuzz):
@@ -321,9 +361,10 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="run only the case ids starting with this")
+    parser.add_argument("--quick", action="store_true", help="one case of each family/variant (the pytest default)")
     options = parser.parse_args()
     begin = time.perf_counter()
-    all_cases, all_records = run_all(options.only)
+    all_cases, all_records = run_all(options.only, options.quick)
     lines = report({k: v for k, v in all_cases.items() if k in all_records}, all_records)
     print("\n".join(lines))
     failed = sum(1 for k in all_records if verdict(all_cases[k], all_records[k]) is not None)
