@@ -21,12 +21,11 @@ from jax.interpreters import batching, mlir
 
 from .. import Matmul, _cuda, _memory
 from .._errors import NvblasltValueError
+from . import _tuning
 from ._planning import Layout, Spec, outputs_of
 
 _ALIGN = 256  # what a plan assumes of D and its epilog outputs (and XLA's allocations give)
 _local = threading.local()
-# Python entries into the bridge's launch, for the bench and the tests: one per GEMM per step.
-entries = [0]
 
 
 # ---- the primitive -------------------------------------------------------------------------------
@@ -133,6 +132,10 @@ class _Entry:
                                          quantization_scales=dict(spec.scales) or None)
         self.plan.plan(epilog=spec.epilog, epilog_inputs=inputs or None,
                        preferences=dict(spec.preferences) or None)
+        tuning = _tuning.active()
+        self.generation = tuning.generation if tuning is not None else 0
+        if tuning is not None:  # timed into scratch memory on XLA's stream: XLA's buffers are left as they are
+            self.plan.autotune(iterations=tuning.iterations, search=tuning.search, stream=stream)
         if self.plan.split_form is not None:  # a searched two-call form allocates its outputs: run the fused one
             self.plan.split_form.free()
             self.plan.split_form = None
@@ -156,6 +159,12 @@ class _Entry:
                                                          _cuda.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice,
                                                          stream), "cudaMemcpyAsync")
 
+    def free(self) -> None:
+        self.plan.free()
+        for buffer in self.scratch:
+            if buffer is not None:
+                buffer.release()
+
     def _scratch(self, index: int, stream: int) -> int:
         if self.scratch[index] is None:
             self.scratch[index] = _memory.DeviceBuffer(self.sizes[index], stream)
@@ -164,7 +173,7 @@ class _Entry:
 
 def _launch(spec: Spec, outputs, ctx, outs, *ins) -> None:
     """XLA's callback: the plan for this spec, stream and alignments (made on the first run), launched."""
-    entries[0] += 1
+    _tuning.count_entry()
     stream = int(ctx.stream)
     pointers = [_pointer(b) for b in ins]
     out_pointers = [_pointer(b) for b in (outs if isinstance(outs, (tuple, list)) else (outs,))]
@@ -174,6 +183,10 @@ def _launch(spec: Spec, outputs, ctx, outs, *ins) -> None:
     except AttributeError:
         plans = _local.plans = {}
     entry = plans.get(key)
+    tuning = _tuning.active()
+    if entry is not None and tuning is not None and entry.generation != tuning.generation:
+        entry.free()  # made before this autotune() context: made again, and timed
+        entry = None
     if entry is None:
         entry = plans[key] = _Entry(spec, outputs, pointers, stream)
     entry.run(pointers, out_pointers, stream)
@@ -192,8 +205,8 @@ def clear_plans() -> None:
     """
     plans = getattr(_local, "plans", {})
     for entry in plans.values():
-        entry.plan.free()
+        entry.free()
     plans.clear()
 
 
-__all__ = ["bind", "clear_plans", "entries", "gemm_p"]
+__all__ = ["bind", "clear_plans", "gemm_p"]

@@ -221,3 +221,24 @@ def test_ragged_dot_checks_before_any_gpu_work():
 
 def test_every_refusal_is_an_nvblaslt_error():
     assert issubclass(NvblasltValueError, NvblasltError) and issubclass(NvblasltTypeError, NvblasltError)
+
+
+def test_autotune_checks_its_arguments_and_nests():
+    from nvblaslt.jax import _tuning
+
+    with pytest.raises(NvblasltValueError, match=r"^iterations: expected an int ≥ 1"):
+        nj.autotune(iterations=0)
+    with pytest.raises(NvblasltTypeError, match=r"^iterations: expected an int ≥ 1 .* got True"):
+        nj.autotune(iterations=True)
+    with pytest.raises(NvblasltTypeError, match=r"^search: expected a bool, got int"):
+        nj.autotune(search=1)
+    assert _tuning.active() is None
+    with nj.autotune(search=False, iterations=2):
+        outer = _tuning.active()
+        assert (outer.search, outer.iterations) == (False, 2)
+        with nj.autotune():
+            inner = _tuning.active()
+            assert inner.search and inner.generation > outer.generation  # plans of the outer one are made again
+        assert _tuning.active() == outer
+    assert _tuning.active() is None
+    assert isinstance(nj.python_entries(), int)

@@ -17,7 +17,6 @@ if not any(d.platform == "gpu" for d in jax.devices()):
 
 import nvblaslt  # noqa: E402
 import nvblaslt.jax as nj  # noqa: E402
-from nvblaslt.jax import _bridge  # noqa: E402
 
 RNG = np.random.default_rng(20261128)
 TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
@@ -148,10 +147,10 @@ def test_a_jitted_step_enters_python_once_per_gemm_and_plans_once():
     a, b, bias = rand(64, 32), rand(32, 16), rand(64)
     step = jax.jit(lambda a, b, bias: nj.matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias}).sum())
     step(a, b, bias).block_until_ready()
-    before = _bridge.entries[0]
+    before = nj.python_entries()
     for _ in range(3):
         step(a, b, bias).block_until_ready()
-    assert _bridge.entries[0] - before == 3  # one Python entry per GEMM per step, no re-planning
+    assert nj.python_entries() - before == 3  # one Python entry per GEMM per step, no re-planning
 
 
 def test_ragged_dot():
