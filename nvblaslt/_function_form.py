@@ -9,7 +9,7 @@ operands, builds the key from what it read, and plans on a miss.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 from collections import OrderedDict
 
 from . import _cuda, _operands, _tuning_cache
@@ -23,6 +23,26 @@ from ._frameworks import fast_reader, framework_of
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
 from ._reading import one_package
 from ._streams import stream_handle
+
+if TYPE_CHECKING:  # for type checkers only: the API reference shows these names, not their 24 values
+    from ._epilogs import MatmulEpilog
+
+    # What an epilog gives back decides matmul()'s static result (_epilogs.SPECS: outputs or none), by
+    # member and by name in upper or lower case; another case, an int, or an epilog known only at run time
+    # is typed as either form.
+    EpilogWithOutputs = Literal[
+        MatmulEpilog.RELU_AUX, MatmulEpilog.RELU_AUX_BIAS, MatmulEpilog.GELU_AUX, MatmulEpilog.GELU_AUX_BIAS,
+        MatmulEpilog.DRELU_BGRAD, MatmulEpilog.DGELU_BGRAD, MatmulEpilog.BGRADA, MatmulEpilog.BGRADB,
+        "RELU_AUX", "RELU_AUX_BIAS", "GELU_AUX", "GELU_AUX_BIAS", "DRELU_BGRAD", "DGELU_BGRAD", "BGRADA", "BGRADB",
+        "relu_aux", "relu_aux_bias", "gelu_aux", "gelu_aux_bias", "drelu_bgrad", "dgelu_bgrad", "bgrada", "bgradb"]
+    EpilogWithoutOutputs = Literal[
+        MatmulEpilog.DEFAULT, MatmulEpilog.RELU, MatmulEpilog.BIAS, MatmulEpilog.RELU_BIAS, MatmulEpilog.GELU,
+        MatmulEpilog.GELU_BIAS, MatmulEpilog.DRELU, MatmulEpilog.DGELU,
+        "DEFAULT", "RELU", "BIAS", "RELU_BIAS", "GELU", "GELU_BIAS", "DRELU", "DGELU",
+        "default", "relu", "bias", "relu_bias", "gelu", "gelu_bias", "drelu", "dgelu"]
+
+# The operand a's type: results come back in a's package (and memory space).
+ArrayT = TypeVar("ArrayT")
 
 _CACHE_SIZE = 64
 _local = threading.local()
@@ -49,6 +69,25 @@ def _signature(op) -> tuple | None:
     return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment, op.conjugated)
 
 
+@overload
+def matmul(a: ArrayT, b: Array, /, c: Array | None = ..., *, alpha: ScalarLike | None = ...,
+           beta: ScalarLike | None = ..., epilog: EpilogWithOutputs, epilog_inputs: dict[str, Any] | None = ...,
+           qualifiers: Any = ..., quantization_scales: QuantizationScales = ..., options: Options = ...,
+           preferences: Preferences = ..., algorithm: Any = ..., stream: Stream | None = ..., out: Array | None = ...,
+           compute_type: Any = ..., result_type: Any = ...) -> tuple[ArrayT, dict[str, ArrayT]]: ...
+@overload
+def matmul(a: ArrayT, b: Array, /, c: Array | None = ..., *, alpha: ScalarLike | None = ...,
+           beta: ScalarLike | None = ..., epilog: EpilogWithoutOutputs | None = ...,
+           epilog_inputs: dict[str, Any] | None = ..., qualifiers: Any = ...,
+           quantization_scales: QuantizationScales = ..., options: Options = ..., preferences: Preferences = ...,
+           algorithm: Any = ..., stream: Stream | None = ..., out: Array | None = ..., compute_type: Any = ...,
+           result_type: Any = ...) -> ArrayT: ...
+@overload
+def matmul(a: ArrayT, b: Array, /, c: Array | None = ..., *, alpha: ScalarLike | None = ...,
+           beta: ScalarLike | None = ..., epilog: EpilogLike, epilog_inputs: dict[str, Any] | None = ...,
+           qualifiers: Any = ..., quantization_scales: QuantizationScales = ..., options: Options = ...,
+           preferences: Preferences = ..., algorithm: Any = ..., stream: Stream | None = ..., out: Array | None = ...,
+           compute_type: Any = ..., result_type: Any = ...) -> ArrayT | tuple[ArrayT, dict[str, ArrayT]]: ...
 def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
            epilog: EpilogLike = None, epilog_inputs: dict[str, Any] | None = None, qualifiers: Any = None,
            quantization_scales: QuantizationScales = None, options: Options = None, preferences: Preferences = None,
@@ -145,6 +184,15 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
           for a batch; ``"bgradb"``: (N,), or (…, N, 1);
         - ``"gelu_aux_amax"`` (with ``preferences.epilog.aux_amax``) and ``"result_amax"`` (with
           ``options.result_amax``): float32 arrays of shape (1,).
+
+        To a type checker the result has ``a``'s type: D alone where ``epilog`` is omitted, None, or
+        a member or name (upper or lower case) of an epilog without outputs, ``tuple[A, dict[str, A]]``
+        (A: ``a``'s type) for ``RELU_AUX``, ``RELU_AUX_BIAS``, ``GELU_AUX``, ``GELU_AUX_BIAS``,
+        ``DRELU_BGRAD``, ``DGELU_BGRAD``, ``BGRADA`` and ``BGRADB``, and either form for an epilog
+        known only at run time (a variable, an int, a name in mixed case). A checker cannot see
+        ``options.result_amax``: with it, ``typing.cast`` the result to the tuple. Where ``a`` is a
+        subclass (``torch.nn.Parameter``) the result is its package's array (``torch.Tensor``), and
+        where its package has no adapter, a ``DeviceArray``.
 
     Raises
     ------

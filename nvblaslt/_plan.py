@@ -14,14 +14,14 @@ import dataclasses
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from . import _cuda, _dtypes, _epilogs, _host, _memory, _reading
 from ._cuda import cudart
 from ._descriptors import HeuristicResult, check_handle_device
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework
-from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
+from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, ScalarLike, Stream
 from ._errors import NvblasltArgumentError, NvblasltStateError, NvblasltValueError
 from ._launch import Launch, algorithm_ids
 from ._loader import library
@@ -37,10 +37,19 @@ from ._split_bgrad import SplitBiasGradient
 from ._streams import stream_handle
 from ._types import cuda_type_names
 
+if TYPE_CHECKING:  # the default (PEP 696) is read by type checkers; typing_extensions is no run-time dependency
+    from typing_extensions import TypeVar
+
+    ResultT = TypeVar("ResultT", default=Any)
+else:
+    from typing import TypeVar
+
+    ResultT = TypeVar("ResultT")
+
 _NUMBERS = (float, int)  # alpha/beta types the function form's rebinding compares without re-checking
 
 
-class Matmul(OperandResets):
+class Matmul(OperandResets, Generic[ResultT]):
     """A matrix multiplication ``D = epilog(alpha * a @ b + beta * c)``, planned once and executed
     as often as needed (nvmath-python's ``Matmul``).
 
@@ -140,6 +149,13 @@ class Matmul(OperandResets):
 
     One plan may be used from several threads: its launches are serialized, and a new stream is
     ordered after the work queued on the previous one (the workspace is shared).
+
+    To a type checker, ``Matmul`` is generic in what ``execute()`` returns. That depends on the
+    epilog ``plan()`` is given, not on the constructor's arguments, so an unannotated plan's
+    ``execute()`` is ``Any``. Annotate the plan to have its results checked:
+    ``Matmul[torch.Tensor](x, w)`` (or ``mm: Matmul[torch.Tensor] = Matmul(x, w)``) for an epilog
+    without outputs, ``Matmul[tuple[torch.Tensor, dict[str, torch.Tensor]]]`` for one with
+    outputs. Only type checkers read the parameter: ``Matmul[…](…)`` makes the same plan.
 
     Examples
     --------
@@ -596,7 +612,7 @@ class Matmul(OperandResets):
 
     # ---- execution ---------------------------------------------------------------------------------
     def execute(self, *, algorithm: HeuristicResult | None = None, release_workspace: bool = False,
-                stream: Stream | None = None, out: Array | None = None) -> Result:
+                stream: Stream | None = None, out: Array | None = None) -> ResultT:
         """Run the planned multiplication on the current operands.
 
         Every argument of the ``cublasLtMatmul`` call is prebuilt: a call allocates D (unless
@@ -638,6 +654,8 @@ class Matmul(OperandResets):
             and ``"bgradb"`` ((N,), or (…, N, 1)), ``"gelu_aux_amax"`` (with
             ``preferences.epilog.aux_amax``) and ``"result_amax"`` (with
             ``options.result_amax``), float32 of shape (1,).
+            To a type checker, the plan's type parameter: ``Any`` unless the plan was
+            annotated (see the class's Notes).
 
         Raises
         ------
@@ -867,7 +885,7 @@ class Matmul(OperandResets):
                 self._planned = False
                 self._freed = True
 
-    def __enter__(self) -> Matmul:
+    def __enter__(self) -> Matmul[ResultT]:
         return self
 
     def __exit__(self, *exc) -> None:
