@@ -4,8 +4,10 @@ and a clear ImportError without flax."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,3 +117,13 @@ def test_without_flax_the_import_says_what_to_install():
             "try:\n    import nvblaslt.jax.nn\nexcept ImportError as e:\n    print(e.name, '|', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert out.startswith("flax | nvblaslt.jax.nn needs flax 0.12 or newer (pip install 'nvblaslt[flax]')"), out
+
+
+def test_the_moe_example_trains_on_the_cpu_with_xla_ragged_dot():
+    example = Path(__file__).resolve().parents[2] / "examples" / "jax_moe.py"
+    done = subprocess.run([sys.executable, str(example), "--device", "cpu", "--steps", "60"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "grouped GEMMs: jax.lax.ragged_dot on cpu, float32" in done.stdout
+    assert "plain loop (an empty expert, rows past the total): True" in done.stdout, done.stdout
+    assert "loss falls: True" in done.stdout, done.stdout
