@@ -70,7 +70,8 @@ def test_every_example_has_a_test():
               "descriptor_level.py", "regenerate_bindings.py",
               "conv_bias_relu.py",  # run by test_example_conv.py (GPU) and tests/cpu/test_conv.py (CPU)
               "moe_experts.py",  # run by test_grouped_gpu.py (GPU) and tests/cpu/test_grouped_torch.py (CPU)
-              "torch_ddp_mlp.py"}  # run under torchrun by test_examples_torch.py
+              "torch_ddp_mlp.py",  # run under torchrun by test_examples_torch.py
+              "jax_mlp.py", "jax_moe.py"}  # jax_moe.py also runs on the CPU in tests/cpu/test_jax_nn.py
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -106,6 +107,24 @@ def test_torch_autograd_function_passes_gradcheck():
     out = run("torch_autograd.py")
     assert "gradcheck in float" in out and ": True" in out
     assert "torch.bfloat16" in out
+
+
+@pytest.mark.gpu
+def test_jax_mlp_trains_with_optax_and_matches_jax_grad():
+    pytest.importorskip("flax")
+    pytest.importorskip("optax")
+    out = run("jax_mlp.py")
+    assert "gradients match jax.grad of the jnp expression: True" in out, out
+    assert "loss falls: True" in out and "held-out accuracy" in out, out
+
+
+@pytest.mark.gpu
+def test_jax_moe_trains_with_optax_and_matches_a_loop_over_the_experts():
+    pytest.importorskip("flax")
+    pytest.importorskip("optax")
+    out = run("jax_moe.py")
+    assert "gradients match jax.grad of the plain loop (an empty expert, rows past the total): True" in out, out
+    assert "loss falls: True" in out, out
 
 
 @pytest.mark.gpu
