@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-NEED_A_GPU = {"descriptor_level.py": [], "digits_mlp.py": [], "epilog_tutorial.py": [], "gelu_fusion.py": [],
+NEED_A_GPU = {"descriptor_level.py": [], "digits_mlp.py": [], "epilog_tutorial.py": [], "gelu_fusion.py": [], "jax_mlp.py": [],
               "linear_layer.py": [], "torch_autograd.py": [], "torch_ddp_mlp.py": ["--device", "cuda"]}
 
 
@@ -30,5 +30,5 @@ def test_an_example_without_a_gpu_says_what_it_needs_in_one_line(name):
 
 
 def test_every_example_is_sorted_into_one_that_needs_a_gpu_or_one_that_runs_without():
-    runs_without = {"conv_bias_relu.py", "moe_experts.py", "regenerate_bindings.py"}
+    runs_without = {"conv_bias_relu.py", "jax_moe.py", "moe_experts.py", "regenerate_bindings.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == set(NEED_A_GPU) | runs_without
