@@ -7,6 +7,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from .annotations import CALLBACK, POINTER_TO, VOID_POINTER, typed_functions
 from .model import Bindings
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -39,6 +40,10 @@ def render(bindings: Bindings) -> str:
         functions=bindings.functions,
         constants=bindings.constants,
         attributes=bindings.attributes,
+        typed_functions=typed_functions(bindings),
+        pointer_to=POINTER_TO,
+        void_pointer=VOID_POINTER,
+        callback=CALLBACK,
     )
     return _tidy_blank_lines(text)
 

@@ -15,10 +15,19 @@ Functions the loaded library does not export are absent.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _attributes
 from ._loader import library as _library
+
+if TYPE_CHECKING:
+    # What type checkers see: the newest bindings module, whose functions are declared there as this
+    # module binds them (at run time the loaded library's major picks the module, and only the
+    # functions it exports are bound).
+    from ._generated.cublaslt_13 import *  # noqa: F403
+
+    library_path: str
+    library_version: int
 
 
 def set_attribute(handle: Any, attribute: Any, value: Any) -> None:
@@ -126,14 +135,15 @@ def _bound_names() -> dict[str, Any]:
     return names
 
 
-def __getattr__(name: str) -> Any:
-    if name.startswith("__"):  # probes by import machinery and tools must not load the library
-        raise AttributeError(name)
-    names = _bound_names()
-    globals().update(names)  # from now on plain module attributes
-    if name not in names:
-        raise AttributeError(f"module 'nvblaslt.lt' has no attribute {name!r}")
-    return names[name]
+if not TYPE_CHECKING:  # hidden from type checkers, which see every name declared above: a misspelt one is an error
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):  # probes by import machinery and tools must not load the library
+            raise AttributeError(name)
+        names = _bound_names()
+        globals().update(names)  # from now on plain module attributes
+        if name not in names:
+            raise AttributeError(f"module 'nvblaslt.lt' has no attribute {name!r}")
+        return names[name]
 
 
 def __dir__() -> list[str]:

@@ -3,6 +3,7 @@ spot values, and struct layouts checked by a C compiler."""
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import importlib
 import re
@@ -61,6 +62,26 @@ def test_every_declared_function_is_bound(pinned):
     assert set(module.FUNCTIONS) == declared
     expected = {"cublaslt_12": 45, "cublaslt_13": 54}[module.__name__.rsplit(".", 1)[1]]
     assert len(module.FUNCTIONS) == expected
+
+
+def test_every_bound_function_is_declared_for_type_checkers(pinned):
+    pin, _, module = pinned
+    tree = ast.parse(pin.module.read_text())
+    block = next(node for node in tree.body
+                 if isinstance(node, ast.If) and ast.unparse(node.test) == "typing.TYPE_CHECKING")
+    declared = {node.name: node for node in block.body if isinstance(node, ast.FunctionDef)}
+    assert list(declared) == list(module.FUNCTIONS)
+    for name, (_, _, argtypes, _, _) in module.FUNCTIONS.items():
+        assert len(declared[name].args.posonlyargs) == len(argtypes), name
+
+
+def test_type_checkers_see_the_newest_bindings_through_lt():
+    """nvblaslt.lt names the module type checkers read; a new major's module must take its place."""
+    tree = ast.parse((sources.ROOT / "nvblaslt" / "lt.py").read_text())
+    typed = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module and node.module.startswith("_generated.")]
+    newest = max(PINS, key=lambda pin: int(pin.module.stem.rpartition("_")[2])).module.stem
+    assert typed == [f"_generated.{newest}"]
 
 
 def test_bound_functions_are_exported_by_the_library(lib):

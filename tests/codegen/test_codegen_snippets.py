@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import textwrap
 
@@ -10,8 +11,9 @@ import pytest
 pytest.importorskip("pycparser")
 pytest.importorskip("jinja2")
 
+from codegen.annotations import AnnotationError, Annotator  # noqa: E402
 from codegen.attribute_types import AttributeTypeError, read_attribute_types  # noqa: E402
-from codegen.model import Alias, Enum, EnumMember  # noqa: E402
+from codegen.model import Alias, Bindings, Enum, EnumMember  # noqa: E402
 from codegen.parse import ParseError, parse, strip_common_prefix  # noqa: E402
 from codegen.render import render  # noqa: E402
 from codegen.sources import HeaderSet  # noqa: E402
@@ -229,3 +231,53 @@ def test_a_header_set_removes_only_the_directory_it_made(tmp_path):
     with HeaderSet(tmp_path, ["snippet"]) as given:
         pass
     assert (given.directory / "cublasLt.h").is_file()
+
+
+def _typed_declarations(text: str) -> dict[str, ast.FunctionDef]:
+    """The functions the generated module declares for type checkers (its ``TYPE_CHECKING`` block)."""
+    block = next(node for node in ast.parse(text).body if isinstance(node, ast.If)
+                 and ast.unparse(node.test) == "typing.TYPE_CHECKING")
+    return {node.name: node for node in block.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_functions_are_declared_for_type_checkers_as_ctypes_takes_them(tmp_path):
+    bindings, ns = generate(tmp_path, """
+        typedef struct snipContext* snipHandle_t;
+        typedef struct { uint64_t data[8]; } snipAlgo_t;
+        typedef void (*snipCallback_t)(int level, const char* message);
+        typedef uint64_t snipFlags_t;
+        cublasStatus_t snipCreate(snipHandle_t* handle);
+        cublasStatus_t snipRun(snipHandle_t handle, cudaDataType type, const void* alpha, size_t bytes,
+                               double scale, snipFlags_t flags, snipAlgo_t algos[], int* count);
+        cublasStatus_t snipSetCallback(snipCallback_t callback);
+        const char* snipName(cublasStatus_t status);
+        size_t snipVersion(void);
+        void snipReset(int lambda);
+    """)
+    declared = _typed_declarations(render(bindings))
+    assert list(declared) == [f.name for f in bindings.functions]
+    assert not any(name in ns for name in declared)  # declarations only: at run time the library's are bound
+
+    def signature(name):
+        node = declared[name]
+        assert not node.args.args and not node.args.kwonlyargs  # ctypes takes no keywords: positional only
+        return [(a.arg, ast.unparse(a.annotation)) for a in node.args.posonlyargs], ast.unparse(node.returns)
+
+    assert signature("snipCreate") == ([("handle", "_PointerTo[snipHandle_t]")], "int")
+    assert signature("snipRun") == ([
+        ("handle", "_VoidPointer"), ("type", "int"), ("alpha", "_VoidPointer"), ("bytes", "int"),
+        ("scale", "float"), ("flags", "int"), ("algos", "_PointerTo[snipAlgo_t]"),
+        ("count", "_PointerTo[ctypes.c_int]")], "int")
+    assert signature("snipSetCallback") == ([("callback", "_Callback")], "int")
+    assert signature("snipName") == ([("status", "int")], "typing.Optional[bytes]")
+    assert signature("snipVersion") == ([], "int")
+    assert signature("snipReset") == ([("lambda_", "int")], "None")  # a keyword as a C name
+    assert ast.get_docstring(declared["snipName"]) == "const char *snipName(cublasStatus_t status)"
+
+
+def test_a_ctypes_type_without_an_annotation_fails_generation():
+    annotator = Annotator(Bindings((1, 0, 0, 0), [], [], [], [], []))
+    assert annotator.argument("ctypes.POINTER(ctypes.POINTER(ctypes.c_int))") == \
+        "_PointerTo[ctypes._Pointer[ctypes.c_int]]"
+    with pytest.raises(AnnotationError, match="ctypes.c_wchar"):
+        annotator.argument("ctypes.c_wchar")
