@@ -26,6 +26,7 @@ from ._planning import Layout, Spec, outputs_of
 
 _ALIGN = 256  # what a plan assumes of D and its epilog outputs (and XLA's allocations give)
 _local = threading.local()
+_scratch_copies = [0]  # outputs XLA placed below _ALIGN, written to scratch and copied over (a bench diagnostic)
 
 
 # ---- the primitive -------------------------------------------------------------------------------
@@ -155,6 +156,7 @@ class _Entry:
         self.plan.launch.run(targets[0], stream)
         for index, (target, pointer) in enumerate(zip(targets, out_pointers)):
             if target != pointer:
+                _scratch_copies[0] += 1
                 _cuda.check(_cuda.cudart.cudaMemcpyAsync(pointer, target, self.sizes[index],
                                                          _cuda.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice,
                                                          stream), "cudaMemcpyAsync")
