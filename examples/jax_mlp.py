@@ -1,8 +1,9 @@
 """A flax NNX MLP trained with optax, every layer one fused cuBLASLt GEMM (nvblaslt.jax.nn.FusedMLP).
 
-The forward runs RELU_AUX_BIAS / GELU_AUX_BIAS per layer; the backward puts each activation's
-derivative and bias gradient into the next layer's input-gradient GEMM (DRELU_BGRAD / DGELU_BGRAD)
-and each weight gradient's bias sum into its GEMM (BGRADA), all inside one jitted training step.
+The forward runs RELU_BIAS / GELU_AUX_BIAS per layer; the backward puts each GELU's derivative into
+the next layer's input-gradient GEMM (DGELU; ReLU's mask is XLA's) and each bias gradient into its
+weight gradient's GEMM (BGRADA), all inside one jitted training step (--backward epilog: DRELU_BGRAD /
+DGELU_BGRAD instead).
 The data: points labelled by a random "teacher" network. Prints what it checks: the gradients
 against jax.grad of the plain jnp expression, the loss falling, the held-out accuracy.
 
@@ -35,6 +36,7 @@ from nvblaslt.jax.nn import FusedMLP
 parser = argparse.ArgumentParser()
 parser.add_argument("--activation", choices=["relu", "gelu"], default="gelu")
 parser.add_argument("--steps", type=int, default=300)
+parser.add_argument("--backward", choices=["auto", "unfused", "bgradb", "epilog"], default="auto")
 args = parser.parse_args()
 
 WIDTHS, CLASSES, BATCH = (64, 256, 256, 10), 10, 256
@@ -52,7 +54,7 @@ x_all = jax.random.normal(keys[2], (8192 + 2048, WIDTHS[0]))
 y_all = teacher_labels(x_all)
 x_train, y_train, x_test, y_test = x_all[:8192], y_all[:8192], x_all[8192:], y_all[8192:]
 
-model = FusedMLP(WIDTHS, activation=args.activation, rngs=nnx.Rngs(0))
+model = FusedMLP(WIDTHS, activation=args.activation, backward=args.backward, rngs=nnx.Rngs(0))
 optimizer = nnx.Optimizer(model, optax.adam(2e-3), wrt=nnx.Param)
 
 
@@ -84,7 +86,7 @@ layers = [(layer.kernel[...], layer.bias[...]) for layer in model.layers]
 plain = jax.grad(plain_loss)(layers, x, y)
 worst = max(float(jnp.linalg.norm(f - p) / jnp.linalg.norm(p))
             for f, p in zip(jax.tree_util.tree_leaves(fused), jax.tree_util.tree_leaves(plain)))
-print(f"FusedMLP {WIDTHS}, {args.activation}, float32: gradients match jax.grad of the jnp expression: "
+print(f"FusedMLP {WIDTHS}, {args.activation}, backward={args.backward!r}, float32: gradients match jax.grad of the jnp expression: "
       f"{worst < 1e-3} (largest relative difference {worst:.1e})")
 
 # 2. training: the loss falls, and the held-out accuracy says the network learned the teacher

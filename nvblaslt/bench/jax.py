@@ -5,12 +5,12 @@ default bf16, 8192 tokens, widths 4096→16384→4096→16384→4096, the activa
 the last, jitted, with one ``block_until_ready`` per step (host time paid). Rows, per activation
 (ReLU, tanh-GELU):
 
-- ``nvblaslt.jax.dense``: one fused GEMM per layer, the backward's DRELU_BGRAD / DGELU_BGRAD and BGRADA;
+- ``nvblaslt.jax.dense``: one fused GEMM per layer, its backward as ``backward="auto"`` runs it;
 - XLA's own lowering of ``jnp.dot`` + bias + activation;
 - the GEMM-only floor: the same ``jnp.dot``\\ s with no bias and no activation;
 - where the gap goes (``--no-ablation`` leaves them out): ``nvblaslt.jax.dense`` with no bias and no
-  activation (the same GEMMs as the floor, through the bridge and nvblaslt's plans), and with the bias but
-  no activation (adds BIAS and BGRADA).
+  activation (the same GEMMs as the floor, through the bridge and nvblaslt's plans), with the bias but
+  no activation (adds BIAS and BGRADA), and with ``backward="epilog"`` (DRELU_BGRAD / DGELU_BGRAD).
 
 Every row is timed in the same interleaved rounds (``nvblaslt._timing.shuffled_rounds``: every case once
 per round, in a fresh order; median of the per-step times), first with the plans as the heuristics pick
@@ -108,8 +108,9 @@ def steps(jax, activation: str, count: int, ablation: bool) -> dict:
             x = jnp.dot(x, kernel)
         return x
 
-    def fused(acts, bias: bool):
-        return lambda params, x: nj.dense(x, params if bias else [(k, None) for k, _ in params], acts)
+    def fused(acts, bias: bool, backward: str = "auto"):
+        return lambda params, x: nj.dense(x, params if bias else [(k, None) for k, _ in params], acts,
+                                          backward=backward)
 
     def grads(forward):
         return jax.jit(lambda params, x, dy: jax.vjp(lambda p: forward(p, x), params)[1](dy)[0])
@@ -120,6 +121,8 @@ def steps(jax, activation: str, count: int, ablation: bool) -> dict:
     if ablation:
         rows["nvblaslt.jax.dense, no bias/activation"] = (grads(fused(("none",) * count, False)), False, True)
         rows["nvblaslt.jax.dense, bias, no activation"] = (grads(fused(("none",) * count, True)), True, True)
+        rows["nvblaslt.jax.dense, backward='epilog'"] = (grads(fused(_activations(count, activation), True, "epilog")),
+                                                         True, True)
     return rows
 
 

@@ -1,8 +1,8 @@
 """JAX as a first-class user: nvblaslt's fused GEMMs inside ``jax.jit``, differentiable.
 
 ``matmul`` is ``nvblaslt.matmul`` for JAX arrays on a CUDA GPU, usable under ``jit``, ``grad``
-and ``vmap``; ``dense`` a stack of fused Dense + activation layers whose backward runs DRELU_BGRAD /
-DGELU_BGRAD and the bias-gradient epilogs; ``ragged_dot`` ``jax.lax.ragged_dot`` on cuBLASLt's grouped
+and ``vmap``; ``dense`` a stack of fused Dense + activation layers whose backward runs the
+activations' backward epilogs (DGELU, DRELU_BGRAD, …) and the bias-gradient epilogs; ``ragged_dot`` ``jax.lax.ragged_dot`` on cuBLASLt's grouped
 GEMM (cuBLASLt 13.4 or newer). Each GEMM is one XLA call (``jax.experimental.buffer_callback``) on XLA's stream,
 writing D and the epilog's outputs straight into XLA's buffers; shapes come from nvblaslt's own
 rules at trace time, plans are made on the first run and kept. Imported only by those who ask.

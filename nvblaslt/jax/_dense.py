@@ -9,8 +9,9 @@ How each step maps onto cuBLASLt, for x (T, in), kernel (in, out), all buffers r
 - weight and bias gradient: D = dzᵀ @ x, (out, in) column-major = dkernel (in, out); BGRADA sums
   dzᵀ over T into the bias gradient in the same call (cuBLASLt's BGRADB of the transposed product).
 - input gradient: D = kernel @ dzᵀ, (in, T) column-major = dx (T, in); with the layer below's aux,
-  DRELU_BGRAD / DGELU_BGRAD turn it into that layer's dz and sum its bias gradient in the same call.
-  Below the first layer, dx = dz @ kernelᵀ, row-major as it is.
+  DRELU_BGRAD / DGELU_BGRAD turn it into that layer's dz and sum its bias gradient in the same call
+  (``backward="epilog"``), or DRELU / DGELU leave the bias sum to that layer's BGRADA ("bgradb"), or
+  XLA applies the activation's backward ("unfused"). Below the first layer, dx = dz @ kernelᵀ.
 
 The operands' transposes are flags on XLA's buffers (no copy); the results' transposes cancel
 against the ones that make them the caller's arrays.
@@ -29,9 +30,15 @@ from ._gemm import backward_epilog, gemm, keeping_aux
 from ._matmul import activation_backward
 
 ACTIVATIONS = ("none", "relu", "gelu")
+BACKWARDS = ("auto", "unfused", "bgradb", "epilog")
+# What "auto" runs, from python -m nvblaslt.bench.jax (H200, cuBLASLt 13.1, bf16, 8192 tokens, 4096↔16384, tuned
+# plans): DRELU_BGRAD and DGELU_BGRAD left the step 1.13× and 1.22× the GEMM-only floor; cuBLASLt runs them as
+# the GEMM plus a separate epilogue kernel. ReLU's mask applied by XLA, and DGELU without the bias sum, each with
+# the bias gradient from the weight gradient's BGRADA, are the torch layer's choices for the same reason.
+AUTO_BACKWARD = {"relu": "unfused", "gelu": "bgradb"}
 
 
-def dense(x, layers, activations):
+def dense(x, layers, activations, *, backward: str = "auto"):
     """y = actₙ(… act₁(x @ kernel₁ + bias₁) … @ kernelₙ + biasₙ) as one fused GEMM per layer.
 
     Parameters
@@ -42,6 +49,11 @@ def dense(x, layers, activations):
         kernel (in, out) as flax lays it out; bias (out,) or None.
     activations : str or sequence of str
         "none", "relu" or "gelu" (cuBLASLt's tanh GELU), one per layer or one for all.
+    backward : str, default "auto"
+        Where each activation's backward and bias gradient run: "epilog" (DRELU_BGRAD / DGELU_BGRAD in
+        the next layer's input-gradient GEMM), "bgradb" (DRELU / DGELU there, the bias gradient from the
+        weight-gradient GEMM's BGRADA), "unfused" (the activation's backward by XLA, the bias gradient
+        from BGRADA), "auto" (ReLU unfused, GELU bgradb: the fastest measured).
 
     Returns
     -------
@@ -51,7 +63,7 @@ def dense(x, layers, activations):
     Raises
     ------
     NvblasltValueError
-        An unknown activation, or not one per layer.
+        An unknown activation, or not one per layer; an unknown ``backward``.
 
     Examples
     --------
@@ -61,7 +73,7 @@ def dense(x, layers, activations):
 
         layers = [(w1, b1), (w2, b2)]              # w (in, out), b (out,): flax.linen.Dense's params
         loss = lambda x, layers: (nvblaslt.jax.dense(x, layers, "relu") ** 2).sum()
-        grads = jax.jit(jax.grad(loss, argnums=1))(x, layers)   # DRELU_BGRAD and BGRADA inside
+        grads = jax.jit(jax.grad(loss, argnums=1))(x, layers)   # the ReLU mask by XLA, BGRADA inside
     """
     layers = tuple((kernel, bias) for kernel, bias in layers)
     if isinstance(activations, str):
@@ -72,10 +84,13 @@ def dense(x, layers, activations):
     for activation in activations:
         if activation not in ACTIVATIONS:
             raise NvblasltValueError(f"activations: expected one of {ACTIVATIONS}, got {activation!r}")
+    if backward not in BACKWARDS:
+        raise NvblasltValueError(f"backward: expected one of {BACKWARDS}, got {backward!r}")
     if not hasattr(x, "shape") or x.ndim < 1:
         raise NvblasltTypeError(f"x: expected an array of shape (…, in), got {type(x).__name__}")
     lead = x.shape[:-1]
-    y = _stack(activations, x.reshape((-1, x.shape[-1])), layers)
+    chains = tuple(_chain(backward, activation) for activation in activations)
+    y = _stack((activations, chains), x.reshape((-1, x.shape[-1])), layers)
     return y.reshape((*lead, y.shape[-1]))
 
 
@@ -91,26 +106,33 @@ def _plain_epilog(activation: str, bias: bool) -> MatmulEpilog:
     return MatmulEpilog.__members__[f"{activation.upper()}{'_BIAS' if bias else ''}"]
 
 
+def _chain(backward: str, activation: str) -> str:
+    """Where this activation's backward runs: "unfused", "bgradb" or "epilog" ("auto" resolved)."""
+    return AUTO_BACKWARD.get(activation, "unfused") if backward == "auto" else backward
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _stack(activations, x2, layers):
+def _stack(static, x2, layers):
+    activations, _ = static
     for (kernel, bias), activation in zip(layers, activations):
         x2, _ = _layer_forward(x2, kernel, bias, _plain_epilog(activation, bias is not None))
     return x2
 
 
-def _fusable(activation: str, next_kernel) -> bool:
-    """The layer above can take this activation's backward in its input-gradient GEMM (cuBLASLt reads
-    out of bounds for aux epilogs with K = 1, which nvblaslt refuses)."""
-    return activation != "none" and next_kernel is not None and next_kernel.shape[1] > 1
+def _fusable(activation: str, chain: str, next_kernel) -> bool:
+    """The layer above takes this activation's backward in its input-gradient GEMM: asked for, and
+    possible (cuBLASLt reads out of bounds for aux epilogs with K = 1, which nvblaslt refuses)."""
+    return activation != "none" and chain != "unfused" and next_kernel is not None and next_kernel.shape[1] > 1
 
 
-def _stack_fwd(activations, x2, layers):
+def _stack_fwd(static, x2, layers):
+    activations, chains = static
     inputs, kept = [], []
     count = len(layers)
     for index, ((kernel, bias), activation) in enumerate(zip(layers, activations)):
         inputs.append(x2)
         next_kernel = layers[index + 1][0] if index + 1 < count else None
-        if activation == "gelu" or (activation == "relu" and _fusable(activation, next_kernel)):
+        if activation == "gelu" or _fusable(activation, chains[index], next_kernel):
             epilog = keeping_aux(activation, bias is not None)
         else:
             epilog = _plain_epilog(activation, bias is not None)
@@ -119,7 +141,8 @@ def _stack_fwd(activations, x2, layers):
     return x2, (tuple(inputs), tuple(kept), x2, layers)
 
 
-def _stack_bwd(activations, residuals, dy):
+def _stack_bwd(static, residuals, dy):
+    activations, chains = static
     inputs, kept, y, layers = residuals
     count = len(layers)
     dz = activation_backward(dy, activations[-1], y, _pre_activation(kept[-1], y.shape[-1]))
@@ -138,8 +161,8 @@ def _stack_bwd(activations, residuals, dy):
         grads[index] = (jnp.swapaxes(dkernel, -1, -2), None if bias is None else bias_grad)
         bias_grad = None
         below = activations[index - 1] if index else "none"
-        if index and _fusable(below, kernel):
-            below_bias = layers[index - 1][1] is not None
+        if index and _fusable(below, chains[index - 1], kernel):
+            below_bias = layers[index - 1][1] is not None and chains[index - 1] == "epilog"
             epilog = backward_epilog(below, below_bias)
             key = f"{below}_aux"
             d, extra = gemm(kernel, dz, epilog=epilog, epilog_inputs={key: kept[index - 1]}, b_transposed=True)

@@ -5,7 +5,7 @@ a layer is a Python object holding its ``nnx.Param``s, trained with ``nnx.Optimi
 ``FusedDense`` names and shapes its parameters as ``flax.nnx.Linear`` does (``kernel`` (in, out),
 ``bias`` (out,)), so weights move between the two. A ``FusedMLP`` runs its layers as one
 ``nvblaslt.jax.dense`` stack, which is what puts each activation's backward into the next layer's
-GEMM (DRELU_BGRAD / DGELU_BGRAD); separate ``FusedDense`` layers each run their own backward.
+GEMM (DGELU by default, DRELU_BGRAD / DGELU_BGRAD on request); separate ``FusedDense`` layers each run their own backward.
 
 Needs flax (``pip install 'nvblaslt[flax]'``); ``import nvblaslt.jax`` alone never imports it.
 """
@@ -26,7 +26,7 @@ except ImportError as missing:  # the layers only: nvblaslt.jax's functions need
                       name="flax") from missing
 
 from .._errors import NvblasltTypeError, NvblasltValueError
-from ._dense import ACTIVATIONS, dense
+from ._dense import ACTIVATIONS, BACKWARDS, dense
 from ._ragged import ragged_dot as nvblaslt_ragged_dot
 
 # flax.nnx.Linear's defaults, so that a FusedDense starts where an nnx.Linear would
@@ -116,8 +116,8 @@ class FusedDense(nnx.Module):
 
 
 class FusedMLP(nnx.Module):
-    """A stack of ``FusedDense`` layers run as one ``nvblaslt.jax.dense`` call, whose backward runs each
-    activation's derivative and bias gradient inside the next layer's input-gradient GEMM.
+    """A stack of ``FusedDense`` layers run as one ``nvblaslt.jax.dense`` call, whose backward can run each
+    activation's derivative (and bias gradient) inside the next layer's input-gradient GEMM.
 
     Parameters
     ----------
@@ -127,6 +127,9 @@ class FusedMLP(nnx.Module):
         After every layer but the last: "none", "relu" or "gelu".
     last_activation : str, default "none"
         After the last layer.
+    backward : str, default "auto"
+        Where each activation's backward runs, as ``nvblaslt.jax.dense`` takes it ("auto", "unfused",
+        "bgradb", "epilog").
     use_bias, dtype, param_dtype, kernel_init, bias_init, rngs
         As ``FusedDense`` takes them, for every layer.
 
@@ -143,18 +146,19 @@ class FusedMLP(nnx.Module):
 
         model = FusedMLP((784, 512, 512, 10), activation="gelu", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
         optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
-        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)   # DGELU_BGRAD and BGRADA inside
+        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)   # DGELU and BGRADA inside
         optimizer.update(model, grads)
     """
 
     def __init__(self, features: Sequence[int], *, activation: str = "relu", last_activation: str = "none",
-                 use_bias: bool = True, dtype=None, param_dtype=jnp.float32, kernel_init=default_kernel_init,
+                 backward: str = "auto", use_bias: bool = True, dtype=None, param_dtype=jnp.float32, kernel_init=default_kernel_init,
                  bias_init=default_bias_init, rngs: nnx.Rngs):
         features = tuple(features) if isinstance(features, Sequence) else None
         if features is None or len(features) < 2:
             raise NvblasltValueError("features: expected a sequence of at least two widths (input first)")
         _activation(activation, "activation", ACTIVATIONS)
         _activation(last_activation, "last_activation", ACTIVATIONS)
+        self.backward = _activation(backward, "backward", BACKWARDS)
         self.layers = nnx.List([
             FusedDense(n_in, n_out, activation=activation if index < len(features) - 2 else last_activation,
                        use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, kernel_init=kernel_init,
@@ -166,7 +170,7 @@ class FusedMLP(nnx.Module):
         _check_features(x, self.layers[0].in_features)
         x, first = self.layers[0].parameters(x)
         layers = [first, *(layer.parameters(x)[1] for layer in self.layers[1:])]
-        return dense(x, layers, tuple(layer.activation for layer in self.layers))
+        return dense(x, layers, tuple(layer.activation for layer in self.layers), backward=self.backward)
 
 
 class MoEExperts(nnx.Module):

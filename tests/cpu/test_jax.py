@@ -6,6 +6,8 @@ the shapes they report are nvblaslt's own (the same rules ``nvblaslt.matmul`` la
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -120,20 +122,31 @@ def test_gradients_trace_with_the_primal_shapes(epilog):
     assert jaxpr.count("nvblaslt_gemm") == 3  # the forward, then da and db
 
 
-def test_dense_backward_runs_the_fused_backward_epilogs():
+EPILOGS_BY_BACKWARD = {  # (backward, activation): the epilogs the traced training step runs
+    ("auto", "relu"): {"RELU_BIAS", "BGRADA", "DEFAULT"}, ("auto", "gelu"): {"GELU_AUX_BIAS", "DGELU", "BGRADA", "DEFAULT"},
+    ("unfused", "relu"): {"RELU_BIAS", "BGRADA", "DEFAULT"}, ("unfused", "gelu"): {"GELU_AUX_BIAS", "BGRADA", "DEFAULT"},
+    ("bgradb", "relu"): {"RELU_AUX_BIAS", "RELU_BIAS", "DRELU", "BGRADA", "DEFAULT"},
+    ("bgradb", "gelu"): {"GELU_AUX_BIAS", "DGELU", "BGRADA", "DEFAULT"},
+    ("epilog", "relu"): {"RELU_AUX_BIAS", "RELU_BIAS", "DRELU_BGRAD", "BGRADA", "DEFAULT"},
+    ("epilog", "gelu"): {"GELU_AUX_BIAS", "DGELU_BGRAD", "BGRADA", "DEFAULT"},
+}
+
+
+@pytest.mark.parametrize("backward, activation", sorted(EPILOGS_BY_BACKWARD))
+def test_dense_backward_runs_the_epilogs_its_backward_mode_names(backward, activation):
     x = S((64, 32), jnp.bfloat16)
     layers = [(S((32, 48), jnp.bfloat16), S((48,), jnp.bfloat16)), (S((48, 16), jnp.bfloat16), S((16,), jnp.bfloat16))]
-    for activation, backward in (("relu", "DRELU_BGRAD"), ("gelu", "DGELU_BGRAD")):
-        def loss(x, layers):
-            return nj.dense(x, layers, activation).astype(jnp.float32).sum()
 
-        grads = shapes(jax.grad(loss, argnums=(0, 1)), x, layers)
-        assert grads[0] == ((64, 32), "bfloat16")
-        assert grads[1] == [(((32, 48), "bfloat16"), ((48,), "bfloat16")), (((48, 16), "bfloat16"), ((16,), "bfloat16"))]
-        jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, layers))
-        assert backward in jaxpr and "BGRADA" in jaxpr
-        assert shapes(lambda x, layers: nj.dense(x, layers, activation), S((2, 7, 32), jnp.bfloat16), layers) == \
-            ((2, 7, 16), "bfloat16")
+    def loss(x, layers):
+        return nj.dense(x, layers, activation, backward=backward).astype(jnp.float32).sum()
+
+    grads = shapes(jax.grad(loss, argnums=(0, 1)), x, layers)
+    assert grads[0] == ((64, 32), "bfloat16")
+    assert grads[1] == [(((32, 48), "bfloat16"), ((48,), "bfloat16")), (((48, 16), "bfloat16"), ((16,), "bfloat16"))]
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, layers))
+    assert set(re.findall(r"epilog=<MatmulEpilog\.(\w+)", jaxpr)) == EPILOGS_BY_BACKWARD[backward, activation]
+    assert shapes(lambda x, layers: nj.dense(x, layers, activation, backward=backward), S((2, 7, 32), jnp.bfloat16),
+                  layers) == ((2, 7, 16), "bfloat16")
 
 
 # ---- refusals, each by name ---------------------------------------------------------------------------
@@ -199,6 +212,8 @@ def test_dense_refuses_unknown_activations_and_counts():
         jax.eval_shape(lambda x, k: nj.dense(x, [(k, None)], "tanh"), x, kernel)
     with pytest.raises(NvblasltValueError, match=r"^activations: expected one per layer \(1\), got 2"):
         jax.eval_shape(lambda x, k: nj.dense(x, [(k, None)], ("relu", "relu")), x, kernel)
+    with pytest.raises(NvblasltValueError, match=r"^backward: expected one of \('auto', 'unfused', 'bgradb', 'epilog'\)"):
+        jax.eval_shape(lambda x, k: nj.dense(x, [(k, None)], "relu", backward="fused"), x, kernel)
 
 
 def test_ragged_dot_checks_before_any_gpu_work():

@@ -39,9 +39,10 @@ def test_fused_dense_starts_where_nnx_linear_does():
     assert FusedDense(32, 48, use_bias=False, rngs=nnx.Rngs(0)).bias is None
 
 
-@pytest.mark.parametrize("activation, backward", [("relu", "DRELU_BGRAD"), ("gelu", "DGELU_BGRAD")])
-def test_fused_mlp_runs_one_dense_stack_with_the_fused_backward(activation, backward):
-    model = FusedMLP((32, 64, 48, 16), activation=activation, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("activation, mode, backward", [("relu", "epilog", "DRELU_BGRAD"), ("gelu", "epilog", "DGELU_BGRAD"),
+                                                        ("gelu", "auto", "DGELU")])
+def test_fused_mlp_runs_one_dense_stack_with_the_fused_backward(activation, mode, backward):
+    model = FusedMLP((32, 64, 48, 16), activation=activation, backward=mode, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     x = S((2, 8, 32), jnp.float32)
 
@@ -61,7 +62,7 @@ def test_fused_mlp_runs_one_dense_stack_with_the_fused_backward(activation, back
               jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}
     assert shapes == params  # float32 gradients for float32 parameters, each shaped as its parameter
     jaxpr = str(jax.make_jaxpr(grads)(state, x))
-    assert jaxpr.count(backward) == 2 and "BGRADA" in jaxpr
+    assert jaxpr.count(f"MatmulEpilog.{backward}:") == 2 and "BGRADA" in jaxpr
 
 
 def test_fused_dense_promotes_dtypes_as_nnx_linear_does():
