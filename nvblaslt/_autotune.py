@@ -103,6 +103,30 @@ def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> li
     return shuffled_rounds(contestants, rounds, lambda contestant: timer(contestant.run, contestant.prepare))
 
 
+def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResult], samples: list[list[float]],
+                              stream: int, deadline: float) -> list[tuple[HeuristicResult, float]]:
+    """[(algorithm, ms)], fastest first, but the heuristics' first pick stays first unless another beats it
+    in a duel: a median over a few rounds is noise at a 1-3 % difference (issue 35 saw autotune keep a
+    kernel 4.6 % slower than the first pick), and autotune() must never keep a slower one."""
+    ranked = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
+    first, first_ms = candidates[0], statistics.median(samples[0])
+    faster = [(result, ms) for result, ms in ranked if result is not first and ms < first_ms][:RUNNERS_UP]
+    if not faster:
+        return ranked
+    outcome = duel(timer, _algorithm(plan, first, stream), [_algorithm(plan, r, stream) for r, _ in faster],
+                   deadline=max(deadline, time.perf_counter() + 2.5 * (MIN_ROUNDS + 1) * (1 + len(faster)) * first_ms
+                                / 1000), max_rounds=3 * MIN_ROUNDS, what="autotune")
+    winner = outcome.winner()
+    timed = {id(s.contestant.result): statistics.median(s.samples) for s in outcome.standings if s.samples}
+    ranked = [(r, timed.get(id(r), ms)) for r, ms in ranked]
+    ranked = [(r, statistics.median(outcome.incumbent) if r is first else ms) for r, ms in ranked]
+    kept = winner.contestant.result if winner is not None else first
+    logger.info("autotune: %s the heuristics' first pick (duel of %d rounds)",
+                "kept" if winner is None else f"{_tuning_cache.describe_algorithm(kept)} beat", outcome.rounds)
+    return [next(p for p in ranked if p[0] is kept), *sorted((p for p in ranked if p[0] is not kept),
+                                                             key=lambda pair: pair[1])]
+
+
 # ---- deciding on noisy paired samples ------------------------------------------------------------------
 def _upper_tail(n: int, k: int) -> float:
     """P(Binomial(n, 1/2) >= k)."""
@@ -431,7 +455,7 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
                             max(1, iterations))
                 candidates = _runnable(plan, candidates, stream_h)
                 samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
-                heuristic = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
+                heuristic = _first_pick_unless_beaten(plan, timer, candidates, samples, stream_h, started + budget_s)
             incumbent, incumbent_ms = heuristic[0]
             if not search:
                 plan.launch.select(incumbent)

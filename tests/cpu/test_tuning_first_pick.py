@@ -1,0 +1,42 @@
+"""autotune() never keeps a kernel slower than the heuristics' first pick (issue 35): on simulated
+noisy, drifting timings, a heuristic pick that reads faster over a few rounds must also beat the first
+pick in a duel before it replaces it; one clearly faster still does."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvblaslt import _autotune
+from tests.cpu.test_autotune import simulated  # noqa: F401 - the fixture
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plain_autotune_never_keeps_a_kernel_slower_than_the_first_pick(simulated, seed):  # noqa: F811
+    make, _ = simulated
+    # issue 35's case: the heuristics' first pick at 26.54 ms, others within noise or slower
+    speeds = {1: 26.54, 2: 26.60, 3: 26.75, 4: 27.77}
+    plan = make([1, 2, 3, 4], speeds, seed=seed, noise=0.03)
+    timings = _autotune.autotune(plan, iterations=5, search=False, remember=False, stream=None)
+    chosen = plan.algorithm.algorithm.id
+    assert speeds[chosen] <= speeds[1], f"kept {chosen} at {speeds[chosen]} ms over the first pick's 26.54"
+    assert timings[0][0] is plan.algorithm
+
+
+def test_plain_autotune_still_takes_a_clearly_faster_heuristic_pick(simulated):  # noqa: F811
+    make, _ = simulated
+    taken = 0
+    for seed in range(20):
+        plan = make([1, 2, 3], {1: 27.0, 2: 25.6, 3: 28.0}, seed=seed)  # #2 is 5 % faster
+        _autotune.autotune(plan, iterations=5, search=False, remember=False, stream=None)
+        taken += plan.algorithm.algorithm.id == 2
+    assert taken >= 19
+
+
+def test_the_search_starts_from_the_first_pick_when_the_others_only_look_faster(simulated):  # noqa: F811
+    make, _ = simulated
+    for seed in range(10):
+        speeds = {1: 26.0, 2: 26.05, **{i: 26.3 for i in range(100, 120)}}
+        plan = make([1, 2], speeds, pool_ids=range(100, 120), seed=seed, noise=0.03)
+        _autotune.autotune(plan, iterations=5, search=True, remember=False, stream=None)
+        assert speeds[plan.algorithm.algorithm.id] <= 26.0 + 1e-9 or plan.tuning_report.switched
+        assert plan.tuning_report.incumbent in ("id 1 tile 256x128 stages AUTO", "id 2 tile 256x128 stages AUTO")
