@@ -45,6 +45,11 @@ def python_entries() -> int:
     A jitted step enters Python once per GEMM it runs (``buffer_callback`` is not captured into a
     command buffer); the difference across steps is the count per step.
 
+    Returns
+    -------
+    int
+        The count since the process started.
+
     Examples
     --------
     >>> import nvblaslt.jax
