@@ -41,6 +41,7 @@ from ._options import (MatmulEpilogPreferences, MatmulOptions, MatmulPlanPrefere
 from ._plan import Matmul
 from ._memory import DeviceArray
 from ._logging import set_log_level
+from ._tuning_db import TuningDatabase, load_tuning, unload_tuning
 
 from ._version import __version__  # written once, in _version.py (pyproject reads it too)
 
@@ -59,9 +60,9 @@ __all__ = [
     "LibraryNotFoundError", "Matmul", "MatmulDesc", "MatmulEpilog", "MatmulEpilogPreferences", "MatmulOptions",
     "MatmulPlanPreferences", "MatmulPreference", "MatmulQuantizationScales",
     "MatrixLayout", "NvblasltAlgorithmError", "NvblasltArgumentError", "NvblasltError", "NvblasltStateError",
-    "NvblasltTypeError", "NvblasltUnsupportedError", "NvblasltValueError", "clear_grouped_plans", "clear_plan_cache",
-    "grouped_matmul", "heuristics",
-    "library", "load", "lt", "matmul", "set_log_level",
+    "NvblasltTypeError", "NvblasltUnsupportedError", "NvblasltValueError", "TuningDatabase", "clear_grouped_plans",
+    "clear_plan_cache", "grouped_matmul", "heuristics",
+    "library", "load", "load_tuning", "lt", "matmul", "set_log_level", "unload_tuning",
 ]
 
 

@@ -7,6 +7,8 @@ FIFO in the cache's place cannot hang ``plan()``); a recalled algorithm is re-ch
 ``cublasLtMatmulAlgoCheck`` before use. Writes merge with what is on disk under a file lock and
 replace the file atomically through an unpredictable temporary name, with private permissions.
 When the cache cannot be written, choices stay in memory for the process and one warning says why.
+``recall`` asks the tuning databases loaded (``_tuning_db``: shared files ``nvblaslt tune`` writes)
+first, with the same key and the same check.
 
 File ``tuning.json`` in ``$NVBLASLT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/nvblaslt`` or
 ``~/.cache/nvblaslt``): ``{"format": "nvblaslt-tuning-cache", "version": 1, "entries": {key: entry}}``,
@@ -34,7 +36,7 @@ try:
 except ImportError:  # not POSIX: writes stay atomic, without the lock
     fcntl = None  # type: ignore[assignment]
 
-from . import _cuda
+from . import _cuda, _tuning_db
 from ._descriptors import HeuristicResult
 from ._logging import logger
 
@@ -433,24 +435,28 @@ def recall(launch) -> tuple[HeuristicResult | None, dict]:
     launch's workspace limit; the stored entry) — or (None, {}). Never raises for the cache's sake."""
     try:
         description = problem_description(launch)
-        entry = cache_at(cache_path()).lookup(problem_key(description))
+        key = problem_key(description)
+        shared = _tuning_db.lookup(description, key)  # a loaded database's choice wins over this user's cache
+        entry = shared if shared is not None else cache_at(cache_path()).lookup(key)
     except Exception as error:  # the cache must never break a launch
         _warn_once(cache_path(), "key", f"skipped: the problem could not be described ({error})")
         return None, {}
     summary = problem_summary(description, launch.lib.api)
-    if entry is None:
-        logger.debug("tuning cache: nothing remembered for %s", summary)
+    if entry is None or entry.get("kind") == "default":
+        logger.debug("tuning %s for %s", "database: the heuristics' first pick stays" if entry else
+                     "cache: nothing remembered", summary)
         return None, {}
     algo_type = launch.lib.api.cublasLtMatmulAlgo_t
     raw = bytes.fromhex(entry["algo"])
     result = launch.check(algo_type.from_buffer_copy(raw)) if len(raw) == ctypes.sizeof(
         algo_type) else None
+    source = "tuning database" if shared is not None else "tuning cache"
     if result is None or result.workspace_size > launch.workspace_limit:
-        logger.info("tuning cache: the remembered algorithm for %s is not accepted for this launch; ignored", summary)
+        logger.info("%s: the remembered algorithm for %s is not accepted for this launch; ignored", source, summary)
         return None, {}
     form = entry.get("bias_gradient_form")
-    logger.info("tuning cache hit: %s for %s (%.3f ms when searched%s); no search", describe_algorithm(result),
-                summary, entry["ms"], f", {form} bias-gradient form" if form else "")
+    logger.info("%s hit: %s for %s (%.3f ms when searched%s); no search", source, describe_algorithm(result),
+                summary, entry.get("ms", math.nan), f", {form} bias-gradient form" if form else "")
     return result, entry
 
 
