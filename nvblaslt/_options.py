@@ -107,6 +107,14 @@ class MatmulOptions:
     allocator : object, optional
         Accepted as nvmath-python's memory manager (an object with ``memalloc_async`` or
         ``memalloc``) but not used: nvblaslt allocates results from the operands' own package.
+    batch_invariant : bool or {"rows", "columns"}, default False
+        nvblaslt's addition: row i of the result is bitwise the same whatever the number of rows,
+        on the same GPU and cuBLASLt. One algorithm, without split-K, is pinned for every M, chosen
+        per the rest of the problem (N, K, types, layouts, epilog) and recorded in a loaded tuning
+        database if it has one; ``plan()`` refuses a problem where cuBLASLt does not accept it.
+        True (or ``"rows"``) varies the rows of ``a`` and of the result; ``"columns"`` the columns
+        of ``b`` and of the result (``W @ xᵀ`` with a bias per feature). ``autotune()`` then times
+        the pinned algorithm only. Stored as False, ``"rows"`` or ``"columns"``.
 
     Raises
     ------
@@ -118,7 +126,8 @@ class MatmulOptions:
     NvblasltTypeError
         ``device_id`` is not an int; ``result_amax``, ``inplace``, ``block_scaling`` or
         ``fast_accumulation`` is not a bool; ``handle`` is not an int; ``logger`` is not a
-        ``logging.Logger``; ``allocator`` has neither ``memalloc_async`` nor ``memalloc``.
+        ``logging.Logger``; ``allocator`` has neither ``memalloc_async`` nor ``memalloc``;
+        ``batch_invariant`` is none of False, True, ``"rows"``, ``"columns"``.
 
     See Also
     --------
@@ -163,8 +172,10 @@ class MatmulOptions:
     memory_limit: int | str | None = "80%"
     blocking: Any = "auto"
     allocator: Any = None
+    batch_invariant: bool | str = False
 
     def __post_init__(self):
+        self.batch_invariant = _batch_invariant_value(self.batch_invariant)
         if self.compute_type is not None:  # as nvmath-python's ComputeType(value) does, here and not at first use
             check_compute_type(self.compute_type, "options.compute_type")
         try:  # 1 and NumPy's True pass nvmath-python's `in (True, "auto")`: taken as True
@@ -215,6 +226,18 @@ class MatmulOptions:
 
             if not isinstance(self.logger, logging.Logger):
                 raise NvblasltTypeError(f"options.logger: expected a logging.Logger, got {type(self.logger).__name__}")
+
+
+def _batch_invariant_value(value) -> bool | str:
+    """False, "rows" or "columns" from what ``options.batch_invariant`` takes."""
+    if value is None or value is False:
+        return False
+    if value is True:
+        return "rows"
+    if isinstance(value, str) and value in ("rows", "columns"):
+        return value
+    raise NvblasltTypeError(f"options.batch_invariant: expected False, True (the rows of a and of the result), "
+                            f"'rows' or 'columns', got {value!r}")
 
 
 @dataclass
