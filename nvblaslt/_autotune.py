@@ -439,6 +439,9 @@ def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
     ``plan.tuning_report`` (a ``TuningReport``), and for a searched *_BGRAD plan
     ``plan.bias_gradient_form = (form, its ms, the other form's ms)`` and ``plan.split_form``."""
     started = time.perf_counter()
+    if search and getattr(getattr(plan, "options", None), "batch_invariant", False):
+        logger.info("search: skipped: a batch_invariant plan runs the algorithm pinned for every M")
+        search = False
     stream_h = stream_handle(stream) if stream is not None else plan.stream
     recalled_split, plan.split_form = plan.split_form, None  # fused algorithms are timed as themselves
     try:

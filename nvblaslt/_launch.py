@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import warnings
 
-from . import _cuda, _tuning_cache
+from . import _batch_invariant, _cuda, _tuning_cache
 from ._descriptors import Handle, HeuristicResult, MatmulDesc, MatmulPreference, MatrixLayout, heuristics
 from ._epilogs import Prepared, configure
 from ._errors import CublasLtError, NvblasltAlgorithmError, NvblasltTypeError, NvblasltValueError
@@ -133,6 +133,10 @@ class Launch:
         caller's ``algorithms`` (checked), or the heuristics' after what an earlier search remembered;
         the workspace they need made on ``stream``. Raises NOT_SUPPORTED, with what is known of why,
         where there is no algorithm."""
+        invariant = options.batch_invariant  # False, or the caller's extent that may vary ("rows"/"columns")
+        if invariant and algorithms is not None:
+            raise NvblasltValueError("algorithms: a plan with options.batch_invariant runs its pinned algorithm; "
+                                     "give no algorithms")
         structs = algorithm_structs(algorithms, lib.api) if algorithms is not None else None
         c = operands["c"]
         alignments = {"A": operands[problem.a.source].alignment, "B": operands[problem.b.source].alignment,
@@ -145,14 +149,17 @@ class Launch:
         launch = cls(lib, problem, handle, desc, layouts, preference, workspace_limit=workspace_limit, device=device,
                      alpha=alpha, beta=beta)
         try:
-            found = launch.checked(structs) if structs is not None else launch.heuristics(preferences.limit)
+            if invariant:
+                found = [_batch_invariant.pinned(launch, invariant)]  # no fallback list: another kernel, other bits
+            else:
+                found = launch.checked(structs) if structs is not None else launch.heuristics(preferences.limit)
             if not found:
                 status = int(lib.api.CUBLAS_STATUS_NOT_SUPPORTED)
                 raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, lib.status_name(status),
                                     lib.status_string(status),
                                     unsupported_hint(problem, prepared.epilog, launch.known_bad > 0))
             remembered: dict = {}
-            if structs is None:
+            if structs is None and not invariant:
                 tuned, remembered = _tuning_cache.recall(launch)  # what an earlier autotune(search=True) found
                 if tuned is not None:
                     found.insert(0, tuned)

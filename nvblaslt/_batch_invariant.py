@@ -1,0 +1,176 @@
+"""``options.batch_invariant``: one algorithm for every M, so that row i of the result is bitwise the
+same whatever the number of rows (on the same GPU and cuBLASLt).
+
+cuBLASLt's heuristics pick their kernel from the whole problem shape, so the kernel, its tile and its
+split-K (which changes the order of the K sum) change as M grows; row 0 of ``x[:M] @ W`` then changes
+too (issue 35 measured it from M = 31 at 4096×4096, bf16, H200). Here the algorithm is pinned per
+the problem with the varying extent left out (the ``pinned key``): N, K, types, layouts' orders,
+alignments, epilog, GPU and library. It is, in order: the pin a loaded tuning database records for that
+key, the one this process chose before, or the heuristics' first pick for the problem at ``REFERENCE``
+rows that, with split-K off (``SPLITK_NUM`` 1, no reduction scheme), cuBLASLt accepts at every
+extent of ``CHECKED_AT``. Each plan re-checks the pin for its own M, and refuses where cuBLASLt does not
+accept it: a different kernel would silently give different bits.
+
+"The varying extent" is, in cuBLASLt's column-major problem (``_problem``), D's rows (``m``) or
+columns (``n``): the caller's rows map to ``n`` when nvblaslt solves the transposed problem.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import _tuning_cache, _tuning_db
+from ._descriptors import Algorithm, MatrixLayout, heuristics
+from ._errors import CublasLtError, NvblasltUnsupportedError, NvblasltValueError
+from ._logging import logger
+
+REFERENCE = 1024  # rows the pin is chosen at: a prefill-sized batch, where a kernel's tile matters most
+CHECKED_AT = (1, 7, REFERENCE)  # a pin must be accepted at each (a single row, an odd count, the reference)
+CANDIDATES = 16  # heuristic picks tried, best first
+_COL = 0  # CUBLASLT_ORDER_COL
+_OP_N = 0  # CUBLAS_OP_N
+
+_pins: dict[str, bytes] = {}  # pinned key -> the algorithm's 64 bytes, chosen in this process
+_lock = threading.Lock()
+
+
+def varying(problem, which: str) -> str:
+    """``"m"`` or ``"n"``: the extent of cuBLASLt's D that ``which`` ("rows"/"columns" of the caller's
+    result) names, for ``problem`` (a canonical ``_problem.Problem``)."""
+    return "n" if (which == "rows") == bool(problem.transposed) else "m"
+
+
+def _varying_fields(description: dict, extent: str) -> list[str | None]:
+    """Per layout (A, B, C, D): the attribute holding the varying extent, or None."""
+    desc = description["desc"]
+    a = ("ROWS" if desc.get("TRANSA", _OP_N) == _OP_N else "COLS") if extent == "m" else None
+    b = ("COLS" if desc.get("TRANSB", _OP_N) == _OP_N else "ROWS") if extent == "n" else None
+    cd = "ROWS" if extent == "m" else "COLS"
+    return [a, b, cd, cd]
+
+
+def _leading(layout: dict, attribute: str) -> bool:
+    """Whether ``attribute`` is the extent the leading dimension spans (rows, in column-major order)."""
+    return (attribute == "ROWS") == (layout.get("ORDER", _COL) == _COL)
+
+
+def pinned_description(description: dict, extent: str) -> dict:
+    """``description`` (``_tuning_cache.problem_description``) with the varying extent, and the leading
+    dimensions and batch strides that follow it, left out."""
+    layouts = []
+    for layout, attribute in zip(description["layouts"], _varying_fields(description, extent)):
+        layout = dict(layout)
+        if attribute is not None:
+            layout[attribute] = "*"
+            layout["STRIDED_BATCH_OFFSET"] = "*"
+            if _leading(layout, attribute):
+                layout["LD"] = "*"
+        layouts.append(layout)
+    return {**description, "layouts": layouts, "batch_invariant": extent}
+
+
+def _reference_layouts(launch, extent: str, size: int) -> list[MatrixLayout]:
+    """The launch's four layouts with the varying extent set to ``size`` (leading dimensions and batch
+    strides following it)."""
+    description = _tuning_cache.problem_description(launch)
+    made = []
+    try:
+        for layout, attribute in zip(description["layouts"], _varying_fields(description, extent)):
+            rows, cols, ld = layout["ROWS"], layout["COLS"], layout["LD"]
+            stride = layout.get("STRIDED_BATCH_OFFSET", 0)
+            if attribute is not None:
+                rows, cols = (size, cols) if attribute == "ROWS" else (rows, size)
+                if _leading(layout, attribute) and ld:  # ld 0: a broadcast C column stays one
+                    ld = size
+                if stride:
+                    stride = ld * (cols if layout.get("ORDER", _COL) == _COL else rows)
+            order = layout.get("ORDER", _COL)
+            made.append(MatrixLayout(layout["TYPE"], rows, cols, ld, order=order if order != _COL else None,
+                                     batch_count=layout.get("BATCH_COUNT", 1), batch_stride=stride, lib=launch.lib))
+    except BaseException:
+        for layout in made:
+            layout.close()
+        raise
+    return made
+
+
+def _without_split_k(launch, result) -> object:
+    """A copy of ``result``'s algorithm with split-K off."""
+    algo = launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(result.algorithm.algo)
+    algorithm = Algorithm(algo, launch.lib)
+    algorithm.set("SPLITK_NUM", 1)
+    algorithm.set("REDUCTION_SCHEME", 0)
+    return algo
+
+
+def _choose(launch, extent: str) -> bytes:
+    """The pin for ``launch``'s problem: the first of the heuristics' picks at ``REFERENCE`` rows that,
+    split-K off, cuBLASLt accepts at every extent of ``CHECKED_AT``."""
+    references = []
+    try:
+        for size in CHECKED_AT:
+            layouts = _reference_layouts(launch, extent, size)
+            # the launch's own descriptors over other layouts; closed here, never through Launch.close
+            references.append((layouts, type(launch)(launch.lib, launch.problem, launch.handle, launch.desc, layouts,
+                                                     launch.preference, workspace_limit=launch.workspace_limit,
+                                                     device=launch.device, alpha=None, beta=None)))
+        reference_layouts = references[CHECKED_AT.index(REFERENCE)][0]
+        try:
+            offered = heuristics(launch.handle, launch.desc, *reference_layouts, launch.preference, count=CANDIDATES)
+        except CublasLtError:
+            offered = []
+        for result in offered:
+            algo = _without_split_k(launch, result)
+            checked = [reference.check(algo) for _, reference in references]
+            if all(c is not None and c.workspace_size <= launch.workspace_limit for c in checked):
+                return bytes(algo)
+    finally:
+        for layouts, _ in references:
+            for layout in layouts:
+                layout.close()
+    raise NvblasltUnsupportedError(f"options.batch_invariant: cuBLASLt offers no algorithm for "
+                                   f"{launch.problem.describe()} that, without split-K, it accepts at "
+                                   f"{extent.upper()} = {', '.join(map(str, CHECKED_AT))}; row-for-row identical "
+                                   f"results cannot be guaranteed for this problem")
+
+
+def pinned(launch, which: str):
+    """The HeuristicResult a batch-invariant ``launch`` runs (``which``: "rows" or "columns"), checked
+    for its own M; NvblasltUnsupportedError where cuBLASLt refuses the pin for it."""
+    extent = varying(launch.problem, which)
+    description = pinned_description(_tuning_cache.problem_description(launch), extent)
+    key = _tuning_cache.problem_key(description)
+    entry = _tuning_db.lookup(description, key)
+    source = "tuning database"
+    if entry is not None and entry.get("kind") == "pinned":
+        raw = bytes.fromhex(entry["algo"])
+    else:
+        with _lock:
+            raw = _pins.get(key)
+        source = "this process"
+        if raw is None:
+            raw = _choose(launch, extent)
+            with _lock:
+                raw = _pins.setdefault(key, raw)  # another thread's pin, if it chose first
+    algo = launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw)
+    if Algorithm(algo, launch.lib).get("SPLITK_NUM") > 1:
+        raise NvblasltValueError(f"options.batch_invariant: the {source}'s pinned algorithm for "
+                                 f"{launch.problem.describe()} splits K, so its sums depend on the problem; "
+                                 f"re-tune the database")
+    result = launch.check(algo)
+    if result is None or result.workspace_size > launch.workspace_limit:
+        size = launch.problem.m if extent == "m" else launch.problem.n
+        raise NvblasltUnsupportedError(f"options.batch_invariant: cuBLASLt does not accept the algorithm pinned for "
+                                       f"{launch.problem.describe()} (from {source}) at {extent.upper()} = {size}; "
+                                       f"row-for-row identical results cannot be guaranteed here")
+    logger.debug("batch_invariant: %s pinned for %s (from %s)", _tuning_cache.describe_algorithm(result),
+                 launch.problem.describe(), source)
+    return result
+
+
+def pinned_entry(launch, which: str) -> tuple[str, dict]:
+    """(pinned key, a database entry) for the pin ``launch`` runs: what ``nvblaslt tune`` records."""
+    extent = varying(launch.problem, which)
+    description = pinned_description(_tuning_cache.problem_description(launch), extent)
+    summary = _tuning_cache.problem_summary(description, launch.lib.api)
+    return _tuning_cache.problem_key(description), _tuning_db.entry_for(launch.algorithm, "pinned", problem=summary)
