@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .. import NvblasltTypeError, NvblasltValueError
 from ._ops import layer
-from ._tuning import chain_for
+from ._tuning import chain_for, check_switch, invariant
 
 # ---- activations ------------------------------------------------------------------------------------
 
@@ -83,7 +83,8 @@ def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, T
 # ---- the entries --------------------------------------------------------------------------------------
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None, *,
+           batch_invariant: bool = False) -> Tensor:
     """``activation(x @ weight.T + bias)`` as one fused cuBLASLt call on CUDA, autograd-aware.
 
     ``nn.functional.linear`` followed by the activation. On CUDA tensors the forward pass is one
@@ -105,6 +106,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     activation : {None, "relu", "gelu"}, optional
         ``"gelu"`` is the tanh approximation (``nn.GELU(approximate="tanh")``), the one cuBLASLt
         fuses; exact GELU (``"gelu_erf"``) is refused. ``"none"`` / ``"identity"`` mean None.
+    batch_invariant : bool, default False
+        Row i of the result bitwise the same whatever the number of rows (on the same GPU and
+        cuBLASLt): the forward GEMM runs with ``MatmulOptions(batch_invariant=…)``, one algorithm
+        pinned for every token count. It acts where the call runs (eagerly, or when a compiled graph
+        runs the op), not on the backward pass.
 
     Returns
     -------
@@ -114,8 +120,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     Raises
     ------
     NvblasltTypeError
-        ``x`` or ``weight`` is not a tensor (``bias`` neither a tensor nor None), or the dtypes are not
-        one floating type.
+        ``x`` or ``weight`` is not a tensor (``bias`` neither a tensor nor None), the dtypes are not
+        one floating type, or ``batch_invariant`` is not a bool.
     NvblasltValueError
         The shapes do not match, the tensors are on different devices, or ``activation`` is unknown
         or exact GELU.
@@ -141,10 +147,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     _check_tensors(x, weight, bias)
     x, weight, bias = _autocast(x, weight, bias)
     _check(x, weight, bias)
-    if x.dim() == 2:  # the common case: no reshape either way
-        return layer(x.contiguous(), weight, bias, activation, None)[0]
-    lead = x.shape[:-1]
-    out, _ = layer(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation, None)
+    with invariant(check_switch(batch_invariant)):
+        if x.dim() == 2:  # the common case: no reshape either way
+            return layer(x.contiguous(), weight, bias, activation, None)[0]
+        lead = x.shape[:-1]
+        out, _ = layer(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation, None)
     return out.reshape(*lead, weight.shape[0])
 
 

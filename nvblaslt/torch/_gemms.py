@@ -23,7 +23,7 @@ from torch import Tensor
 from .. import CublasLtError, Matmul, MatmulEpilog, matmul
 from ._composite import (empty_aux, forward_composite, input_grad_composite, own, row_major,
                          weight_grad_composite)
-from ._tuning import first_search
+from ._tuning import first_search, invariant_options
 
 _E = MatmulEpilog
 _FORWARD_EPILOGS = {  # (activation, has bias, keep aux) -> epilog
@@ -47,17 +47,21 @@ def _problem_key(a: Tensor, b: Tensor, epilog: MatmulEpilog, inputs: dict | None
     return epilog, tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors), tuple(inputs or ())
 
 
-def _gemm(a: Tensor, b: Tensor, epilog: MatmulEpilog = _E.DEFAULT, inputs: dict | None = None):
+def _gemm(a: Tensor, b: Tensor, epilog: MatmulEpilog = _E.DEFAULT, inputs: dict | None = None,
+          tokens: str | None = None):
     """(D, aux dict or None) of nvblaslt's function form: plans cached per thread, current torch stream;
-    searched first when an ``autotune()`` context has not seen the problem yet."""
+    searched first when an ``autotune()`` context has not seen the problem yet. ``tokens``: which extent of
+    D ("rows"/"columns") the batch is, for a batch-invariant call (``_tuning.invariant``)."""
+    options = invariant_options(tokens)
     iterations = first_search(lambda: _problem_key(a, b, epilog, inputs))  # the key only while tuning
     if iterations is not None:
-        with Matmul(a, b) as plan:
+        with Matmul(a, b, options=options) as plan:
             plan.plan(epilog=epilog, epilog_inputs=inputs)
             plan.autotune(iterations=iterations, search=True)
             result = plan.execute()
     else:
-        result = matmul(a, b, epilog=epilog, epilog_inputs=inputs)
+        result = matmul(a, b, epilog=epilog, epilog_inputs=inputs) if options is None else \
+            matmul(a, b, epilog=epilog, epilog_inputs=inputs, options=options)
     return result if isinstance(result, tuple) else (result, None)
 
 
@@ -89,9 +93,9 @@ def _forward_gemm(x, weight, bias, epilog):
     x, weight, bias = _data(x), _data(weight), _data(bias)
     try:
         if bias is None and epilog in _ELEMENTWISE:
-            return _gemm(x, weight.T, epilog)  # elementwise epilog: either orientation; this one is y itself
+            return _gemm(x, weight.T, epilog, tokens="rows")  # elementwise epilog: either orientation; this is y
         # the bias runs along D's rows: D = W xᵀ is (features, tokens), y's memory
-        d, extra = _gemm(weight, x.T, epilog, None if bias is None else {"bias": bias})
+        d, extra = _gemm(weight, x.T, epilog, None if bias is None else {"bias": bias}, tokens="columns")
         return d.T, extra
     except CublasLtError as error:
         if fp64_refuses(x.dtype, epilog, error):

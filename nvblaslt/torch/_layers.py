@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .. import NvblasltTypeError, NvblasltValueError
 from ._conv import FusedConv2d, pays_to_fuse
 from ._functional import EXACT_GELU_HINT, activation_name, linear, linked_layer
-from ._tuning import check_backward
+from ._tuning import check_backward, check_switch, invariant
 
 
 def _features(argument: str, value: Any) -> int:
@@ -51,6 +51,9 @@ class FusedLinear(nn.Module):
         Where the parameters are made, as for ``nn.Linear``.
     dtype : torch.dtype or None, optional
         The parameters' dtype, as for ``nn.Linear``.
+    batch_invariant : bool, default False
+        Row i of the output bitwise the same whatever the number of rows: ``linear(…,
+        batch_invariant=True)``. An attribute, so it can be switched on a layer ``fuse()`` made.
 
     Attributes
     ----------
@@ -94,9 +97,11 @@ class FusedLinear(nn.Module):
     bias: Tensor | None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
-                 device: torch.device | str | int | None = None, dtype: torch.dtype | None = None) -> None:
+                 device: torch.device | str | int | None = None, dtype: torch.dtype | None = None, *,
+                 batch_invariant: bool = False) -> None:
         in_features, out_features = _features("in_features", in_features), _features("out_features", out_features)
         super().__init__()
+        self.batch_invariant = check_switch(batch_invariant)
         self.in_features, self.out_features = in_features, out_features
         self.activation = activation_name(activation)
         self.weight = nn.Parameter(torch.empty((out_features, in_features), device=device, dtype=dtype))
@@ -154,6 +159,7 @@ class FusedLinear(nn.Module):
         nn.Module.__init__(fused)
         fused.in_features, fused.out_features = linear.in_features, linear.out_features
         fused.activation = activation_name(activation)
+        fused.batch_invariant = False
         fused.weight = linear.weight
         fused.bias = linear.bias
         fused.train(linear.training)
@@ -177,12 +183,13 @@ class FusedLinear(nn.Module):
         NvblasltTypeError, NvblasltValueError
             As ``linear()`` raises them.
         """
-        return linear(x, self.weight, self.bias, self.activation)
+        return linear(x, self.weight, self.bias, self.activation, batch_invariant=self.batch_invariant)
 
     def extra_repr(self) -> str:
         """The layer's widths, bias and activation, for ``repr()``."""
         text = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-        return text + (f", activation={self.activation!r}" if self.activation != "none" else "")
+        text += f", activation={self.activation!r}" if self.activation != "none" else ""
+        return text + (", batch_invariant=True" if self.batch_invariant else "")
 
 
 class FusedSequential(nn.Sequential):
@@ -266,7 +273,8 @@ class FusedSequential(nn.Sequential):
                 if lead is None:
                     lead = x.shape[:-1]
                     x = x.reshape(-1, x.shape[-1]).contiguous()
-                x, state = linked_layer(x, module.weight, module.bias, module.activation, state, self._backward)
+                with invariant(module.batch_invariant):
+                    x, state = linked_layer(x, module.weight, module.bias, module.activation, state, self._backward)
             elif isinstance(module, nn.Identity):
                 continue
             else:
@@ -289,7 +297,8 @@ def _activation_of(module: nn.Module, where: str) -> str | None:
     return None
 
 
-def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = False) -> nn.Module:
+def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = False,
+         batch_invariant: bool = False) -> nn.Module:
     """Fused layers in place of ``nn.Linear`` (+ ``nn.ReLU`` / ``nn.GELU(approximate="tanh")``).
 
     An ``nn.Sequential`` becomes a ``FusedSequential``: each Linear followed by an activation becomes
@@ -307,6 +316,9 @@ def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = Fals
         Also turn each pointwise (1×1) ``nn.Conv2d`` followed by ``nn.ReLU`` / tanh-GELU in an
         ``nn.Sequential`` into a ``FusedConv2d`` (k×k convolutions stay: see
         ``nvblaslt.torch._conv.FUSED_KERNELS``). The model must then run channels-last.
+    batch_invariant : bool, default False
+        Set ``batch_invariant`` on every ``FusedLinear`` of the result (made now or already there):
+        each one's output rows are then bitwise the same whatever the batch size.
 
     Returns
     -------
@@ -317,7 +329,7 @@ def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = Fals
     Raises
     ------
     NvblasltTypeError
-        ``module`` is not an ``nn.Module``.
+        ``module`` is not an ``nn.Module``, or ``convolutions`` or ``batch_invariant`` not a bool.
     NvblasltValueError
         An exact GELU (``nn.GELU()``) follows a Linear, or ``backward`` is unknown.
 
@@ -345,7 +357,13 @@ def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = Fals
                                 f"{type(module).__qualname__}")
     if not isinstance(convolutions, bool):
         raise NvblasltTypeError(f"convolutions: expected a bool, got {convolutions!r}")
-    return _fuse(module, check_backward(backward), "module", convolutions)
+    invariant_layers = check_switch(batch_invariant)
+    fused = _fuse(module, check_backward(backward), "module", convolutions)
+    if invariant_layers:
+        for layer in fused.modules():
+            if isinstance(layer, FusedLinear):
+                layer.batch_invariant = True
+    return fused
 
 
 def _slots(sequential: nn.Sequential) -> list[tuple[str, nn.Module]]:

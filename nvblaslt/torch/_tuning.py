@@ -1,14 +1,16 @@
 """What runs fastest: ``autotune()`` searches the fused layers' GEMMs; ``BACKWARDS`` and
-``AUTO_BACKWARD`` say where a ``FusedSequential`` runs each activation's backward."""
+``AUTO_BACKWARD`` say where a ``FusedSequential`` runs each activation's backward; ``invariant()``
+makes the forward GEMMs batch-invariant (``MatmulOptions.batch_invariant``) while it is open."""
 
 from __future__ import annotations
 
 import contextlib
 import operator
+import threading
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
-from .. import NvblasltTypeError, NvblasltValueError
+from .. import MatmulOptions, NvblasltTypeError, NvblasltValueError
 
 BACKWARDS: tuple[str, ...] = ("auto", "unfused", "bgradb", "epilog")
 """The values ``FusedSequential(backward=…)`` and ``fuse(…, backward=…)`` take: where each layer's
@@ -133,3 +135,40 @@ def first_search(problem: Callable[[], Hashable]) -> int | None:
     tuning["searched"].add(key)
     iterations: int = tuning["iterations"]
     return iterations
+
+
+# ---- batch invariance ---------------------------------------------------------------------------------------
+# The options of a batch-invariant GEMM, by which of the caller's extents holds the tokens: made once (each
+# call copies them, which checks nothing new).
+_INVARIANT_OPTIONS = {extent: MatmulOptions(batch_invariant=extent) for extent in ("rows", "columns")}
+_invariant = threading.local()  # the thread's depth of open invariant(True) contexts
+
+
+def check_switch(value: object) -> bool:
+    """``value`` if it is a bool, else NvblasltTypeError: the ``batch_invariant=`` of the torch entries."""
+    if not isinstance(value, bool):
+        raise NvblasltTypeError(f"batch_invariant: expected a bool, got {value!r}")
+    return value
+
+
+@contextlib.contextmanager
+def invariant(enabled: bool) -> Iterator[None]:
+    """While open with ``enabled``, the fused layers' forward GEMMs in this thread pin one algorithm for
+    every token count. The custom ops run their implementation in the caller's thread (eagerly, and when a
+    compiled graph runs), so a context around the call reaches them; the backward runs in autograd's."""
+    if not enabled:
+        yield
+        return
+    _invariant.depth = getattr(_invariant, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _invariant.depth -= 1
+
+
+def invariant_options(tokens: str | None) -> MatmulOptions | None:
+    """The options of a GEMM whose ``tokens`` ("rows" or "columns" of its result; None: K, as in a weight
+    gradient) vary with the batch, inside an ``invariant(True)`` context; None otherwise."""
+    if tokens is None or not getattr(_invariant, "depth", 0):
+        return None
+    return _INVARIANT_OPTIONS[tokens]
