@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic
 
-from . import _cuda, _dtypes, _epilogs, _host, _memory, _reading
+from . import _cuda, _dtypes, _epilogs, _host, _memory, _reading, _tuning_record
 from ._cuda import cudart
 from ._descriptors import HeuristicResult, check_handle_device
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
@@ -467,6 +467,7 @@ class Matmul(OperandResets, Generic[ResultT]):
         self._logger.debug("plan %s: %d algorithms, first %s", problem.describe(), len(found), found[0])
         if remembered.get("bias_gradient_form") == "split" and epilog in MASKING:
             self.split_form = self.make_split_form(iterations=0)  # its masking plan recalls its own choice
+        _tuning_record.note(self, epilog, inputs)  # $NVBLASLT_RECORD: the problem, for `nvblaslt tune` later
         return found
 
     def make_split_form(self, iterations: int) -> SplitBiasGradient:
