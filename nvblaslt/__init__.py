@@ -48,11 +48,13 @@ from ._version import __version__  # written once, in _version.py (pyproject rea
 if TYPE_CHECKING:  # imported on first use (__getattr__ below); named here for type checkers
     from ._grouped import GroupedMatmul
     from ._grouped_function import clear_grouped_plans, grouped_matmul
+    from ._tune import tune
 
 # Public names whose modules `import nvblaslt` leaves for their first use: grouped GEMM's modules, with the
 # autotune engine and the statistics module they import, are a quarter of the import beside CuPy, and a plain
 # matmul never needs them.
-_LAZY = {"GroupedMatmul": "_grouped", "grouped_matmul": "_grouped_function", "clear_grouped_plans": "_grouped_function"}
+_LAZY = {"GroupedMatmul": "_grouped", "grouped_matmul": "_grouped_function", "clear_grouped_plans": "_grouped_function",
+         "tune": "_tune"}
 
 __all__ = [
     "Algorithm", "CublasLtError", "CudaError", "DeviceArray", "GroupedMatmul", "GroupedMatrixLayout", "Handle",
@@ -62,7 +64,7 @@ __all__ = [
     "MatrixLayout", "NvblasltAlgorithmError", "NvblasltArgumentError", "NvblasltError", "NvblasltStateError",
     "NvblasltTypeError", "NvblasltUnsupportedError", "NvblasltValueError", "TuningDatabase", "clear_grouped_plans",
     "clear_plan_cache", "grouped_matmul", "heuristics",
-    "library", "load", "load_tuning", "lt", "matmul", "set_log_level", "unload_tuning",
+    "library", "load", "load_tuning", "lt", "matmul", "set_log_level", "tune", "unload_tuning",
 ]
 
 

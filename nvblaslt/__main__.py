@@ -1,4 +1,5 @@
-"""``nvblaslt info`` (library, bindings, driver, GPUs) and ``nvblaslt bench``; also ``python -m nvblaslt``."""
+"""``nvblaslt info`` (library, bindings, driver, GPUs), ``nvblaslt bench`` and ``nvblaslt tune``; also
+``python -m nvblaslt``."""
 
 from __future__ import annotations
 
@@ -126,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.cli import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["tune"]:  # so does tuning
+        from ._tune import main as tune_main
+
+        return tune_main(argv[1:])
     from ._version import __version__
 
     parser = argparse.ArgumentParser(prog="nvblaslt", description="also runs as `python -m nvblaslt`")
@@ -134,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("info", help="library path and version, bindings module and what the library lacks, "
                                      "driver and GPUs")
     commands.add_parser("bench", help="benchmarks on the GPU: nvblaslt bench --help")
+    commands.add_parser("tune", help="tuning databases (tune on the GPU, merge, diff, show): nvblaslt tune --help")
     parser.parse_args(argv)
     try:
         code = info()

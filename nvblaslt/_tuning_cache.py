@@ -46,6 +46,7 @@ from ._logging import logger
 # per-thread caches retire those plans when they see a new count.
 stored_keys: list[str] = []
 generation = 0
+recall_enabled = True  # False while `nvblaslt tune` plans: it starts from the heuristics' own first pick
 
 
 def key_of(launch) -> str | None:
@@ -433,6 +434,8 @@ def describe_algorithm(result) -> str:
 def recall(launch) -> tuple[HeuristicResult | None, dict]:
     """(the remembered HeuristicResult, if the library still accepts it for this launch and it fits the
     launch's workspace limit; the stored entry) — or (None, {}). Never raises for the cache's sake."""
+    if not recall_enabled:
+        return None, {}
     try:
         description = problem_description(launch)
         key = problem_key(description)

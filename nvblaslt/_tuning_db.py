@@ -51,7 +51,28 @@ class TuningDatabaseWarning(UserWarning):
 # ---- what a database is -----------------------------------------------------------------------------
 @dataclass
 class TuningDatabase:
-    """A tuning database: its fingerprint and entries (``{problem key: entry}``), and where it was read."""
+    """A tuning database: its fingerprint, its entries, and where it was read (``load_tuning`` returns one).
+
+    Parameters
+    ----------
+    fingerprint : dict
+        Where its choices hold: ``gpu`` (name), ``cc`` (compute capability), ``sms``, ``driver``
+        (``cudaDriverGetVersion``), ``cublaslt`` (version) and ``keys`` (the problem keys' format).
+    entries : dict
+        ``{problem key: entry}``; an entry has ``kind`` (``"tuned"``, ``"default"`` or ``"pinned"``),
+        ``algo`` (64 bytes in hex; not for ``"default"``), and facts for people (``problem``, ``ratio``
+        to the heuristics' first pick, ``ms``, ``first_pick_ms``, ``config``, ``stored``).
+    path : str, optional
+        The file it was read from or last written to.
+
+    Examples
+    --------
+    >>> from nvblaslt import TuningDatabase
+    >>> database = TuningDatabase({"gpu": "NVIDIA H200", "cc": [9, 0], "sms": 132, "driver": 13000,
+    ...                            "cublaslt": [13, 1, 0], "keys": 1}, {"ab" * 20: {"kind": "default"}})
+    >>> len(database), database.counts()
+    (1, {'tuned': 0, 'default': 1, 'pinned': 0})
+    """
 
     fingerprint: dict
     entries: dict[str, dict] = field(default_factory=dict)
@@ -61,7 +82,13 @@ class TuningDatabase:
         return len(self.entries)
 
     def counts(self) -> dict[str, int]:
-        """How many entries of each kind."""
+        """How many entries of each kind.
+
+        Returns
+        -------
+        dict
+            ``{"tuned": n, "default": n, "pinned": n}``.
+        """
         return {kind: sum(e["kind"] == kind for e in self.entries.values()) for kind in KINDS}
 
     def matches(self, fingerprint: dict) -> bool:
@@ -75,7 +102,14 @@ class TuningDatabase:
         return ("\n".join(lines) + "\n").encode()
 
     def write(self, path: str | os.PathLike) -> None:
-        """Replace ``path`` atomically (a reader sees the old file or the new one, never half of one)."""
+        """Write the database to ``path``, replacing it atomically (a reader sees the old file or the
+        new one, never half of one); readable by everyone, as a file meant to be shared.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file (JSON lines: the header, then one entry per line in key order).
+        """
         import tempfile
 
         target = Path(path)
@@ -315,7 +349,13 @@ def load_tuning(path: str | os.PathLike) -> TuningDatabase:
 
 def unload_tuning() -> None:
     """Forget every tuning database loaded (``$NVBLASLT_TUNING`` is not read again); later plans
-    recall from the per-user tuning cache only."""
+    recall from the per-user tuning cache only. Plans already made keep their algorithms.
+
+    Examples
+    --------
+    >>> import nvblaslt
+    >>> nvblaslt.unload_tuning()   # nothing loaded: nothing to forget
+    """
     global _environment_read
     with _lock:
         _loaded.clear()

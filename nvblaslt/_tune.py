@@ -1,0 +1,360 @@
+"""``nvblaslt tune`` and ``nvblaslt.tune()``: tune a set of problems into a tuning database.
+
+Each problem (the LLM suite's, ``_tune_suite``, or those ``NVBLASLT_RECORD`` wrote) is planned on
+arrays of nvblaslt's own with the heuristics alone (neither a loaded database nor the user's cache is
+recalled), then searched by ``_autotune``'s engine within its share of the budget: the heuristics' list
+in shuffled rounds, where the first pick stays unless another beats it in an interleaved duel, then
+``_search``'s candidates (the heuristics' deeper ranking, other epilogs' picks, cluster and swizzle
+variants, every algorithm id and tile ``cublasLtMatmulAlgoCheck`` accepts), a challenger kept only when
+it beats that incumbent in a duel by ``_autotune.MIN_GAIN`` beyond the noise. The database records the
+winner (``tuned``, with its time over the first pick's), or that the first pick stays (``default``). A
+``batch_invariant`` problem records the algorithm pinned for it (``pinned``).
+
+The database is written after each problem (atomically), so an interrupted run keeps what it tuned,
+and a run into an existing file goes on where it stopped (problems already in it are skipped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import _autotune, _cuda, _dtypes, _memory, _search, _tuning_cache, _tuning_db, _tuning_record
+from ._cuda import cudart
+from ._errors import NvblasltError, NvblasltTypeError, NvblasltValueError
+from ._logging import logger
+from ._tune_suite import llm_suite
+
+MIN_PROBLEM_S = 1.0  # below this share of the budget a search cannot finish its duels: the run stops
+ITERATIONS = 5
+_FILL_ELEMENTS = 1 << 22  # random values made once per dtype, copied over each array
+
+
+# ---- arrays of nvblaslt's own, with random values -------------------------------------------------------
+def _pattern(dtype: _dtypes.DType) -> bytes:
+    """``_FILL_ELEMENTS`` random values of ``dtype`` as bytes (timings on zeros read fast: less power)."""
+    import random
+
+    generator = random.Random(0)
+    if dtype.itemsize == 1:  # fp8 (sign, a small exponent: no NaN or infinity), int8, a ReLU bitmask
+        mask = 0xB7 if dtype.name == "float8_e4m3fn" else 0xBB if dtype.name == "float8_e5m2" else 0xFF
+        return bytes(generator.getrandbits(8) & mask for _ in range(_FILL_ELEMENTS))
+    import array
+    import struct
+
+    values = array.array("f", (generator.uniform(-1, 1) for _ in range(_FILL_ELEMENTS)))
+    if dtype.itemsize == 4:
+        return values.tobytes()
+    if dtype.name == "bfloat16":
+        return array.array("H", (struct.unpack("I", struct.pack("f", v))[0] >> 16 for v in values)).tobytes()
+    return b"".join(struct.pack("e", v) for v in values)  # float16
+
+
+def _device_array(spec: dict, device: int, stream: int, patterns: dict) -> _memory.DeviceArray:
+    from ._strides import span_elements
+
+    dtype = _dtypes.BY_NAME[spec["dtype"]]
+    shape, strides = tuple(spec["shape"]), tuple(spec["strides"])
+    size = span_elements(shape, strides) * dtype.itemsize
+    buffer = _memory.DeviceBuffer(size, stream)
+    pattern = patterns.get(dtype.name)
+    if pattern is None:
+        pattern = patterns[dtype.name] = _pattern(dtype)
+    host = ctypes.create_string_buffer(pattern, len(pattern))
+    for offset in range(0, size, len(pattern)):
+        _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer + offset, ctypes.addressof(host),
+                                           min(len(pattern), size - offset),
+                                           cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
+    _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # host is freed on return
+    return _memory.DeviceArray(buffer, shape, strides, dtype, device, stream)
+
+
+@contextlib.contextmanager
+def _heuristics_only():
+    """Plans made inside ask the heuristics alone: tuning starts from their first pick."""
+    previous, _tuning_cache.recall_enabled = _tuning_cache.recall_enabled, False
+    try:
+        yield
+    finally:
+        _tuning_cache.recall_enabled = previous
+
+
+# ---- one problem --------------------------------------------------------------------------------------------
+def _entry(plan, launch, timings, first, first_ms: float, summary: str) -> dict:
+    chosen, chosen_ms = timings[0]
+    report = plan.tuning_report
+    if _search.config_key(chosen) == _search.config_key(first):
+        return _tuning_db.entry_for(None, "default", problem=summary, first_pick_ms=round(first_ms, 5),
+                                   seconds=round(report.seconds, 1))
+    return _tuning_db.entry_for(chosen, "tuned", problem=summary, ms=round(chosen_ms, 5),
+                                first_pick_ms=round(first_ms, 5), ratio=round(chosen_ms / first_ms, 4),
+                                confidence=round(report.confidence, 4), seconds=round(report.seconds, 1))
+
+
+def _first_pick_ms(timings, first) -> float:
+    wanted = _search.config_key(first)
+    return next((ms for result, ms in timings if _search.config_key(result) == wanted), timings[0][1])
+
+
+def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip) -> tuple[str, dict] | None:
+    from ._plan import Matmul
+
+    with _cuda.on_device(device):
+        stream = 0
+        arrays = {name: _device_array(spec[name], device, stream, patterns) for name in ("a", "b")}
+        c = _device_array(spec["c"], device, stream, patterns) if spec.get("c") else None
+        inputs = {key: _device_array(value, device, stream, patterns) for key, value in spec.get("inputs", {}).items()}
+        fp8 = {name for name in ("a", "b") if spec[name]["dtype"].startswith("float8")}
+        result_type = spec.get("options", {}).get("result_type", "")
+        scales = {name: 1.0 for name in fp8 | ({"d"} if str(result_type).startswith("float8") else set())}
+        with _heuristics_only(), Matmul(arrays["a"], arrays["b"], c, beta=0.0 if c is not None else None,
+                                        options=spec.get("options"), quantization_scales=scales or None,
+                                        stream=stream) as plan:
+            plan.plan(epilog=spec.get("epilog", "DEFAULT"), epilog_inputs=inputs or None)
+            launch = plan.launch
+            invariant = plan.options.batch_invariant
+            if invariant:
+                from ._batch_invariant import pinned_entry
+
+                return pinned_entry(launch, invariant)
+            key = _tuning_cache.key_of(launch)
+            if key is None or skip(key):
+                return None
+            first = plan.algorithm
+            description = _tuning_cache.problem_description(launch)
+            summary = _tuning_cache.problem_summary(description, launch.lib.api)
+            timings = _autotune.autotune(plan, iterations=ITERATIONS, search=True, remember=False, stream=stream,
+                                         budget_s=budget_s)
+            if plan.split_form is not None:  # the database keeps fused algorithms only
+                plan.split_form.free()
+                plan.split_form = None
+            return key, _entry(plan, launch, timings, first, _first_pick_ms(timings, first), summary)
+
+
+def _tune_grouped(spec: dict, budget_s: float, device: int, patterns: dict, skip) -> tuple[str, dict] | None:
+    from ._grouped import GroupedMatmul
+    from ._grouped_version import require_grouped
+    from ._loader import library
+
+    require_grouped(library())  # NvblasltUnsupportedError: skipped, and said, by the caller
+    with _cuda.on_device(device):
+        stream = 0
+        a = _device_array(spec["a"], device, stream, patterns)
+        b = _device_array(spec["b"], device, stream, patterns)
+        ends = (ctypes.c_int32 * len(spec["offs"]))(*spec["offs"])
+        offs = _device_array({"shape": [len(ends)], "strides": [1], "dtype": "int32"}, device, stream, patterns)
+        _cuda.check(cudart.cudaMemcpy(offs.ptr, ctypes.addressof(ends), ctypes.sizeof(ends),
+                                      cudart.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
+        plan = GroupedMatmul(a, b, offs, stream=stream)
+        try:
+            with _heuristics_only():
+                plan.plan()
+            key = _tuning_cache.key_of(plan)
+            if key is None or skip(key):
+                return None
+            first = plan.algorithm
+            summary = _tuning_cache.problem_summary(_tuning_cache.problem_description(plan), plan.lib.api)
+            timings = plan.autotune(iterations=ITERATIONS, search=True, budget_s=budget_s, remember=False)
+            return key, _entry(plan, plan, timings, first, _first_pick_ms(timings, first), summary)
+        finally:
+            plan.free()
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+def _problems(problems, models, tokens, dtypes) -> list[dict]:
+    if isinstance(problems, str) and problems == "llm":
+        return llm_suite(models, tokens, dtypes)
+    if isinstance(problems, (str, os.PathLike)):
+        return _tuning_record.read_problems(problems)
+    if isinstance(problems, (list, tuple)) and all(isinstance(p, dict) for p in problems):
+        return list(problems)
+    raise NvblasltTypeError(f"problems: expected 'llm', a path of recorded problems, or a list of problem dicts, "
+                            f"got {type(problems).__name__}")
+
+
+def _name(spec: dict) -> str:
+    if "name" in spec:
+        return spec["name"]
+    a, b = spec["a"]["shape"], spec["b"]["shape"]
+    return f"{spec.get('epilog', spec['kind'])} {a} @ {b} {spec['a']['dtype']}"
+
+
+def _print_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None, tokens=None, dtypes=None,
+         device: int = 0, progress: Callable[[str], None] | None = _print_progress) -> _tuning_db.TuningDatabase:
+    """Tune a set of problems within a time budget into a tuning database (``nvblaslt tune``).
+
+    Each problem is planned with the heuristics alone and searched by ``Matmul.autotune(search=True)``'s
+    engine in its share of the budget; the database records the kernel that beat the heuristics' first
+    pick in an interleaved duel (by 1.5 % at least, beyond the noise), or that the first pick stays.
+    Problems marked ``batch_invariant`` record their pinned algorithm. Needs a GPU.
+
+    Parameters
+    ----------
+    problems : "llm", str or os.PathLike, or list of dict, default "llm"
+        The built-in LLM suite (Llama-3-8B/70B, Mixtral-8x7B, Qwen3-8B and Qwen3-30B-A3B layer shapes at
+        1 to 8192 tokens: forward bf16 and fp8, GELU_AUX_BIAS / DGELU / BGRADB, grouped experts), a file
+        ``NVBLASLT_RECORD`` wrote, or such problems as dicts.
+    database : str or os.PathLike, optional
+        Where the database is written, after each problem. An existing file is continued: its problems
+        are not tuned again (its fingerprint must be this GPU's). None: kept in memory only.
+    budget_s : float, default 600
+        Seconds for the whole run; each problem gets an equal share of what is left (at most
+        ``_autotune.SEARCH_BUDGET_S``). Problems beyond the budget are left for another run.
+    models, tokens, dtypes : sequence, optional
+        For the suite: model names (``llama3-8b``, ``llama3-70b``, ``mixtral-8x7b``, ``qwen3-8b``,
+        ``qwen3-30b-a3b``), token counts, and ``"bf16"`` / ``"fp8"``; default all.
+    device : int, default 0
+        The GPU.
+    progress : callable, optional
+        Called with one line per problem (default: printed to stderr); None for silence.
+
+    Returns
+    -------
+    TuningDatabase
+        The database (also written to ``database``).
+
+    Raises
+    ------
+    NvblasltTypeError, NvblasltValueError
+        Arguments of the wrong kind or value, an unreadable problems file (named, with the line), or a
+        ``database`` file of another machine's fingerprint.
+
+    Examples
+    --------
+    On a GPU (``nvblaslt tune --budget 600 -o tuning.jsonl`` does the same from a shell):
+
+    .. code-block:: python
+
+        import nvblaslt
+
+        database = nvblaslt.tune("llm", "tuning.jsonl", models=["llama3-8b"], budget_s=600)
+        print(database.counts())                 # {'tuned': …, 'default': …, 'pinned': 0}
+        nvblaslt.load_tuning("tuning.jsonl")     # in any later process on this machine
+    """
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
+        raise NvblasltValueError(f"budget_s: expected a positive number of seconds, got {budget_s!r}")
+    specs = _problems(problems, models, tokens, dtypes)
+    from ._loader import library
+
+    fingerprint = _tuning_db.fingerprint_of(_tuning_cache.gpu_identity(device), library().version_tuple,
+                                            _cuda.driver_version())
+    result = _tuning_db.TuningDatabase(fingerprint)
+    if database is not None and Path(database).exists():
+        result = _tuning_db.read(database)
+        if not result.matches(fingerprint):
+            raise NvblasltValueError(f"database: {os.fspath(database)} is for "
+                                     f"{_tuning_db.describe_fingerprint(result.fingerprint)}, this GPU is "
+                                     f"{_tuning_db.describe_fingerprint(fingerprint)}; write another file")
+    say = progress or (lambda line: logger.info("%s", line))
+    started, patterns = time.perf_counter(), {}
+    counts = {"tuned": 0, "default": 0, "pinned": 0, "skipped": 0, "failed": 0}
+    for index, spec in enumerate(specs):
+        left = budget_s - (time.perf_counter() - started)
+        share = min(_autotune.SEARCH_BUDGET_S, left / (len(specs) - index))
+        if share < MIN_PROBLEM_S:
+            say(f"budget spent: {len(specs) - index} of {len(specs)} problems left for another run")
+            break
+        begun = time.perf_counter()
+        try:
+            tune_one = _tune_grouped if spec["kind"] == "grouped" else _tune_matmul
+            found = tune_one(spec, share, device, patterns, lambda key: key in result.entries)
+        except NvblasltError as error:  # a problem this GPU or library cannot run: said, and the run goes on
+            counts["failed"] += 1
+            say(f"[{index + 1}/{len(specs)}] {_name(spec)}: not tuned ({error})")
+            continue
+        if found is None:
+            counts["skipped"] += 1
+            continue
+        key, entry = found
+        result.entries[key] = entry
+        counts[entry["kind"]] += 1
+        if database is not None:
+            result.write(database)
+        shown = f"{entry['ratio']:.3f}× the first pick" if "ratio" in entry else entry["kind"]
+        say(f"[{index + 1}/{len(specs)}] {_name(spec)}: {shown} ({time.perf_counter() - begun:.1f} s, "
+            f"{budget_s - (time.perf_counter() - started):.0f} s left)")
+    say(", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "nothing to tune")
+    return result
+
+
+# ---- the command ----------------------------------------------------------------------------------------------
+def _csv(kind):
+    return lambda text: [kind(item) for item in text.split(",") if item]
+
+
+def _databases(paths) -> list[_tuning_db.TuningDatabase]:
+    return [_tuning_db.read(path) for path in paths]
+
+
+def main(argv: list[str]) -> int:
+    """``nvblaslt tune …``: tune (the suite or recorded problems), or ``merge`` / ``diff`` / ``show`` files."""
+    import argparse
+
+    command = argv[0] if argv[:1] and argv[0] in ("merge", "diff", "show") else None
+    parser = argparse.ArgumentParser(prog=f"nvblaslt tune{' ' + command if command else ''}",
+                                     description="tuning databases: see docs/guide/tuning.md")
+    if command == "merge":
+        parser.add_argument("inputs", nargs="+", help="databases of one machine's fingerprint")
+        parser.add_argument("-o", "--output", required=True, help="the merged database (may be one of the inputs)")
+    elif command == "diff":
+        parser.add_argument("old")
+        parser.add_argument("new")
+    elif command == "show":
+        parser.add_argument("database")
+    else:
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument("--suite", choices=["llm"], default="llm", help="the built-in LLM suite (default)")
+        source.add_argument("--problems", help="a file NVBLASLT_RECORD wrote")
+        parser.add_argument("-o", "--output", help="the database to write (an existing one is continued)")
+        parser.add_argument("--budget", type=float, default=600.0, help="seconds for the whole run (default 600)")
+        parser.add_argument("--models", type=_csv(str), help="suite models, comma-separated")
+        parser.add_argument("--tokens", type=_csv(int), help="suite token counts, comma-separated")
+        parser.add_argument("--dtypes", type=_csv(str), help="suite dtypes: bf16,fp8")
+        parser.add_argument("--device", type=int, default=0)
+        parser.add_argument("--list", action="store_true", help="print the problems and stop (no GPU needed)")
+    args = parser.parse_args(argv[1:] if command else argv)
+    try:
+        if command == "merge":
+            merged = _tuning_db.merge(*_databases(args.inputs))
+            merged.write(args.output)
+            print(f"{args.output}: {len(merged)} entries ({_counts(merged)})")
+            return 0
+        if command == "diff":
+            lines = _tuning_db.diff(*_databases([args.old, args.new]))
+            print("\n".join(lines) if lines else "the same choices")
+            return 1 if lines else 0
+        if command == "show":
+            database = _tuning_db.read(args.database)
+            print(f"{args.database}: {_tuning_db.describe_fingerprint(database.fingerprint)}")
+            print(f"  {len(database)} entries ({_counts(database)})")
+            for key in sorted(database.entries, key=lambda k: database.entries[k].get("problem", k)):
+                entry = database.entries[key]
+                ratio = f" {entry['ratio']:.3f}×" if "ratio" in entry else ""
+                print(f"  {entry['kind']:8}{ratio:>8}  {entry.get('problem', key)}")
+            return 0
+        problems = args.problems or args.suite
+        if args.list:
+            for spec in _problems(problems, args.models, args.tokens, args.dtypes):
+                print(_name(spec))
+            return 0
+        tune(problems, args.output, budget_s=args.budget, models=args.models, tokens=args.tokens,
+             dtypes=args.dtypes, device=args.device)
+        if args.output:
+            print(f"written: {args.output}")
+        return 0
+    except NvblasltError as error:
+        print(f"nvblaslt tune: {error}", file=sys.stderr)
+        return 2
+
+
+def _counts(database: _tuning_db.TuningDatabase) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in database.counts().items())
