@@ -1,0 +1,162 @@
+"""Issue 35 on the GPU: a tiny tune into a tuning database, recalled in a fresh process through
+``Matmul`` and ``nvblaslt.torch``; and batch invariance, bitwise, for M = 1…300 through ``matmul()`` and
+``nvblaslt.torch.linear``. Quick by design (well under a minute on an H100/H200)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import nvblaslt
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """A private tuning cache, no database loaded before or after, and fresh function-form plans."""
+    monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NVBLASLT_TUNING", raising=False)
+    nvblaslt.unload_tuning()
+    nvblaslt.clear_plan_cache()
+    yield
+    nvblaslt.unload_tuning()
+    nvblaslt.clear_plan_cache()
+
+
+def forward_problem(tokens: int, fan_in: int, fan_out: int) -> dict:
+    """y = x Wᵀ as nvblaslt.torch runs it without a bias: x (T, in) row-major, b = W.T of a row-major W."""
+    return {"kind": "matmul", "name": f"forward {tokens}x{fan_in}->{fan_out}",
+            "a": {"shape": [tokens, fan_in], "strides": [fan_in, 1], "dtype": "bfloat16"},
+            "b": {"shape": [fan_in, fan_out], "strides": [1, fan_in], "dtype": "bfloat16"}, "c": None,
+            "epilog": "DEFAULT", "inputs": {},
+            "options": {"compute_type": "COMPUTE_32F", "scale_type": "CUDA_R_32F", "result_type": "bfloat16"}}
+
+
+# ---- a tiny tune, recalled elsewhere ------------------------------------------------------------------------
+RECALL = textwrap.dedent("""
+    import json, logging, sys
+    import torch
+    import nvblaslt
+    from nvblaslt.torch import linear
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("nvblaslt").addHandler(handler)
+    logging.getLogger("nvblaslt").setLevel(logging.DEBUG)
+    found = {}
+    for tokens, fan_in, fan_out in json.loads(sys.argv[1]):
+        x = torch.randn(tokens, fan_in, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(fan_out, fan_in, device="cuda", dtype=torch.bfloat16)
+        with nvblaslt.Matmul(x, w.T) as plan:
+            plan.plan()
+            matmul_algo = plan.algorithm.as_bytes().hex()
+        records.clear()
+        linear(x, w)
+        torch.cuda.synchronize()
+        torch_recalled = any(("tuning database hit" in r or "first pick stays" in r) for r in records)
+        found[f"{tokens}x{fan_in}->{fan_out}"] = [matmul_algo, torch_recalled]
+    print(json.dumps(found))
+""")
+
+
+def test_a_tiny_tune_is_recalled_in_a_fresh_process_and_under_torch(tmp_path):
+    shapes = [(256, 1024, 1024), (512, 1024, 3072)]
+    database_path = tmp_path / "tuning.jsonl"
+    lines = []
+    database = nvblaslt.tune([forward_problem(*shape) for shape in shapes], database_path, budget_s=6,
+                             progress=lines.append)
+    assert len(database) == 2, lines
+    assert all(entry["kind"] in ("tuned", "default") for entry in database.entries.values())
+    assert all(entry.get("ratio", 0.0) < 1.0 for entry in database.entries.values() if entry["kind"] == "tuned")
+    assert len(nvblaslt.load_tuning(database_path)) == 2  # the file reads back
+    env = {**os.environ, "NVBLASLT_TUNING": str(database_path), "NVBLASLT_CACHE_DIR": str(tmp_path / "other"),
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", RECALL, json.dumps(shapes)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    recalled = json.loads(done.stdout.strip().splitlines()[-1])
+    # the fresh process without the database: the heuristics' first picks
+    plain = subprocess.run([sys.executable, "-c", RECALL, json.dumps(shapes)],
+                           env={**env, "NVBLASLT_TUNING": ""}, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    first_picks = json.loads(plain.stdout.strip().splitlines()[-1])
+    entries = list(database.entries.values())
+    for name, (algo, torch_recalled) in recalled.items():
+        assert torch_recalled, f"{name}: nvblaslt.torch did not recall from the database"
+        tuned = [e for e in entries if e["kind"] == "tuned" and e["algo"] == algo]
+        assert tuned or algo == first_picks[name][0], f"{name}: runs neither a tuned pick nor the first pick"
+    tuned_algos = {e["algo"] for e in entries if e["kind"] == "tuned"}
+    assert tuned_algos <= {algo for algo, _ in recalled.values()}, "a tuned pick was not recalled"
+
+
+# ---- batch invariance ------------------------------------------------------------------------------------------
+PAIRS = [(4096, 4096), (1024, 8192), (3072, 1024)]  # (N, K): the issue's two that change with M, and a small one
+ROWS = 300
+
+
+@pytest.fixture(scope="module")
+def operands():
+    torch.manual_seed(0)
+    made = {}
+    for n, k in PAIRS:
+        x = torch.randn(ROWS, k, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        made[n, k] = x, w, bias
+    return made
+
+
+@pytest.mark.parametrize("epilog", ["BIAS", "RELU_BIAS", "GELU_BIAS"])
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"N{p[0]}-K{p[1]}")
+def test_matmul_rows_are_bitwise_the_same_for_any_m_with_a_bias(operands, pair, epilog):
+    x, w, bias = operands[pair]
+    options = {"batch_invariant": "columns"}  # D = W @ xᵀ: the tokens are D's columns, the bias per feature
+    reference = nvblaslt.matmul(w, x.T, epilog=epilog, epilog_inputs={"bias": bias}, options=options)
+    for m in range(1, ROWS + 1):
+        d = nvblaslt.matmul(w, x[:m].T, epilog=epilog, epilog_inputs={"bias": bias}, options=options)
+        assert torch.equal(d, reference[:, :m]), f"{epilog} N,K={pair}: token columns differ at M={m}"
+
+
+@pytest.mark.parametrize("epilog", ["DEFAULT", "RELU", "GELU"])
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"N{p[0]}-K{p[1]}")
+def test_matmul_rows_are_bitwise_the_same_for_any_m(operands, pair, epilog):
+    x, w, _ = operands[pair]
+    reference = nvblaslt.matmul(x, w.T, epilog=epilog, options={"batch_invariant": True})
+    for m in range(1, ROWS + 1):
+        d = nvblaslt.matmul(x[:m], w.T, epilog=epilog, options={"batch_invariant": True})
+        assert torch.equal(d, reference[:m]), f"{epilog} N,K={pair}: rows differ at M={m}"
+
+
+def test_one_algorithm_is_pinned_for_every_m(operands):
+    x, w, bias = operands[4096, 4096]
+    pinned = set()
+    for m in (1, 31, 64, 300):
+        with nvblaslt.Matmul(w, x[:m].T, options={"batch_invariant": "columns"}) as plan:
+            found = plan.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+            assert len(found) == 1 and plan.algorithm.algorithm.get("SPLITK_NUM") <= 1
+            pinned.add(plan.algorithm.as_bytes())
+    assert len(pinned) == 1
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_torch_linear_rows_are_bitwise_the_same_for_any_m(operands, activation):
+    from nvblaslt.torch import linear
+
+    for pair in PAIRS:
+        x, w, bias = operands[pair]
+        with torch.no_grad():
+            reference = linear(x, w, bias, activation, batch_invariant=True)
+            for m in range(1, ROWS + 1):
+                y = linear(x[:m], w, bias, activation, batch_invariant=True)
+                assert torch.equal(y, reference[:m]), f"{activation} N,K={pair}: rows differ at M={m}"
