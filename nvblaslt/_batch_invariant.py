@@ -94,7 +94,7 @@ def _reference_layouts(launch, extent: str, size: int) -> list[MatrixLayout]:
     return made
 
 
-def _without_split_k(launch, result) -> object:
+def _without_split_k(launch, result):
     """A copy of ``result``'s algorithm with split-K off."""
     algo = launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(result.algorithm.algo)
     algorithm = Algorithm(algo, launch.lib)
@@ -114,9 +114,9 @@ def _choose(launch, extent: str) -> bytes:
             references.append((layouts, type(launch)(launch.lib, launch.problem, launch.handle, launch.desc, layouts,
                                                      launch.preference, workspace_limit=launch.workspace_limit,
                                                      device=launch.device, alpha=None, beta=None)))
-        reference_layouts = references[CHECKED_AT.index(REFERENCE)][0]
+        a, b, c, d = references[CHECKED_AT.index(REFERENCE)][0]
         try:
-            offered = heuristics(launch.handle, launch.desc, *reference_layouts, launch.preference, count=CANDIDATES)
+            offered = heuristics(launch.handle, launch.desc, a, b, c, d, launch.preference, count=CANDIDATES)
         except CublasLtError:
             offered = []
         for result in offered:
@@ -146,12 +146,13 @@ def pinned(launch, which: str):
         raw = bytes.fromhex(entry["algo"])
     else:
         with _lock:
-            raw = _pins.get(key)
+            known = _pins.get(key)
         source = "this process"
-        if raw is None:
-            raw = _choose(launch, extent)
+        if known is None:
+            chosen = _choose(launch, extent)
             with _lock:
-                raw = _pins.setdefault(key, raw)  # another thread's pin, if it chose first
+                known = _pins.setdefault(key, chosen)  # another thread's pin, if it chose first
+        raw = known
     algo = launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw)
     if Algorithm(algo, launch.lib).get("SPLITK_NUM") > 1:
         raise NvblasltValueError(f"options.batch_invariant: the {source}'s pinned algorithm for "

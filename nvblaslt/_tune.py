@@ -270,7 +270,8 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
                                      f"{_tuning_db.describe_fingerprint(result.fingerprint)}, this GPU is "
                                      f"{_tuning_db.describe_fingerprint(fingerprint)}; write another file")
     say = progress or (lambda line: logger.info("%s", line))
-    started, patterns = time.perf_counter(), {}
+    started = time.perf_counter()
+    patterns: dict[str, bytes] = {}
     counts = {"tuned": 0, "default": 0, "pinned": 0, "skipped": 0, "failed": 0}
     for index, spec in enumerate(specs):
         left = budget_s - (time.perf_counter() - started)

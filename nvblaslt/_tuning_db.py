@@ -226,6 +226,7 @@ def parse(data: bytes, name: str) -> TuningDatabase:
             raise NvblasltValueError(f"tuning database {name}: line {number}: key {key} is already on line "
                                      f"{lines_of[key]} (merge files with `nvblaslt tune merge`)")
         entries[key], lines_of[key] = entry, number
+    assert isinstance(fingerprint, dict)  # checked above: every field is there
     return TuningDatabase(fingerprint, entries, name)
 
 
@@ -287,6 +288,7 @@ def diff(a: TuningDatabase, b: TuningDatabase) -> list[str]:
         old, new = a.entries.get(key), b.entries.get(key)
         what = (new or old or {}).get("problem", key)
         if new is None:
+            assert old is not None  # the key is in one of the two
             lines.append(f"- {what}: {_choice(old)}")
         elif old is None:
             lines.append(f"+ {what}: {_choice(new)}")
