@@ -8,7 +8,7 @@ the problem with the varying extent left out (the ``pinned key``): N, K, types, 
 alignments, epilog, GPU and library. It is, in order: the pin a loaded tuning database records for that
 key, the one this process chose before, or the heuristics' first pick for the problem at ``REFERENCE``
 rows that, with split-K off (``SPLITK_NUM`` 1, no reduction scheme), cuBLASLt accepts at every
-extent of ``CHECKED_AT``. Each plan re-checks the pin for its own M, and refuses where cuBLASLt does not
+extent of ``CHECKED_AT`` (``FP8_CHECKED_AT`` for fp8). Each plan re-checks the pin for its own M, and refuses where cuBLASLt does not
 accept it: a different kernel would silently give different bits.
 
 "The varying extent" is, in cuBLASLt's column-major problem (``_problem``), D's rows (``m``) or
@@ -26,6 +26,7 @@ from ._logging import logger
 
 REFERENCE = 1024  # rows the pin is chosen at: a prefill-sized batch, where a kernel's tile matters most
 CHECKED_AT = (1, 7, REFERENCE)  # a pin must be accepted at each (a single row, an odd count, the reference)
+FP8_CHECKED_AT = (16, 48, REFERENCE)  # fp8 extents are multiples of 16 (_problem.FP8_MULTIPLE)
 CANDIDATES = 16  # heuristic picks tried, best first
 _COL = 0  # CUBLASLT_ORDER_COL
 _OP_N = 0  # CUBLAS_OP_N
@@ -105,16 +106,17 @@ def _without_split_k(launch, result):
 
 def _choose(launch, extent: str) -> bytes:
     """The pin for ``launch``'s problem: the first of the heuristics' picks at ``REFERENCE`` rows that,
-    split-K off, cuBLASLt accepts at every extent of ``CHECKED_AT``."""
+    split-K off, cuBLASLt accepts at every extent of ``CHECKED_AT`` (fp8: ``FP8_CHECKED_AT``)."""
     references = []
+    checked_at = FP8_CHECKED_AT if getattr(launch.problem, "fp8", False) else CHECKED_AT
     try:
-        for size in CHECKED_AT:
+        for size in checked_at:
             layouts = _reference_layouts(launch, extent, size)
             # the launch's own descriptors over other layouts; closed here, never through Launch.close
             references.append((layouts, type(launch)(launch.lib, launch.problem, launch.handle, launch.desc, layouts,
                                                      launch.preference, workspace_limit=launch.workspace_limit,
                                                      device=launch.device, alpha=None, beta=None)))
-        a, b, c, d = references[CHECKED_AT.index(REFERENCE)][0]
+        a, b, c, d = references[checked_at.index(REFERENCE)][0]
         try:
             offered = heuristics(launch.handle, launch.desc, a, b, c, d, launch.preference, count=CANDIDATES)
         except CublasLtError:
@@ -130,7 +132,7 @@ def _choose(launch, extent: str) -> bytes:
                 layout.close()
     raise NvblasltUnsupportedError(f"options.batch_invariant: cuBLASLt offers no algorithm for "
                                    f"{launch.problem.describe()} that, without split-K, it accepts at "
-                                   f"{extent.upper()} = {', '.join(map(str, CHECKED_AT))}; row-for-row identical "
+                                   f"{extent.upper()} = {', '.join(map(str, checked_at))}; row-for-row identical "
                                    f"results cannot be guaranteed for this problem")
 
 
