@@ -8,8 +8,8 @@ the problem with the varying extent left out (the ``pinned key``): N, K, types, 
 alignments, epilog, GPU and library. It is, in order: the pin a loaded tuning database records for that
 key, the one this process chose before, or the heuristics' first pick for the problem at ``REFERENCE``
 rows that, with split-K off (``SPLITK_NUM`` 1, no reduction scheme), cuBLASLt accepts at every
-extent of ``CHECKED_AT`` (``FP8_CHECKED_AT`` for fp8). Each plan re-checks the pin for its own M, and refuses where cuBLASLt does not
-accept it: a different kernel would silently give different bits.
+extent of ``CHECKED_AT`` (``FP8_CHECKED_AT`` for fp8). Each plan re-checks the pin for its own M, and
+refuses where cuBLASLt does not accept it: a different kernel would silently give different bits.
 
 "The varying extent" is, in cuBLASLt's column-major problem (``_problem``), D's rows (``m``) or
 columns (``n``): the caller's rows map to ``n`` when nvblaslt solves the transposed problem.
