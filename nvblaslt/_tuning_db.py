@@ -145,7 +145,8 @@ def _driver() -> int:
 def describe_fingerprint(fingerprint: dict) -> str:
     cublaslt = ".".join(map(str, fingerprint.get("cublaslt", [])))
     driver = fingerprint.get("driver", 0)
-    return (f"{fingerprint.get('gpu')} ({fingerprint.get('sms')} SMs, sm_{''.join(map(str, fingerprint.get('cc', [])))}), "
+    cc = "".join(map(str, fingerprint.get("cc", [])))
+    return (f"{fingerprint.get('gpu')} ({fingerprint.get('sms')} SMs, sm_{cc}), "
             f"driver {driver // 1000}.{driver % 1000 // 10}, cuBLASLt {cublaslt}, keys v{fingerprint.get('keys')}")
 
 
@@ -258,8 +259,8 @@ def merge(*databases: TuningDatabase) -> TuningDatabase:
     first = databases[0]
     for other in databases[1:]:
         if not other.matches(first.fingerprint):
-            raise NvblasltValueError(f"merge: {other.path or 'a database'} is for {describe_fingerprint(other.fingerprint)}"
-                                     f", {first.path or 'the first'} for {describe_fingerprint(first.fingerprint)}; "
+            raise NvblasltValueError(f"merge: {other.path or 'a database'} is for "
+                                     f"{describe_fingerprint(other.fingerprint)}, {first.path or 'the first'} for {describe_fingerprint(first.fingerprint)}; "
                                      f"keep one file per machine (load several with {ENV_TUNING}=a{os.pathsep}b)")
     merged: dict[str, dict] = {}
     for database in databases:

@@ -45,7 +45,8 @@ def test_each_distinct_problem_is_one_line(record):
     assert [line["a"]["shape"] for line in lines] == [[8, 4096], [16, 4096], [8, 4096]]
     assert lines[0] == {"kind": "matmul", "a": {"shape": [8, 4096], "strides": [4096, 1], "dtype": "bfloat16"},
                         "b": {"shape": [4096, 1024], "strides": [1, 4096], "dtype": "bfloat16"}, "c": None,
-                        "epilog": "RELU_BIAS", "inputs": {"bias": {"shape": [1024], "strides": [1], "dtype": "bfloat16"}},
+                        "epilog": "RELU_BIAS",
+                        "inputs": {"bias": {"shape": [1024], "strides": [1], "dtype": "bfloat16"}},
                         "options": {"compute_type": "COMPUTE_32F", "scale_type": "CUDA_R_32F",
                                     "result_type": "bfloat16"}}
     assert lines[2]["options"]["batch_invariant"] == "rows"
