@@ -106,8 +106,12 @@ def _entry(plan, launch, timings, first, first_ms: float, summary: str) -> dict:
     if _search.config_key(chosen) == _search.config_key(first):
         return _tuning_db.entry_for(None, "default", problem=summary, first_pick_ms=round(first_ms, 5),
                                    seconds=round(report.seconds, 1))
+    # the duel's paired ratio where the search's incumbent was the first pick (as it is unless another heuristic
+    # pick beat it first); else the two medians of the same run
+    paired = report.switched and report.incumbent == _tuning_cache.describe_algorithm(first)
+    ratio = report.ratio if paired else chosen_ms / first_ms
     return _tuning_db.entry_for(chosen, "tuned", problem=summary, ms=round(chosen_ms, 5),
-                                first_pick_ms=round(first_ms, 5), ratio=round(chosen_ms / first_ms, 4),
+                                first_pick_ms=round(first_ms, 5), ratio=round(ratio, 4),
                                 confidence=round(report.confidence, 4), seconds=round(report.seconds, 1))
 
 

@@ -78,7 +78,8 @@ def test_a_tiny_tune_is_recalled_in_a_fresh_process_and_under_torch(tmp_path):
                              progress=lines.append)
     assert len(database) == 2, lines
     assert all(entry["kind"] in ("tuned", "default") for entry in database.entries.values())
-    assert all(entry.get("ratio", 0.0) < 1.0 for entry in database.entries.values() if entry["kind"] == "tuned")
+    # a kept pick beat the first one by 1.5 % in paired rounds; the ratio is that duel's (or, rarely, two medians)
+    assert all(0 < entry["ratio"] < 1.01 for entry in database.entries.values() if entry["kind"] == "tuned")
     assert len(nvblaslt.load_tuning(database_path)) == 2  # the file reads back
     env = {**os.environ, "NVBLASLT_TUNING": str(database_path), "NVBLASLT_CACHE_DIR": str(tmp_path / "other"),
            "PYTHONPATH": str(ROOT)}
