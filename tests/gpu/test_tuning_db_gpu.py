@@ -74,7 +74,7 @@ def test_a_tiny_tune_is_recalled_in_a_fresh_process_and_under_torch(tmp_path):
     shapes = [(256, 1024, 1024), (512, 1024, 3072)]
     database_path = tmp_path / "tuning.jsonl"
     lines = []
-    database = nvblaslt.tune([forward_problem(*shape) for shape in shapes], database_path, budget_s=6,
+    database = nvblaslt.tune([forward_problem(*shape) for shape in shapes], database_path, budget_s=10,
                              progress=lines.append)
     assert len(database) == 2, lines
     assert all(entry["kind"] in ("tuned", "default") for entry in database.entries.values())
