@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import operator
 import random
 import statistics
 import time
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 
 from . import _search, _timing, _tuning_cache
 from ._descriptors import HeuristicResult
-from ._errors import CublasLtError
+from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
 from ._epilogs import MASKING
 from ._streams import stream_handle
 from ._timing import Timer, shuffled, shuffled_rounds
@@ -426,6 +427,19 @@ def _form_reserve(plan, iterations: int, call_ms: float, remaining: float) -> fl
         return 0.0
     calls = len(plan.algorithms) * (iterations + 1) + 2 * (MIN_ROUNDS + 1)
     return min(0.4 * remaining, 1.25 * calls * call_ms / 1000)
+
+
+def tuning_iterations(value: object) -> int:
+    """``iterations`` as a framework layer's autotune context takes it (nvblaslt.torch, nvblaslt.jax): an
+    int ≥ 1, else refused by name."""
+    try:
+        count = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        cls = NvblasltTypeError if count is None else NvblasltValueError
+        raise cls(f"iterations: expected an int ≥ 1 (timed rounds per candidate), got {value!r}")
+    return count
 
 
 def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,

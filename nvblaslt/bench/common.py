@@ -3,7 +3,10 @@ GPU memory between sections, CUDA-graph capture."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import tempfile
 import math
 import sys
 import time
@@ -74,3 +77,22 @@ def captured(torch, fn):
     with torch.cuda.graph(graph):
         value = fn()
     return graph, value
+
+
+@contextlib.contextmanager
+def own_tuning_cache(prefix: str):
+    """An empty tuning cache of the run's own while the block runs (``NVBLASLT_CACHE_DIR`` set, then put
+    back): its "heuristic plans" are the heuristics' own, not the user's searched picks, and what it
+    searches never reaches the user's cache."""
+    from .._tuning_cache import ENV_CACHE_DIR
+
+    saved = os.environ.get(ENV_CACHE_DIR)
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        os.environ[ENV_CACHE_DIR] = scratch
+        try:
+            yield scratch
+        finally:
+            if saved is None:
+                os.environ.pop(ENV_CACHE_DIR, None)
+            else:
+                os.environ[ENV_CACHE_DIR] = saved

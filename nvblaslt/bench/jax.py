@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any
 
 from nvblaslt._timing import shuffled_rounds
+
+from .common import own_tuning_cache
 
 NAMES = {"relu": "ReLU", "gelu": "tanh-GELU"}
 TUNES = ("none", "list", "search")
@@ -189,18 +189,8 @@ def _phase(jax, cases: list, options, title: str, gpu: str, results: dict) -> No
 
 def main(args=None) -> dict:
     options = parse(args)
-    from .._tuning_cache import ENV_CACHE_DIR
-
-    saved = os.environ.get(ENV_CACHE_DIR)
-    with tempfile.TemporaryDirectory(prefix="nvblaslt-bench-jax-") as scratch:
-        os.environ[ENV_CACHE_DIR] = scratch  # heuristic plans are the heuristics' own; a search stays here
-        try:
-            return _measure(options)
-        finally:
-            if saved is None:
-                os.environ.pop(ENV_CACHE_DIR, None)
-            else:
-                os.environ[ENV_CACHE_DIR] = saved
+    with own_tuning_cache("nvblaslt-bench-jax-"):  # heuristic plans are the heuristics' own; a search stays here
+        return _measure(options)
 
 
 def _measure(options) -> dict:

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
-import tempfile
 import time
 from typing import Any
 
 
-from .common import captured, progress
+from .common import captured, own_tuning_cache, progress
 from .timing import TIMINGS, add_timing_argument, step_rounds, timing_modes
 
 MODES = ("auto", "unfused", "bgradb", "epilog")
@@ -130,21 +128,11 @@ def main(args=None) -> dict:
         return _measure(options)
     # "heuristic plans" are the heuristics' own: a plan recalls what an earlier search stored on disk, so
     # this run reads and writes an empty tuning cache of its own
-    from .._tuning_cache import ENV_CACHE_DIR
-
-    saved = os.environ.get(ENV_CACHE_DIR)
-    with tempfile.TemporaryDirectory(prefix="nvblaslt-mlp-") as scratch:
-        os.environ[ENV_CACHE_DIR] = scratch
+    with own_tuning_cache("nvblaslt-mlp-"):
         import nvblaslt
 
         nvblaslt.clear_plan_cache()  # plans an earlier section of `nvblaslt bench` made (this thread's only)
-        try:
-            return _measure(options)
-        finally:
-            if saved is None:
-                os.environ.pop(ENV_CACHE_DIR, None)
-            else:
-                os.environ[ENV_CACHE_DIR] = saved
+        return _measure(options)
 
 
 def _measure(options) -> dict:

@@ -13,14 +13,19 @@ from collections.abc import Callable, Sequence
 from nvblaslt._timing import shuffled_rounds
 
 
-def event_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, calls: int = 1,
-                 seed: int = 0) -> list[list[float]]:
-    """Per-call ms of each ``(name, fn)`` case: CUDA events around a burst of ``calls`` calls, every
-    case once per round in a fresh order (seeded), after two warm-up calls each."""
+def _warm_up(torch, cases: Sequence[tuple[str, Callable]]) -> None:
+    """Two calls of each case (plans made, caches filled), then the device drained."""
     for _, fn in cases:
         fn()
         fn()
     torch.cuda.synchronize()
+
+
+def event_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, calls: int = 1,
+                 seed: int = 0) -> list[list[float]]:
+    """Per-call ms of each ``(name, fn)`` case: CUDA events around a burst of ``calls`` calls, every
+    case once per round in a fresh order (seeded), after two warm-up calls each."""
+    _warm_up(torch, cases)
 
     def measure(case: tuple[str, Callable]) -> float:
         fn = case[1]
@@ -86,10 +91,7 @@ def wall_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, calls
     """``event_rounds``' contract, timed as a loop that waits for each step sees it: the wall clock from
     a drained device over ``calls`` calls, each followed by ``torch.cuda.synchronize()``, per call (the
     host's time to issue each call is paid in full)."""
-    for _, fn in cases:
-        fn()
-        fn()
-    torch.cuda.synchronize()
+    _warm_up(torch, cases)
 
     def measure(case: tuple[str, Callable]) -> float:
         fn = case[1]

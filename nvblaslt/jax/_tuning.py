@@ -7,12 +7,12 @@ The state is process-wide, not per thread: XLA runs the callbacks in threads of 
 from __future__ import annotations
 
 import contextlib
-import operator
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .._errors import NvblasltTypeError, NvblasltValueError
+from .._autotune import tuning_iterations
+from .._errors import NvblasltTypeError
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,7 @@ def autotune(*, search: bool = True, iterations: int = 5) -> contextlib.Abstract
         for batch in batches:
             state = step(state, batch)        # the winners, recalled
     """
-    try:
-        count = None if isinstance(iterations, bool) else operator.index(iterations)
-    except TypeError:
-        count = None
-    if count is None or count < 1:
-        cls = NvblasltTypeError if count is None else NvblasltValueError
-        raise cls(f"iterations: expected an int ≥ 1 (timed rounds per candidate), got {iterations!r}")
+    count = tuning_iterations(iterations)
     if not isinstance(search, bool):
         raise NvblasltTypeError(f"search: expected a bool, got {type(search).__name__}")
     return _context(count, search)

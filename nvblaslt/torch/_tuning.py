@@ -5,12 +5,12 @@ makes the forward GEMMs batch-invariant (``MatmulOptions.batch_invariant``) whil
 from __future__ import annotations
 
 import contextlib
-import operator
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 from .. import MatmulOptions, NvblasltTypeError, NvblasltValueError
+from .._autotune import tuning_iterations
 
 BACKWARDS: tuple[str, ...] = ("auto", "unfused", "bgradb", "epilog")
 """The values ``FusedSequential(backward=…)`` and ``fuse(…, backward=…)`` take: where each layer's
@@ -97,13 +97,7 @@ def autotune(*, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
         ...
     nvblaslt._errors.NvblasltValueError: iterations: expected an int ≥ 1 (timed rounds per candidate), got 0
     """
-    try:
-        count = None if isinstance(iterations, bool) else operator.index(iterations)
-    except TypeError:
-        count = None
-    if count is None or count < 1:
-        cls = NvblasltTypeError if count is None else NvblasltValueError
-        raise cls(f"iterations: expected an int ≥ 1 (timed rounds per candidate), got {iterations!r}")
+    count = tuning_iterations(iterations)
     return _autotune(count)
 
 
