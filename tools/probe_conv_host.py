@@ -24,18 +24,8 @@ import torch
 from torch import nn
 
 from nvblaslt._timing import shuffled_rounds
-from nvblaslt.bench.conv import SHAPES
+from nvblaslt.bench.conv import SHAPES, training_step
 from nvblaslt.torch._conv import FusedConv2d
-
-
-def _step(model, x, grad):
-    params = [x, *model.parameters()]
-
-    def run():
-        for p in params:
-            p.grad = None
-        model(x).backward(grad)
-    return run
 
 
 def _cases(shape):
@@ -46,8 +36,8 @@ def _cases(shape):
                     dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last).requires_grad_()
     grad = torch.randn(shape.batch, shape.out_channels, shape.size, shape.size, device="cuda",
                        dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
-    return {"cuDNN": _step(nn.Sequential(conv, nn.ReLU()), x, grad),
-            "FusedConv2d": _step(FusedConv2d.from_conv(conv, "relu"), x, grad)}
+    return {"cuDNN": training_step(nn.Sequential(conv, nn.ReLU()), x, grad),
+            "FusedConv2d": training_step(FusedConv2d.from_conv(conv, "relu"), x, grad)}
 
 
 def _time(run, how: str, steps: int) -> float:

@@ -99,7 +99,7 @@ def _interleaved(torch, cases: list, rounds: int, cuda: bool, timing: str) -> tu
     return step_rounds(torch, cases, rounds, cuda, timing)
 
 
-def _step(model, x, grad):
+def training_step(model, x, grad):
     """forward + backward; gradients set to None first, as optimizer.zero_grad() does."""
     params = [x, *model.parameters()]
 
@@ -147,18 +147,18 @@ def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bo
                        generator=generator).contiguous(memory_format=torch.channels_last)
 
     # correctness first: the fused step's gradients against eager's, same parameters and inputs
-    _step(reference, x, grad)()
+    training_step(reference, x, grad)()
     expected = [t.grad.clone() for t in (x, *reference.parameters())]
-    _step(fused, x, grad)()
+    training_step(fused, x, grad)()
     check = max(_relative(t.grad, e) for t, e in zip((x, *reference.parameters()), expected))
 
-    cases = [("eager", _step(reference, x, grad))]
+    cases = [("eager", training_step(reference, x, grad))]
     if compile_rows:
-        cases.append(("compile", _step(torch.compile(reference, dynamic=False), x, grad)))
-    cases.append(("fused", _step(fused, x, grad)))
+        cases.append(("compile", training_step(torch.compile(reference, dynamic=False), x, grad)))
+    cases.append(("fused", training_step(fused, x, grad)))
     if device.type == "cuda" and options.graphs:  # the whole step replayed: no host time in either
         for name, model in (("eager_graph", reference), ("fused_graph", fused)):
-            graph, _ = captured(torch, _step(model, x, grad))
+            graph, _ = captured(torch, training_step(model, x, grad))
             cases.append((name, graph.replay))
     if shape.kernel > 1:
         cases.append(("im2col", _copies(torch, x, shape)))
