@@ -130,46 +130,6 @@ def breakdown(shape, rounds: int) -> None:
         plan.free()
 
 
-def thread_split(shape, steps: int) -> None:
-    """Where the backward's extra time in autograd's device thread goes: the wall time spent inside the
-    fused backward's body (``_conv_ops.backward``) and inside nvblaslt's ``matmul()`` calls, per step, with
-    the backward in autograd's thread and in the calling thread."""
-    from nvblaslt.torch import _conv_ops, _gemms
-
-    spent = {"backward body": 0.0, "matmul() calls": 0.0}
-
-    def timed(key, function):
-        def run(*args, **kwargs):
-            begin = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[key] += time.perf_counter() - begin
-        return run
-    saved = _conv_ops.backward, _gemms.matmul
-    _conv_ops.backward, _gemms.matmul = timed("backward body", saved[0]), timed("matmul() calls", saved[1])
-    try:
-        run = _cases(shape)["FusedConv2d"]
-        for _ in range(10):
-            run()
-        print(f"\nµs a step inside the fused backward, {shape.label}, N {shape.batch} (median of 5 × {steps} steps)")
-        for threaded in (True, False, True, False):
-            with torch.autograd.set_multithreading_enabled(threaded):
-                found: dict[str, list[float]] = {key: [] for key in (*spent, "step")}
-                for _ in range(5):
-                    for key in spent:
-                        spent[key] = 0.0
-                    wall = _time(run, "sync", steps)
-                    found["step"].append(wall)
-                    for key, total in spent.items():
-                        found[key].append(total / steps * 1e6)
-            where = "autograd's thread" if threaded else "the calling thread"
-            print(f"  backward in {where:18s}: " + ", ".join(f"{key} {statistics.median(v):6.1f}"
-                                                            for key, v in found.items()))
-    finally:
-        _conv_ops.backward, _gemms.matmul = saved
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="small", choices=list(SHAPES))
@@ -197,7 +157,6 @@ def main(argv=None) -> None:
                   f"{ours / theirs:7.3f}")
     shape = shapes[options.profile_shape]
     breakdown(shape, options.rounds)
-    thread_split(shape, options.steps)
     cases = _cases(shape)
     run = cases["FusedConv2d"]
     for _ in range(20):

@@ -21,6 +21,8 @@ from ._eager import autograd_function, direct, wants_grad
 from ._gemms import forward_cuda, forward_inference
 from ._im2col import Geometry, backward, forward, weight_format
 from ._ops import linear_backward_impl, uses_cublaslt
+from ._tuning import invariant_options, tuning
+from . import _pointwise as pointwise
 
 _CONV_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, str activation, bool keep_aux, int[] stride, "
                 "int[] padding, int[] dilation) -> (Tensor, Tensor)")
@@ -149,10 +151,15 @@ _Conv2d = autograd_function("Conv2d", _conv2d_impl, _setup_context, _conv2d_auto
 def fused_conv(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, g: Geometry) -> Tensor:
     """One fused convolution of checked arguments (x channels-last): the output, channels-last. The forward
     keeps GELU's pre-activation only when a backward pass will need it. In plain eager mode (``direct``) the
-    op's own implementation runs without its dispatch: as an autograd Function with the op's formula when a
-    gradient is wanted, else the forward's GEMM alone."""
+    op's own implementation runs without its dispatch: a pointwise convolution on CUDA as ``_pointwise``'s
+    bound step (outside ``autotune()`` and ``invariant()``, which its plans do not follow), any other as an
+    autograd Function with the op's formula when a gradient is wanted, else the forward's GEMM alone."""
     grad = wants_grad(x, weight, bias)
     if direct(x, weight, bias):
+        if g.pointwise and x.is_cuda and not tuning() and invariant_options("rows") is None:
+            out = pointwise.conv(x, weight, bias, activation, grad)
+            if out is not None:
+                return out
         if not grad:
             return forward(x, weight, bias, activation, False, g, inference_gemm)[0]
         out, _ = _Conv2d.apply(x, weight, bias, activation, activation == "gelu", list(g.stride),

@@ -175,20 +175,35 @@ def recorded(monkeypatch):
     return calls
 
 
-def test_gpu_pointwise_runs_on_xs_memory_with_the_fused_epilogs(recorded):
+def test_gpu_pointwise_runs_on_xs_memory_with_the_fused_epilogs(bound_calls):
     conv, x, grad = make("1x1", torch.bfloat16)
     fused = FusedConv2d.from_conv(conv, "relu")
     xi = x.detach().clone().requires_grad_()
     y = fused(xi)
-    assert [c[0] for c in recorded] == ["RELU_BIAS"]
-    assert recorded[0][2].data_ptr() == xi.data_ptr()  # D = W xᵀ: B is x itself, no copy
+    assert [c[0] for c in bound_calls] == ["RELU_BIAS"]
+    assert bound_calls[0][2] == xi.data_ptr()  # D = W xᵀ: B is x itself, no copy
     y.backward(grad)
-    assert sorted(c[0] for c in recorded[1:]) == ["BGRADB", "DEFAULT"]  # dW with db; dx
-    assert any(xi.data_ptr() in (a.data_ptr(), b.data_ptr()) for _, a, b in recorded[1:])
+    assert sorted(c[0] for c in bound_calls[1:]) == ["BGRADB", "DEFAULT"]  # dW with db; dx
+    assert any(xi.data_ptr() in (a, b) for _, a, b in bound_calls[1:])
     gelu = FusedConv2d.from_conv(conv, "gelu")
-    recorded.clear()
+    bound_calls.clear()
     gelu(x.detach().clone().requires_grad_())
-    assert [c[0] for c in recorded] == ["GELU_AUX_BIAS"]
+    assert [c[0] for c in bound_calls] == ["GELU_AUX_BIAS"]
+
+
+@pytest.fixture
+def bound_calls(monkeypatch):
+    """Every bound GEMM the pointwise step launches: (epilog name, A pointer, B pointer)."""
+    from nvblaslt.torch import _bound
+
+    calls = []
+    real = _bound.BoundGemm.__call__
+
+    def recording(self, a, b, d, stream, *pointers):
+        calls.append((self.plan.epilog.name, a, b))
+        return real(self, a, b, d, stream, *pointers)
+    monkeypatch.setattr(_bound.BoundGemm, "__call__", recording)
+    return calls
 
 
 def test_gpu_fake_implementations_match_the_real_outputs():

@@ -1,0 +1,126 @@
+"""GEMMs bound once: a planned ``Matmul`` driven by pointers alone, for a layer's hot step.
+
+``matmul()`` finds its plan from its operands on every call: it reads each tensor's layout and
+builds a key from them, and its result comes back as a view the layer reshapes. A layer whose step
+runs the same GEMMs on tensors whose layouts it already knows can skip all of that: it finds its
+``BoundGemm``s under a key it holds anyway (the input's shape, dtype and device, and the stream)
+and hands over pointers of tensors it made in their final shape.
+
+The plans are ``Matmul``'s, made as ``matmul()`` makes them (the heuristics after the tuning
+database and cache, ``NVBLASLT_RECORD``), and each launch is their ``Launch.run``, with its fallback
+when cuBLASLt refuses an algorithm at launch. A plan only ever runs on the stream it was made for,
+so its workspace needs no ordering between streams. Plans a search has since stored a better
+choice for are made again (and recall it), and kept, not freed: a CUDA graph may hold their
+workspace.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Sequence
+
+from .. import Matmul, MatmulEpilog
+from .. import _cuda, _tuning_cache
+
+_CACHE_SIZE = 256  # bound steps per thread; the oldest is freed first
+
+
+class BoundGemm:
+    """One GEMM of a fixed problem: ``gemm(a, b, d, stream, *pointers)`` launches it on the pointers of
+    the caller's A, B and D (the operands ``Matmul`` was made from, in that order) and of the epilog's
+    vectors (``pointer_attributes``: the bias read, or the aux / bias gradient written), on the stream
+    the plan was made for."""
+
+    __slots__ = ("plan", "_launch", "_a", "_b", "_setters", "_last", "_lock")
+
+    def __init__(self, plan: Matmul, pointer_attributes: Sequence[str]) -> None:
+        launch = plan.launch
+        self.plan = plan
+        self._launch = launch
+        # cuBLASLt's A is the caller's B where the plan runs the transposed problem
+        swapped = launch.problem.a.source == "b"
+        self._a, self._b = (launch.b_pointer, launch.a_pointer) if swapped else (launch.a_pointer, launch.b_pointer)
+        self._setters = tuple(launch.pointer_setter(name) for name in pointer_attributes)
+        self._last: list[int | None] = [None] * len(pointer_attributes)  # a descriptor write only when one changes
+        self._lock = threading.Lock()  # one launch at a time: the pointers live in the plan
+
+    def __call__(self, a: int, b: int, d: int, stream: int, *pointers: int) -> None:
+        with self._lock:
+            self._a.value, self._b.value = a, b
+            last = self._last
+            for index, pointer in enumerate(pointers):
+                if pointer != last[index]:
+                    self._setters[index](pointer)
+                    last[index] = pointer
+            self._launch.run(d, stream)
+
+    def free(self) -> None:
+        self.plan.free()  # stream-ordered after the work queued with it
+
+
+def bind(a, b, epilog: MatmulEpilog, inputs: dict | None, stream: int, result: tuple,
+         pointer_attributes: Sequence[str] = ()) -> BoundGemm | None:
+    """A ``BoundGemm`` of ``matmul(a, b, epilog=epilog, epilog_inputs=inputs)`` on ``stream``, or None where
+    its plan does not write D as ``result`` (shape, element strides) says, or runs the two-call bias-gradient
+    form a search chose: the caller then takes ``matmul()``'s path."""
+    plan = Matmul(a, b, stream=stream)
+    try:
+        plan.plan(epilog=epilog, epilog_inputs=inputs)
+        problem = plan.problem
+        if plan.split_form is not None or (tuple(problem.result_shape), tuple(problem.result_strides)) != result:
+            plan.free()
+            return None
+        plan.forget_arrays()  # the plan keeps no tensor of the caller's alive
+    except BaseException:
+        plan.free()
+        raise
+    return BoundGemm(plan, pointer_attributes)
+
+
+class _Steps(threading.local):
+    """One thread's bound steps by key, oldest first, and the tuning cache's generation they recall."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Hashable, object] = {}
+        self.generation = _tuning_cache.generation
+        self.retired: list = []
+
+
+_local = _Steps()
+
+
+def step(key: Hashable, stream: int, build: Callable[[], object]):
+    """This thread's step for ``key`` on ``stream``, made by ``build()`` on first use: each stream has its
+    own plans, so no stream waits for another's use of a workspace. A first use on a stream that is
+    capturing a CUDA graph (planning allocates, which capture forbids) borrows the step of another stream
+    with the same key, as ``Matmul.execute`` runs inside a capture without ordering it after other streams;
+    None where there is none. Where a search has stored a new choice since the steps were made, they are
+    made again (not during a capture)."""
+    local = _local
+    if local.generation != _tuning_cache.generation and not _cuda.is_capturing(stream):
+        local.retired.extend(local.entries.values())
+        local.entries = {}
+        local.generation = _tuning_cache.generation
+    entries = local.entries
+    found = entries.get((key, stream))
+    if found is None:
+        if _cuda.is_capturing(stream):
+            return next((made for (made_key, _), made in entries.items() if made_key == key), None)
+        found = entries[key, stream] = build()
+        if len(entries) > _CACHE_SIZE:
+            _free(entries.pop(next(iter(entries))))
+    return found
+
+
+def _free(found) -> None:
+    for gemm in getattr(found, "gemms", ()):
+        if gemm is not None:
+            gemm.free()
+
+
+def clear() -> None:
+    """Free this thread's bound steps (stream-ordered), those retired after a search included."""
+    local = _local
+    for found in (*local.entries.values(), *local.retired):
+        _free(found)
+    local.entries, local.retired = {}, []

@@ -1,0 +1,210 @@
+"""The pointwise Conv2d + bias + activation step (1×1, stride 1, no padding) on bound GEMMs.
+
+In channels-last memory, x (N, C, H, W) is the (M = N·H·W, C) row-major matrix X, a 1×1 weight
+(O, C, 1, 1), contiguous or channels-last, is W (O, C) row-major, and the output (N, O, H, W)
+channels-last is Y (M, O) row-major. Each GEMM of the step therefore reads and writes the tensors'
+own memory, and every tensor is made in its final shape, so the step makes no view:
+
+- forward: Y = act(X Wᵀ + b), as D = W Xᵀ (O, M) column-major: RELU_BIAS, GELU_AUX_BIAS (the
+  pre-activation kept for the backward pass), BIAS; without a bias, RELU / GELU / DEFAULT as D = X Wᵀ;
+- backward: dZ = dY ⊙ act′ (a torch op, from the output for ReLU), dW = dZᵀ X as D = Xᵀ dZ with
+  BGRADB giving db in the same call, dX = dZ W as D = Wᵀ dZᵀ.
+
+These are the GEMM problems ``_conv_ops``' custom ops run through ``matmul()`` (so a tuned choice
+applies to both), here as ``BoundGemm``s found under the input's shape, dtype, device and stream:
+the step's host time is its launches, its outputs' allocation and one autograd node. It is the
+conv ops' eager body for plain CUDA tensors; under ``create_graph`` the backward runs as the op,
+which refuses a double backward by name.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import MatmulEpilog, _cuda
+from . import _bound
+from ._composite import aux_layout, unused
+from ._eager import autograd_function
+
+_E = MatmulEpilog
+_FORWARD = {  # (activation, has bias, keep aux) -> epilog, as _gemms' forward runs it
+    ("none", False, False): _E.DEFAULT, ("none", True, False): _E.BIAS,
+    ("relu", False, False): _E.RELU, ("relu", True, False): _E.RELU_BIAS,
+    ("gelu", False, False): _E.GELU, ("gelu", True, False): _E.GELU_BIAS,
+    ("gelu", False, True): _E.GELU_AUX, ("gelu", True, True): _E.GELU_AUX_BIAS,
+}
+_ELEMENTWISE = {_E.DEFAULT, _E.RELU, _E.GELU}  # no vector along D: D = X Wᵀ, row-major, as _gemms runs it
+DTYPES = {torch.float16, torch.bfloat16, torch.float32}  # float64 goes to _gemms, which falls back by epilog
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class Step:
+    """The bound GEMMs of one layer shape on one stream: the forward's, made with the step, and the
+    backward's two (the weight and bias gradient, the input gradient), made at first use."""
+
+    __slots__ = ("gemms", "out_shape", "out_strides", "x_strides", "aux_shape", "aux_strides", "aux_dtype",
+                 "transposed", "rows", "stream", "built")  # stream: the one its plans were made on
+
+    def __init__(self, x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool,
+                 stream: int) -> None:
+        n, c, h, w = x.shape
+        o, m = weight.shape[0], n * h * w
+        self.out_shape, self.out_strides = (n, o, h, w), (h * w * o, 1, w * o, o)
+        self.x_strides = (h * w * c, 1, w * c, c)
+        self.rows, self.stream = m, stream
+        self.aux_shape, self.aux_strides, bitmask = aux_layout(activation, keep_aux, m, o)
+        self.aux_dtype = torch.int8 if bitmask else x.dtype
+        epilog = _FORWARD[activation, bias is not None, keep_aux]
+        rows, weights = x.detach().as_strided((m, c), (c, 1)), weight.detach().as_strided((o, c), (c, 1))
+        self.transposed = epilog not in _ELEMENTWISE
+        if not self.transposed:
+            forward = _bound.bind(rows, weights.T, epilog, None, stream, ((m, o), (o, 1)))
+        else:
+            outputs = ("EPILOGUE_AUX_POINTER",) if keep_aux else ()
+            inputs, attributes = ({"bias": bias.detach()}, ("BIAS_POINTER",)) if bias is not None else (None, ())
+            forward = _bound.bind(weights, rows.T, epilog, inputs, stream, ((o, m), (1, o)), attributes + outputs)
+        # forward; dW = dZᵀ X with and without BGRADB; dX = dZ W (None: not made yet, or cannot be bound)
+        self.gemms: list[_bound.BoundGemm | None] = [forward, None, None, None]
+        self.built = [True, False, False, False]
+
+    def backward_gemm(self, index: int, x: Tensor, weight: Tensor, dz: Tensor) -> _bound.BoundGemm | None:
+        """The backward's GEMM ``index`` (1: dW, 2: dW with db, 3: dX), made on first use from this call's
+        tensors; None where it cannot be bound, or a graph is being captured (planning allocates)."""
+        if not self.built[index]:
+            if _cuda.is_capturing(_raw_stream(x.get_device())):
+                return None
+            n, c, h, w = x.shape
+            o, m = weight.shape[0], self.rows
+            dz_rows = dz.as_strided((m, o), (o, 1))
+            if index == 3:
+                weights = weight.detach().as_strided((o, c), (c, 1))
+                self.gemms[3] = _bound.bind(weights.T, dz_rows.T, _E.DEFAULT, None, self.stream, ((c, m), (1, c)))
+            else:  # B = dZ row-major: what BGRADB has kernels for
+                rows = x.detach().as_strided((m, c), (c, 1))
+                with_bias = index == 2
+                self.gemms[index] = _bound.bind(rows.T, dz_rows, _E.BGRADB if with_bias else _E.DEFAULT, None,
+                                                self.stream, ((c, o), (1, c)), ("BIAS_POINTER",) if with_bias else ())
+            self.built[index] = True
+        return self.gemms[index]
+
+
+def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool, step: Step,
+             stream: int):
+    out = x.new_empty_strided(step.out_shape, step.out_strides)
+    if keep_aux:
+        aux = x.new_empty_strided(step.aux_shape, step.aux_strides, dtype=step.aux_dtype)
+        vectors = (bias.data_ptr(), aux.data_ptr()) if bias is not None else (aux.data_ptr(),)
+    else:
+        aux = None
+        vectors = (bias.data_ptr(),) if bias is not None else ()
+    gemm = step.gemms[0]
+    if step.transposed:  # D = W Xᵀ
+        gemm(weight.data_ptr(), x.data_ptr(), out.data_ptr(), stream, *vectors)
+    else:  # D = X Wᵀ
+        gemm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), stream)
+    return out, aux
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, activation, keep_aux, step, _ = inputs
+    out, aux = output
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(aux) if aux is not None else None
+    ctx.save_for_backward(x, weight, out if activation == "relu" else None)
+    ctx.aux, ctx.activation, ctx.has_bias, ctx.step = aux, activation, bias is not None, step
+
+
+def _derivative(grad: Tensor, ctx, out: Tensor | None) -> Tensor:
+    """dZ = dY ⊙ act′, channels-last: from the output for ReLU, the kept pre-activation for GELU."""
+    activation = ctx.activation
+    if activation == "relu":
+        dz = torch.ops.aten.threshold_backward(grad, out, 0)
+    elif activation == "gelu":
+        n, o, h, w = ctx.step.out_shape
+        ld = ctx.aux.shape[0]
+        pre = ctx.aux.as_strided((n, o, h, w), (h * w * ld, 1, w * ld, ld))
+        dz = torch.ops.aten.gelu_backward(grad, pre, approximate="tanh")
+    else:
+        return grad
+    return dz if dz.is_contiguous(memory_format=torch.channels_last) else \
+        dz.contiguous(memory_format=torch.channels_last)
+
+
+def _as_op(ctx, grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor | None, bias_grad: bool) -> tuple:
+    """The backward as ``nvblaslt::conv2d_backward`` computes it (its ``matmul()`` calls)."""
+    needs = ctx.needs_input_grad
+    aux = ctx.aux if ctx.aux is not None else unused(x)
+    dx, dw, db = torch.ops.nvblaslt.conv2d_backward(grad_out, x, weight, out, aux, ctx.activation, bias_grad,
+                                                    [1, 1], [0, 0], [1, 1], needs[0], needs[1])
+    return dx if needs[0] else None, dw if needs[1] else None, db if bias_grad else None, None, None, None, None
+
+
+def _backward(ctx, grad_out: Tensor | None, grad_aux=None):
+    if grad_out is None:
+        return (None,) * 7
+    x, weight, out = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    bias_grad = ctx.has_bias and needs[2]
+    if torch.is_grad_enabled():  # create_graph: the op's backward, which says it has no derivative of its own
+        return _as_op(ctx, grad_out, x, weight, out, bias_grad)
+    step = ctx.step
+    grad = grad_out if grad_out.is_contiguous(memory_format=torch.channels_last) else \
+        grad_out.contiguous(memory_format=torch.channels_last)
+    dz = _derivative(grad, ctx, out)
+    weight_gemm = step.backward_gemm(2 if bias_grad else 1, x, weight, dz) if needs[1] else None
+    input_gemm = step.backward_gemm(3, x, weight, dz) if needs[0] else None
+    if (needs[1] and weight_gemm is None) or (needs[0] and input_gemm is None):
+        return _as_op(ctx, grad_out, x, weight, out, bias_grad)
+    stream = _raw_stream(x.get_device())  # autograd runs it on the forward's stream (a capture's, in one)
+    dx = dw = db = None
+    if needs[1]:
+        dw = weight.new_empty_strided(weight.shape, weight.stride())
+        if bias_grad:
+            db = weight.new_empty((weight.shape[0],))
+            weight_gemm(x.data_ptr(), dz.data_ptr(), dw.data_ptr(), stream, db.data_ptr())
+        else:
+            weight_gemm(x.data_ptr(), dz.data_ptr(), dw.data_ptr(), stream)
+    elif bias_grad:
+        db = dz.sum((0, 2, 3))
+    if needs[0]:
+        dx = x.new_empty_strided(x.shape, step.x_strides)
+        input_gemm(weight.data_ptr(), dz.data_ptr(), dx.data_ptr(), stream)
+    return dx, dw, db, None, None, None, None
+
+
+_PointwiseConv = autograd_function("PointwiseConv2d", _forward, _setup_context, _backward)
+
+
+def conv(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, grad: bool) -> Tensor | None:
+    """The pointwise step of checked plain CUDA tensors (x channels-last; weight and bias of its dtype and
+    device), recorded by autograd when ``grad``; None where it cannot run bound (another dtype, a weight or
+    bias laid out otherwise, a pointer aligned to less than 256 bytes, another current device, a first call
+    inside a graph capture): the caller then runs the ops' path, which says what is wrong where anything is."""
+    if x.dtype not in DTYPES or _raw_stream is None:
+        return None
+    if not weight.is_contiguous() or (bias is not None and bias.stride()[0] != 1 and bias.shape[0] > 1):
+        return None
+    if (x.data_ptr() | weight.data_ptr() | (0 if bias is None else bias.data_ptr())) & 255:
+        return None
+    device = x.get_device()
+    if _several_devices() and torch.cuda.current_device() != device:
+        return None
+    stream = _raw_stream(device)
+    keep_aux = grad and activation == "gelu"
+    key = (x.shape, x.dtype, device, weight.shape[0], bias is None, activation, keep_aux)
+    step = _bound.step(key, stream, lambda: Step(x, weight, bias, activation, keep_aux, stream))
+    if step is None or step.gemms[0] is None:
+        return None
+    if grad:
+        return _PointwiseConv.apply(x, weight, bias, activation, keep_aux, step, stream)[0]
+    return _forward(x, weight, bias, activation, False, step, stream)[0]
+
+
+_device_count: list[int] = []
+
+
+def _several_devices() -> bool:
+    if not _device_count:
+        _device_count.append(torch.cuda.device_count())
+    return _device_count[0] > 1

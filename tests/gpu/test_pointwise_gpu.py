@@ -1,0 +1,203 @@
+"""The pointwise conv step on bound GEMMs (``nvblaslt.torch._pointwise``) on the GPU.
+
+FusedConv2d's 1×1 layers run their three GEMMs as ``BoundGemm``s: plans found under the input's shape,
+dtype, device and stream, launched with pointers alone. What could go wrong there and nowhere else:
+a gradient some input does not want, an upstream gradient in another layout, a pointer aligned to less
+than the plan assumed, another stream, a search that stores a new choice, a graph capture, a double
+backward. Each is compared with nn.Conv2d + activation in float64 on fresh random inputs (every
+element finite, every element written), and where the bound step must step aside, with the path it
+steps aside to.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from nvblaslt import NvblasltError, _tuning_cache  # noqa: E402
+from nvblaslt.torch import _bound  # noqa: E402
+from nvblaslt.torch._conv import FusedConv2d  # noqa: E402
+
+CL = torch.channels_last
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": lambda: nn.GELU(approximate="tanh"), "none": nn.Identity}
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def layer(c, o, activation, dtype, bias=True, seed=0, weight_format=torch.contiguous_format):
+    torch.manual_seed(seed)
+    conv = nn.Conv2d(c, o, 1, bias=bias, device="cuda", dtype=dtype).to(memory_format=weight_format)
+    return conv, FusedConv2d.from_conv(copy.deepcopy(conv), activation)
+
+
+def images(n, c, h, w, dtype, seed=1):
+    torch.manual_seed(seed)
+    return torch.randn(n, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=CL)
+
+
+def run(model, x, grad, x_grad=True):
+    for p in model.parameters():
+        p.grad = None
+    xi = x.detach().clone().requires_grad_(x_grad)
+    y = model(xi)
+    y.backward(grad)
+    grads = [p.grad for p in model.parameters()]
+    return y.detach(), (xi.grad if x_grad else None), grads
+
+
+def assert_like_float64(conv, fused, activation, x, grad, x_grad=True):
+    """y and every gradient of ``fused`` against ``conv`` + activation: no further from float64 than
+    torch's own in x's dtype (or the dtype's tolerance), finite, laid out as nn.Conv2d's."""
+    dtype = x.dtype
+    reference = nn.Sequential(conv, ACTIVATIONS[activation]())
+    exact = copy.deepcopy(reference).double()
+    ours, theirs = run(fused, x, grad, x_grad), run(reference, x, grad, x_grad)
+    truth = run(exact, x.double(), grad.double(), x_grad)
+    if activation == "relu":  # the float64 model takes our decisions (z ≈ 0 may go either way)
+        mask = (ours[0] > 0).double()
+        decided = nn.Sequential(exact[0], _Mask(mask))
+        truth = run(decided, x.double(), grad.double(), x_grad)
+    pairs = [(ours[0], theirs[0], truth[0])]
+    if x_grad:
+        pairs.append((ours[1], theirs[1], truth[1]))
+    pairs += list(zip(ours[2], theirs[2], truth[2]))
+    for o, t, e in pairs:
+        if t is None:
+            assert o is None
+            continue
+        assert o is not None and o.dtype == dtype and o.shape == e.shape and torch.isfinite(o).all()
+        assert rel(o, e) <= max(3 * rel(t, e), TOL[dtype]), (rel(o, e), rel(t, e))
+    assert ours[0].is_contiguous(memory_format=CL)
+    if x_grad:
+        assert ours[1].is_contiguous(memory_format=CL)
+
+
+class _Mask(nn.Module):
+    def __init__(self, mask):
+        super().__init__()
+        self.mask = mask
+
+    def forward(self, z):
+        return z * self.mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("activation", ["relu", "gelu", "none"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_gpu_bound_step_matches_float64(dtype, activation, bias):
+    conv, fused = layer(40, 72, activation, dtype, bias)
+    x = images(6, 40, 7, 9, dtype)
+    grad = torch.randn(6, 72, 7, 9, device="cuda", dtype=dtype).contiguous(memory_format=CL)
+    assert_like_float64(conv, fused, activation, x, grad)
+    made = [key for key, _ in _bound._local.entries if key[:2] == (x.shape, dtype) and key[4] == (not bias)]
+    assert made  # it ran bound, not through matmul()
+
+
+@pytest.mark.parametrize("frozen", ["weight", "bias", "x", "weight-and-bias"])
+def test_gpu_only_the_wanted_gradients(frozen):
+    conv, fused = layer(24, 40, "relu", torch.float32, seed=3)
+    for module in (conv, fused):
+        if "weight" in frozen:
+            module.weight.requires_grad_(False)
+        if "bias" in frozen:
+            module.bias.requires_grad_(False)
+    x = images(4, 24, 5, 6, torch.float32)
+    grad = torch.randn(4, 40, 5, 6, device="cuda").contiguous(memory_format=CL)
+    assert_like_float64(conv, fused, "relu", x, grad, x_grad=frozen != "x")
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "expanded"])
+def test_gpu_upstream_gradient_in_another_layout(layout):
+    conv, fused = layer(16, 24, "gelu", torch.float32, seed=4)
+    x = images(3, 16, 6, 5, torch.float32)
+    if layout == "expanded":  # y.sum().backward(): a gradient of zero strides
+        grad = torch.ones(1, device="cuda").expand(3, 24, 6, 5)
+    else:
+        grad = torch.randn(3, 24, 6, 5, device="cuda")  # NCHW, not channels-last
+    assert not grad.is_contiguous(memory_format=CL)
+    assert_like_float64(conv, fused, "gelu", x, grad)
+
+
+def test_gpu_a_misaligned_input_takes_the_ops_path_and_is_right():
+    conv, fused = layer(3, 8, "relu", torch.float32, seed=5)
+    big = images(3, 3, 5, 3, torch.float32)
+    x = big[1:]  # 5·3·3 floats in: 180 bytes, not a multiple of 256
+    assert x.is_contiguous(memory_format=CL) and x.data_ptr() % 256
+    before = dict(_bound._local.entries)
+    with torch.no_grad():
+        got, want = fused(x), torch.relu(conv.double()(x.double()))
+    assert rel(got, want) < 1e-5 and dict(_bound._local.entries).keys() == before.keys()
+
+
+def test_gpu_inference_no_grad_and_another_stream():
+    conv, fused = layer(32, 48, "gelu", torch.bfloat16, seed=6)
+    x = images(2, 32, 9, 4, torch.bfloat16)
+    want = nn.functional.gelu(conv.double()(x.double()), approximate="tanh")
+    with torch.no_grad():
+        first = fused(x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            second = fused(x)
+        torch.cuda.current_stream().wait_stream(side)
+    streams = {stream for (key, stream) in _bound._local.entries if key[0] == x.shape and key[-1] is False}
+    assert len(streams) >= 2  # each stream its own plans
+    for got in (first, second):
+        assert got.is_contiguous(memory_format=CL) and torch.isfinite(got).all() and rel(got, want) < 2e-2
+
+
+def test_gpu_a_stored_search_choice_rebuilds_the_steps(monkeypatch):
+    conv, fused = layer(24, 32, "relu", torch.float16, seed=7)
+    x = images(4, 24, 4, 4, torch.float16)
+    grad = torch.randn(4, 32, 4, 4, device="cuda", dtype=torch.float16).contiguous(memory_format=CL)
+    run(fused, x, grad)
+    retired = len(_bound._local.retired)
+    monkeypatch.setattr(_tuning_cache, "generation", _tuning_cache.generation + 1)
+    assert_like_float64(conv, fused, "relu", x, grad)
+    assert len(_bound._local.retired) > retired  # made again (the old plans kept: a graph may hold them)
+
+
+def test_gpu_double_backward_is_refused_by_name():
+    _, fused = layer(8, 8, "gelu", torch.float32, seed=8)
+    x = images(2, 8, 3, 3, torch.float32).requires_grad_()
+    with pytest.raises((NvblasltError, RuntimeError)):  # never a silent zero or detached second derivative
+        grad_weight, = torch.autograd.grad(fused(x).square().sum(), fused.weight, create_graph=True)
+        grad_weight.sum().backward()
+
+
+def test_gpu_cuda_graph_capture_of_a_whole_step():
+    """A step captured on a fresh stream: its first use there borrows the warm-up stream's plans."""
+    conv, fused = layer(16, 32, "relu", torch.float32, seed=9)
+    x = images(4, 16, 6, 6, torch.float32).requires_grad_()
+    grad = torch.randn(4, 32, 6, 6, device="cuda").contiguous(memory_format=CL)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up on a side stream, as torch's docs do
+            fused.weight.grad = fused.bias.grad = x.grad = None
+            fused(x).backward(grad)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    fused.weight.grad = fused.bias.grad = x.grad = None
+    with torch.cuda.graph(graph):
+        y = fused(x)
+        y.backward(grad)
+    with torch.no_grad():
+        x.copy_(images(4, 16, 6, 6, torch.float32, seed=11))
+    graph.replay()
+    torch.cuda.synchronize()
+    reference = nn.Sequential(conv, nn.ReLU()).double()
+    xd = x.detach().double().requires_grad_()
+    want = reference(xd)
+    want.backward(grad.double())
+    assert rel(y, want) < 1e-5 and rel(x.grad, xd.grad) < 1e-5
+    assert rel(fused.weight.grad, reference[0].weight.grad) < 1e-5
