@@ -136,6 +136,7 @@ def main(argv=None) -> None:
     parser.add_argument("--profile-shape", type=int, default=1, help="index of the shape to profile")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--breakdown-all", action="store_true", help="the host breakdown of every shape")
     options = parser.parse_args(argv)
     torch.backends.cudnn.benchmark = True
     shapes = SHAPES[options.shapes]
@@ -156,7 +157,8 @@ def main(argv=None) -> None:
             print(f"{shape.label + ', N ' + str(shape.batch):44s} {how:15s} {theirs:9.1f} {ours:9.1f} "
                   f"{ours / theirs:7.3f}")
     shape = shapes[options.profile_shape]
-    breakdown(shape, options.rounds)
+    for each in (shapes if options.breakdown_all else [shape]):
+        breakdown(each, options.rounds)
     cases = _cases(shape)
     run = cases["FusedConv2d"]
     for _ in range(20):

@@ -5,7 +5,7 @@ Sections (``--sections``, all by default):
            against a bare ctypes cublasLtMatmul with every argument prebuilt as ctypes passes it
            (``from_param``) and no argtypes; the same call with c_void_p objects, and through the
            generated binding with argtypes, are rows of their own
-  layer    transformer-sized layers (bf16; 16, 256, 8192 tokens; 4096→4096 and 4096→14336;
+  layer    transformer-sized layers (bf16; 1, 16, 256, 8192 tokens; 4096→4096 and 4096→14336;
            RELU_BIAS, GELU_BIAS): event time per call of matmul() as users call it (fresh ``x.T``
            views, no ``out=``) and Matmul.execute(), against torch's fused ``_addmm_activation``
   graph    decode layers under CUDA-graph replay (bf16; 1, 16, 256 tokens): GPU time per layer of a

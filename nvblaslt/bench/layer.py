@@ -1,4 +1,4 @@
-"""The ``layer`` section: transformer-sized layers (bf16; 16, 256, 8192 tokens; 4096→4096 and
+"""The ``layer`` section: transformer-sized layers (bf16; 1, 16, 256, 8192 tokens; 4096→4096 and
 4096→14336; RELU_BIAS, GELU_BIAS), event time per call of matmul() as users call it (fresh ``x.T``
 views, no ``out=``), Matmul.execute() and ``nvblaslt.torch.linear``, against torch's fused
 ``_addmm_activation`` and ``nn.Linear`` + the activation; and, on the
@@ -13,7 +13,7 @@ from .common import epilog_named, free_memory, max_relative, nvmath_advanced, pr
 from .percall import as_passed
 from .timing import event_rounds, host_rounds, queued_gpu_us
 
-LAYER_TOKENS = (16, 256, 8192)
+LAYER_TOKENS = (1, 16, 256, 8192)
 LAYER_WIDTHS = ((4096, 4096), (4096, 14336))
 LAYER_EPILOGS = ("RELU_BIAS", "GELU_BIAS")
 

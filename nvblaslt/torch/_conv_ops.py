@@ -21,7 +21,6 @@ from ._eager import autograd_function, direct, wants_grad
 from ._gemms import forward_cuda, forward_inference
 from ._im2col import Geometry, backward, forward, weight_format
 from ._ops import linear_backward_impl, uses_cublaslt
-from ._tuning import invariant_options, tuning
 from . import _pointwise as pointwise
 
 _CONV_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, str activation, bool keep_aux, int[] stride, "
@@ -152,11 +151,11 @@ def fused_conv(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, 
     """One fused convolution of checked arguments (x channels-last): the output, channels-last. The forward
     keeps GELU's pre-activation only when a backward pass will need it. In plain eager mode (``direct``) the
     op's own implementation runs without its dispatch: a pointwise convolution on CUDA as ``_pointwise``'s
-    bound step (outside ``autotune()`` and ``invariant()``, which its plans do not follow), any other as an
+    bound step (where it can run bound), any other as an
     autograd Function with the op's formula when a gradient is wanted, else the forward's GEMM alone."""
     grad = wants_grad(x, weight, bias)
     if direct(x, weight, bias):
-        if g.pointwise and x.is_cuda and not tuning() and invariant_options("rows") is None:
+        if g.pointwise and x.is_cuda:
             out = pointwise.conv(x, weight, bias, activation, grad)
             if out is not None:
                 return out

@@ -23,6 +23,7 @@ from torch import Tensor
 from .. import CublasLtError, Matmul, MatmulEpilog, matmul
 from ._composite import (empty_aux, forward_composite, input_grad_composite, own, row_major,
                          weight_grad_composite)
+from ._pointwise import inference as bound_inference
 from ._tuning import first_search, invariant_options
 
 _E = MatmulEpilog
@@ -126,6 +127,10 @@ def forward_inference(x, weight, bias, activation, *, cuda: bool):
     """The forward's output alone, for a call autograd does not record (plain eager, no gradient wanted):
     ``forward_cuda`` without what only a backward pass or a custom op's outputs need (an aux, a
     view-free result). Off CUDA (``cuda`` False), the same math as torch ops."""
+    if cuda:  # a bound GEMM where it can run bound: no layout read, D made in its final shape
+        y = bound_inference(x, weight, bias, activation)
+        if y is not None:
+            return y
     found = _forward_gemm(x, weight, bias, _FORWARD_EPILOGS[activation, bias is not None, False]) if cuda else None
     if found is None:
         return forward_composite(x, weight, bias, activation, False)[0]

@@ -26,6 +26,7 @@ from .. import MatmulEpilog, _cuda
 from . import _bound
 from ._composite import aux_layout, unused
 from ._eager import autograd_function
+from ._tuning import invariant_options, tuning
 
 _E = MatmulEpilog
 _FORWARD = {  # (activation, has bias, keep aux) -> epilog, as _gemms' forward runs it
@@ -41,17 +42,23 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 class Step:
     """The bound GEMMs of one layer shape on one stream: the forward's, made with the step, and the
-    backward's two (the weight and bias gradient, the input gradient), made at first use."""
+    backward's two (the weight and bias gradient, the input gradient), made at first use. ``x`` is a
+    channels-last (N, C, H, W) image, or a row-major (M, C) matrix (a linear layer's input)."""
 
     __slots__ = ("gemms", "out_shape", "out_strides", "x_strides", "aux_shape", "aux_strides", "aux_dtype",
                  "transposed", "rows", "stream", "built")  # stream: the one its plans were made on
 
     def __init__(self, x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool,
                  stream: int) -> None:
-        n, c, h, w = x.shape
-        o, m = weight.shape[0], n * h * w
-        self.out_shape, self.out_strides = (n, o, h, w), (h * w * o, 1, w * o, o)
-        self.x_strides = (h * w * c, 1, w * c, c)
+        o = weight.shape[0]
+        if x.dim() == 4:
+            n, c, h, w = x.shape
+            m = n * h * w
+            self.out_shape, self.out_strides = (n, o, h, w), (h * w * o, 1, w * o, o)
+            self.x_strides = (h * w * c, 1, w * c, c)
+        else:
+            m, c = x.shape
+            self.out_shape, self.out_strides, self.x_strides = (m, o), (o, 1), (c, 1)
         self.rows, self.stream = m, stream
         self.aux_shape, self.aux_strides, bitmask = aux_layout(activation, keep_aux, m, o)
         self.aux_dtype = torch.int8 if bitmask else x.dtype
@@ -74,8 +81,7 @@ class Step:
         if not self.built[index]:
             if _cuda.is_capturing(_raw_stream(x.get_device())):
                 return None
-            n, c, h, w = x.shape
-            o, m = weight.shape[0], self.rows
+            o, m, c = weight.shape[0], self.rows, weight.shape[1]
             dz_rows = dz.as_strided((m, o), (o, 1))
             if index == 3:
                 weights = weight.detach().as_strided((o, c), (c, 1))
@@ -178,10 +184,38 @@ _PointwiseConv = autograd_function("PointwiseConv2d", _forward, _setup_context, 
 
 def conv(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, grad: bool) -> Tensor | None:
     """The pointwise step of checked plain CUDA tensors (x channels-last; weight and bias of its dtype and
-    device), recorded by autograd when ``grad``; None where it cannot run bound (another dtype, a weight or
-    bias laid out otherwise, a pointer aligned to less than 256 bytes, another current device, a first call
-    inside a graph capture): the caller then runs the ops' path, which says what is wrong where anything is."""
-    if x.dtype not in DTYPES or _raw_stream is None:
+    device), recorded by autograd when ``grad``; None where it cannot run bound (see ``_bound_step``): the
+    caller then runs the ops' path, which says what is wrong where anything is."""
+    keep_aux = grad and activation == "gelu"
+    found = _bound_step(x, weight, bias, activation, keep_aux)
+    if found is None:
+        return None
+    step, stream = found
+    if grad:
+        return _PointwiseConv.apply(x, weight, bias, activation, keep_aux, step, stream)[0]
+    return _forward(x, weight, bias, activation, False, step, stream)[0]
+
+
+def inference(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor | None:
+    """act(x Wᵀ + b), (M, O) row-major, for a row-major x (M, C) no backward pass will follow (a linear
+    layer's, or a convolution's im2col columns), on a bound GEMM; None where it cannot run bound."""
+    if x.stride() != (x.shape[1], 1):
+        return None
+    found = _bound_step(x, weight, bias, activation, False)
+    if found is None:
+        return None
+    step, stream = found
+    return _forward(x, weight, bias, activation, False, step, stream)[0]
+
+
+def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
+                keep_aux: bool) -> tuple[Step, int] | None:
+    """(this layer shape's step, the current stream), or None where the plans would not be the ones
+    ``_gemms`` runs (inside ``autotune()`` or ``invariant()``), or where a GEMM cannot run bound: an empty
+    operand, another dtype, a weight or bias laid out otherwise, a pointer aligned to less than 256 bytes, another
+    current device, a first call inside a graph capture."""
+    if x.dtype not in DTYPES or _raw_stream is None or tuning() or invariant_options("rows") is not None \
+            or x.numel() == 0 or weight.numel() == 0:  # nothing to multiply: _gemms' torch ops
         return None
     if not weight.is_contiguous() or (bias is not None and bias.stride()[0] != 1 and bias.shape[0] > 1):
         return None
@@ -191,14 +225,11 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, grad: 
     if _several_devices() and torch.cuda.current_device() != device:
         return None
     stream = _raw_stream(device)
-    keep_aux = grad and activation == "gelu"
     key = (x.shape, x.dtype, device, weight.shape[0], bias is None, activation, keep_aux)
     step = _bound.step(key, stream, lambda: Step(x, weight, bias, activation, keep_aux, stream))
     if step is None or step.gemms[0] is None:
         return None
-    if grad:
-        return _PointwiseConv.apply(x, weight, bias, activation, keep_aux, step, stream)[0]
-    return _forward(x, weight, bias, activation, False, step, stream)[0]
+    return step, stream
 
 
 _device_count: list[int] = []

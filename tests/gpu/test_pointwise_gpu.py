@@ -201,3 +201,44 @@ def test_gpu_cuda_graph_capture_of_a_whole_step():
     want.backward(grad.double())
     assert rel(y, want) < 1e-5 and rel(x.grad, xd.grad) < 1e-5
     assert rel(fused.weight.grad, reference[0].weight.grad) < 1e-5
+
+
+# ---- the linear layer's inference on the same bound forward ------------------------------------------------------
+
+@pytest.mark.parametrize("tokens", [1, 16, 257])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "none"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_gpu_linear_inference_runs_bound_and_matches_float64(tokens, activation, bias):
+    from nvblaslt.torch import linear
+
+    torch.manual_seed(tokens)
+    dtype = torch.bfloat16
+    x = torch.randn(tokens, 96, device="cuda", dtype=dtype)
+    weight = torch.randn(136, 96, device="cuda", dtype=dtype) / 10
+    b = torch.randn(136, device="cuda", dtype=dtype) if bias else None
+    z = x.double() @ weight.double().T + (b.double() if bias else 0)
+    want = {"relu": torch.relu, "gelu": lambda t: nn.functional.gelu(t, approximate="tanh"),
+            "none": lambda t: t}[activation](z)
+    theirs = {"relu": torch.relu, "gelu": lambda t: nn.functional.gelu(t, approximate="tanh"),
+              "none": lambda t: t}[activation](nn.functional.linear(x, weight, b))
+    with torch.no_grad():
+        got = linear(x, weight, b, activation)
+    assert got.shape == (tokens, 136) and got.is_contiguous() and torch.isfinite(got).all()
+    assert rel(got, want) <= max(3 * rel(theirs, want), 2e-2)
+    assert any(key[:2] == (x.shape, dtype) and key[4] == (not bias) for key, _ in _bound._local.entries)
+
+
+def test_gpu_linear_inference_with_a_transposed_weight_or_batch_invariance_takes_matmul():
+    from nvblaslt.torch import linear
+
+    torch.manual_seed(3)
+    x = torch.randn(8, 64, device="cuda")
+    weight_t = torch.randn(64, 48, device="cuda")  # weight = weight_t.T: not row-major
+    b = torch.randn(48, device="cuda")
+    want = torch.relu(x.double() @ weight_t.double() + b.double())
+    before = set(_bound._local.entries)
+    with torch.no_grad():
+        got = linear(x, weight_t.T, b, "relu")
+        invariant = linear(x, weight_t.T.contiguous(), b, "relu", batch_invariant=True)
+    assert rel(got, want) < 1e-5 and rel(invariant, want) < 1e-5
+    assert set(_bound._local.entries) == before  # neither ran bound
