@@ -3,9 +3,13 @@
 Abstract evaluation is ``_planning``'s (nvblaslt's own shape rules, at trace time). On CUDA the
 primitive lowers to ``jax.experimental.buffer_callback``: XLA calls back into Python with its
 stream and its buffers, and the call launches a plan made on the first run and kept per thread,
-keyed on everything static plus the stream and each pointer's alignment. A launch rebinds the
-pointers and writes D and every epilog output straight into XLA's buffers. On any other platform
-the lowering refuses by name. vmap folds the mapped axis into the GEMM's batch.
+keyed on everything static plus the GPU, the stream and each pointer's alignment. The GPU is the
+one XLA's buffers live on (under ``shard_map`` each GPU runs its own calls, on its own stream,
+often from its own thread), made current for the plan and its launches. A launch rebinds the
+pointers and writes D and every epilog output straight into XLA's buffers. Under a command
+buffer's stream capture (``command_buffers()``), nothing may allocate: the call runs the plan its
+first, uncaptured run made, and that plan is kept for the replays. On any other platform the
+lowering refuses by name. vmap folds the mapped axis into the GEMM's batch.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from ._planning import Layout, Spec, outputs_of
 
 _ALIGN = 256  # what a plan assumes of D and its epilog outputs (and XLA's allocations give)
 _local = threading.local()
+_stream_devices: dict[int, int] = {}  # XLA's stream → the GPU it belongs to (read once per stream)
+_latest: dict[tuple, _Entry] = {}  # (spec, GPU, alignments) → its newest plan, for a capture on another stream
+_captured: list[_Entry] = []  # plans a command buffer replays: never freed
 _scratch_copies = [0]  # outputs XLA placed below _ALIGN, written to scratch and copied over (a bench diagnostic)
 
 
@@ -34,34 +41,71 @@ gemm_p = Primitive("nvblaslt_gemm")
 gemm_p.multiple_results = True
 
 
-def bind(spec: Spec, *arrays) -> list:
-    """The GEMM's results as XLA buffers (D first, then the epilog outputs, in ``outputs_of`` order)."""
-    return gemm_p.bind(*arrays, spec=spec)
+def bind(spec: Spec, *arrays, capturable: bool | None = None) -> list:
+    """The GEMM's results as XLA buffers (D first, then the epilog outputs, in ``outputs_of`` order);
+    ``capturable`` (default: inside ``command_buffers()``) lets a command buffer capture the call."""
+    return gemm_p.bind(*vary_alike(list(arrays)), spec=spec,
+                       capturable=_tuning.capturable() if capturable is None else capturable)
 
 
-def _abstract_eval(*avals, spec: Spec):
+def _abstract_eval(*avals, spec: Spec, capturable: bool):
     _, outputs = outputs_of(spec)
-    return [jax.core.ShapedArray(o.buffer_shape, np.dtype(jax.numpy.dtype(o.dtype))) for o in outputs]
+    return [_typed_like(avals[0], o.buffer_shape, np.dtype(jax.numpy.dtype(o.dtype))) for o in outputs]
+
+
+def _typed_like(aval, shape: tuple, dtype):
+    """A result's type: its shape and dtype, and the operands' type under ``shard_map`` (the mesh axes
+    they vary over: every operand was made to vary alike). Without it, ``shard_map``'s type check
+    takes a per-shard result for one every shard holds alike, and its gradient would be summed."""
+    try:
+        return aval.update(shape=shape, dtype=dtype, weak_type=False)
+    except TypeError:  # a JAX whose types carry no such fields
+        return jax.core.ShapedArray(shape, dtype)
+
+
+def _varying_axes(x) -> frozenset:
+    """The ``shard_map`` mesh axes ``x`` varies over (empty outside ``shard_map``)."""
+    aval = jax.typeof(x)
+    axes = getattr(aval, "vma", None)  # JAX ≤ 0.9 names them so
+    if axes is None:
+        axes = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+    return frozenset(axes or ())
+
+
+def vary_alike(tree):
+    """``tree``'s arrays, each made to vary over every ``shard_map`` axis any of them varies over (no
+    data moves; the gradient of an array that was the same on every shard is summed over them, as
+    JAX's own operations do). Outside ``shard_map``, ``tree`` as it is."""
+    leaves, structure = jax.tree_util.tree_flatten(tree)
+    axes = [_varying_axes(x) for x in leaves]
+    union = frozenset().union(*axes)
+    if not union or all(a == union for a in axes):
+        return tree
+    cast = getattr(jax.lax, "pcast", None)
+    leaves = [x if a == union else (cast(x, tuple(sorted(union - a)), to="varying") if cast is not None
+                                    else jax.lax.pvary(x, tuple(sorted(union - a))))
+              for x, a in zip(leaves, axes)]
+    return jax.tree_util.tree_unflatten(structure, leaves)
 
 
 gemm_p.def_abstract_eval(_abstract_eval)
 
 
 @lru_cache(maxsize=256)
-def _jitted(spec: Spec):
-    return jax.jit(partial(bind, spec))
+def _jitted(spec: Spec, capturable: bool):
+    return jax.jit(partial(bind, spec, capturable=capturable))
 
 
-gemm_p.def_impl(lambda *arrays, spec: _jitted(spec)(*arrays))
+gemm_p.def_impl(lambda *arrays, spec, capturable: _jitted(spec, capturable)(*arrays))
 
 
-def _gpu_lowering(*arrays, spec: Spec):
+def _gpu_lowering(*arrays, spec: Spec, capturable: bool):
     _, outputs = outputs_of(spec)
     shapes = tuple(jax.ShapeDtypeStruct(o.buffer_shape, jax.numpy.dtype(o.dtype)) for o in outputs)
-    return buffer_callback(partial(_launch, spec, outputs), shapes)(*arrays)
+    return buffer_callback(partial(_launch, spec, outputs), shapes, command_buffer_compatible=capturable)(*arrays)
 
 
-def _refuse_platform(ctx, *arrays, spec: Spec):
+def _refuse_platform(ctx, *arrays, spec: Spec, capturable: bool):
     platforms = ", ".join(ctx.module_context.platforms)
     raise NvblasltValueError(f"a, b: JAX arrays on {platforms}, but nvblaslt.jax runs cuBLASLt on CUDA GPUs only; "
                              f"put the computation on a GPU (jax.devices('gpu'))")
@@ -72,7 +116,7 @@ for _platform in ("cpu", "rocm", "tpu"):
     mlir.register_lowering(gemm_p, _refuse_platform, platform=_platform)
 
 
-def _batch_rule(arrays, dims, *, spec: Spec):
+def _batch_rule(arrays, dims, *, spec: Spec, capturable: bool):
     """vmap: the mapped axis becomes the leading batch axis of every mapped operand; unmapped operands
     stay single matrices, which nvblaslt broadcasts over the batch (a batched GEMM, one launch)."""
     layouts = [spec.a, spec.b, *(() if spec.c is None else (spec.c,)), *(layout for _, layout in spec.inputs)]
@@ -98,7 +142,7 @@ def _batch_rule(arrays, dims, *, spec: Spec):
     _, old_outputs = outputs_of(spec)
     _, new_outputs = outputs_of(new)
     results = []
-    for buffer, old, new_output in zip(bind(new, *moved), old_outputs, new_outputs):
+    for buffer, old, new_output in zip(bind(new, *moved, capturable=capturable), old_outputs, new_outputs):
         caller = jax.numpy.transpose(buffer, new_output.to_caller)  # (size, …) as the caller's batched array
         old_caller_shape = tuple(old.buffer_shape[axis] for axis in old.to_caller)
         caller = caller.reshape((size, *old_caller_shape))  # a batched bias gradient is (…, M, 1), one is (M,)
@@ -120,10 +164,9 @@ def _alignment(pointer: int) -> int:
 
 
 class _Entry:
-    """One plan for one static GEMM on one stream, with its output setters prebuilt."""
+    """One plan for one static GEMM on one GPU and stream, with its output setters prebuilt."""
 
-    def __init__(self, spec: Spec, outputs, pointers: list, stream: int):
-        device = _cuda.current_device()
+    def __init__(self, spec: Spec, outputs, pointers: list, stream: int, device: int):
         layouts = [("a", spec.a), ("b", spec.b)] + ([("c", spec.c)] if spec.c is not None else [])
         ops = {name: layout.operand(name, pointer, device) for (name, layout), pointer in zip(layouts, pointers)}
         inputs = {key: layout.operand(f"epilog_inputs['{key}']", pointer, device)
@@ -140,6 +183,8 @@ class _Entry:
         if self.plan.split_form is not None:  # a searched two-call form allocates its outputs: run the fused one
             self.plan.split_form.free()
             self.plan.split_form = None
+        self.device = device
+        self.captured = False  # a command buffer replays it: it is never freed
         self.names = tuple(key for key, _ in spec.inputs)
         self.has_c = spec.c is not None
         self.alpha, self.beta = spec.alpha, (0.0 if spec.beta is None else spec.beta)
@@ -161,7 +206,14 @@ class _Entry:
                                                          _cuda.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice,
                                                          stream), "cudaMemcpyAsync")
 
+    def keep(self) -> bool:
+        """Mark the plan as one a command buffer replays (never freed); True the first time."""
+        first, self.captured = not self.captured, True
+        return first
+
     def free(self) -> None:
+        if self.captured:
+            return
         self.plan.free()
         for buffer in self.scratch:
             if buffer is not None:
@@ -169,36 +221,75 @@ class _Entry:
 
     def _scratch(self, index: int, stream: int) -> int:
         if self.scratch[index] is None:
+            if _cuda.is_capturing(stream):
+                raise NvblasltValueError("out: XLA placed a result below 256-byte alignment while recording a command "
+                                         "buffer, and its scratch memory cannot be allocated under capture; trace "
+                                         "the program outside nvblaslt.jax.command_buffers()")
             self.scratch[index] = _memory.DeviceBuffer(self.sizes[index], stream)
         return self.scratch[index].pointer
 
 
+def device_of(stream: int, pointer: int) -> int:
+    """The GPU XLA runs this stream on: where its buffers live (read once per stream)."""
+    device = _stream_devices.get(stream)
+    if device is None:
+        attributes = _cuda.check(_cuda.cudart.cudaPointerGetAttributes(pointer), "cudaPointerGetAttributes")
+        device = _stream_devices[stream] = int(attributes.device)
+    return device
+
+
 def _launch(spec: Spec, outputs, ctx, outs, *ins) -> None:
-    """XLA's callback: the plan for this spec, stream and alignments (made on the first run), launched."""
-    _tuning.count_entry()
+    """XLA's callback: the plan for this spec, GPU, stream and alignments (made on the first run), launched."""
     stream = int(ctx.stream)
     pointers = [_pointer(b) for b in ins]
     out_pointers = [_pointer(b) for b in (outs if isinstance(outs, (tuple, list)) else (outs,))]
-    key = (spec, stream, tuple(_alignment(p) for p in pointers))
+    device = device_of(stream, out_pointers[0])
+    _tuning.count_entry(device)
+    if _cuda.several_devices() and _cuda.current_device() != device:
+        with _cuda.on_device(device):  # the plan's handle and workspace, and the launch, belong to that GPU
+            _run(spec, outputs, device, stream, pointers, out_pointers)
+        return
+    _run(spec, outputs, device, stream, pointers, out_pointers)
+
+
+def _run(spec: Spec, outputs, device: int, stream: int, pointers: list, out_pointers: list) -> None:
+    alignments = tuple(_alignment(p) for p in pointers)
+    key = (spec, device, stream, alignments)
     try:
         plans = _local.plans
     except AttributeError:
         plans = _local.plans = {}
     entry = plans.get(key)
     tuning = _tuning.active()
-    if entry is not None and tuning is not None and entry.generation != tuning.generation:
-        entry.free()  # made before this autotune() context: made again, and timed
-        entry = None
-    if entry is None:
-        entry = plans[key] = _Entry(spec, outputs, pointers, stream)
+    if entry is None or (tuning is not None and entry.generation != tuning.generation):
+        entry = plans[key] = _planned(spec, outputs, device, stream, pointers, alignments, entry)
     entry.run(pointers, out_pointers, stream)
+
+
+def _planned(spec: Spec, outputs, device: int, stream: int, pointers: list, alignments: tuple, old):
+    """A new plan; under a command buffer's capture, where nothing may allocate, the one made before."""
+    problem = (spec, device, alignments)
+    if _cuda.is_capturing(stream):  # XLA records the call on a stream of its own, after an uncaptured first run
+        entry = old or _latest.get(problem)
+        if entry is None:
+            raise NvblasltValueError("stream: XLA is recording a command buffer with an nvblaslt GEMM that never ran "
+                                     "outside one, and planning allocates device memory, which capture forbids; run "
+                                     "the program once before its command buffer is recorded (XLA's warm-up run "
+                                     "does), or trace it outside nvblaslt.jax.command_buffers()")
+        if entry.keep():
+            _captured.append(entry)
+        return entry
+    if old is not None:
+        old.free()  # made before this autotune() context: made again, and timed (kept if a replay reads it)
+    entry = _latest[problem] = _Entry(spec, outputs, pointers, stream, device)
+    return entry
 
 
 def clear_plans() -> None:
     """Free this thread's bridge plans (the next run of each GEMM plans again).
 
     XLA runs the callbacks in its own threads: call it where the GEMMs ran, or leave the plans to the
-    process's end.
+    process's end. Plans a command buffer captured are kept (its replays still read them).
 
     Examples
     --------
@@ -206,9 +297,13 @@ def clear_plans() -> None:
     >>> nvblaslt.jax.clear_plans()
     """
     plans = getattr(_local, "plans", {})
+    freed = {id(entry) for entry in plans.values() if not entry.captured}
     for entry in plans.values():
         entry.free()
     plans.clear()
+    for problem, entry in list(_latest.items()):
+        if id(entry) in freed:
+            del _latest[problem]
 
 
-__all__ = ["bind", "clear_plans", "gemm_p"]
+__all__ = ["bind", "clear_plans", "device_of", "gemm_p", "vary_alike"]

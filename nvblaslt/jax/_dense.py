@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from .._epilogs import MatmulEpilog
 from .._errors import NvblasltTypeError, NvblasltValueError
+from ._bridge import vary_alike
 from ._gemm import backward_epilog, gemm, keeping_aux
 from ._matmul import activation_backward
 
@@ -90,7 +91,9 @@ def dense(x, layers, activations, *, backward: str = "auto"):
         raise NvblasltTypeError(f"x: expected an array of shape (…, in), got {type(x).__name__}")
     lead = x.shape[:-1]
     chains = tuple(_chain(backward, activation) for activation in activations)
-    y = _stack((activations, chains), x.reshape((-1, x.shape[-1])), layers)
+    # under shard_map, the custom VJP's inputs vary alike, so that its gradients have their inputs' types
+    x2, layers = vary_alike((x.reshape((-1, x.shape[-1])), layers))
+    y = _stack((activations, chains), x2, layers)
     return y.reshape((*lead, y.shape[-1]))
 
 

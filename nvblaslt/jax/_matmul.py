@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from .._epilogs import SPECS, as_epilog
 from .._errors import NvblasltTypeError, NvblasltUnsupportedError
+from ._bridge import vary_alike
 from ._gemm import activation_of, as_array, gemm, keeping_aux, refuse_unavailable, scalar
 from ._planning import options_of
 
@@ -110,8 +111,9 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
         return (d, aux) if aux else d
     static = (epilog, 1 if alpha is None else scalar(alpha, "alpha"), scalar(beta, "beta"),
               options_of(options, compute_type, result_type), _pairs(preferences))
-    d, aux = _differentiable(static, as_array(a, "a"), as_array(b, "b"), None if c is None else as_array(c, "c"),
-                             None if "bias" not in inputs else as_array(inputs["bias"], "epilog_inputs['bias']"))
+    operands = vary_alike((as_array(a, "a"), as_array(b, "b"), None if c is None else as_array(c, "c"),
+                           None if "bias" not in inputs else as_array(inputs["bias"], "epilog_inputs['bias']")))
+    d, aux = _differentiable(static, *operands)  # under shard_map, its inputs vary alike (as its gradients do)
     return (d, aux) if SPECS[epilog].outputs else d
 
 

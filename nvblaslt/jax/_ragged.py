@@ -22,6 +22,8 @@ from .._memory import DeviceBuffer
 from .._errors import NvblasltTypeError, NvblasltValueError
 from .._loader import library
 from .._strides import c_strides
+from . import _tuning
+from ._bridge import device_of, vary_alike
 from ._planning import dtype_of
 
 class _Borrowed:
@@ -39,23 +41,27 @@ class _Borrowed:
         pass
 
 
-def _view(buffer, transposed: bool, stream: int):
+def _view(buffer, transposed: bool, stream: int, device: int):
     interface = buffer.__cuda_array_interface__
     shape = tuple(buffer.shape)
     strides = c_strides(shape)
     if transposed:
         shape = (*shape[:-2], shape[-1], shape[-2])
         strides = (*strides[:-2], strides[-1], strides[-2])
-    return DeviceArray(cast(DeviceBuffer, _Borrowed(interface["data"][0])), shape, strides, dtype_of(buffer.dtype, "buffer"),
-                       _cuda.current_device(), stream)  # the device XLA made current
+    return DeviceArray(cast(DeviceBuffer, _Borrowed(interface["data"][0])), shape, strides,
+                       dtype_of(buffer.dtype, "buffer"), device, stream)
 
 
 def _grouped_call(transposes: tuple, out_dtype: str, ctx, out, a, b, offs) -> None:
     from .. import grouped_matmul  # grouped GEMM's modules load on first use
 
     stream = int(ctx.stream)
-    grouped_matmul(_view(a, transposes[0], stream), _view(b, transposes[1], stream), _view(offs, False, stream),
-                   out_dtype=out_dtype, out=_view(out, False, stream), stream=stream)
+    device = device_of(stream, out.__cuda_array_interface__["data"][0])  # the GPU XLA runs this call on
+    _tuning.count_entry(device)
+    with _cuda.on_device(device):  # a no-op with one GPU, or where XLA made that GPU current
+        grouped_matmul(_view(a, transposes[0], stream, device), _view(b, transposes[1], stream, device),
+                       _view(offs, False, stream, device), out_dtype=out_dtype, out=_view(out, False, stream, device),
+                       stream=stream)
 
 
 def _grouped(a, b, offs, shape, out_dtype, transposes=(False, False)):
@@ -63,7 +69,8 @@ def _grouped(a, b, offs, shape, out_dtype, transposes=(False, False)):
         raise NvblasltValueError(f"lhs, rhs: JAX's backend is {jax.default_backend()}, but nvblaslt.jax.ragged_dot "
                                  f"runs cuBLASLt on CUDA GPUs only")
     result = jax.ShapeDtypeStruct(shape, jnp.dtype(out_dtype))
-    return buffer_callback(partial(_grouped_call, transposes, out_dtype), result)(a, b, offs)
+    out = buffer_callback(partial(_grouped_call, transposes, out_dtype), result)(a, b, offs)
+    return vary_alike((out, a, b, offs))[0]  # under shard_map, a per-shard result (buffer_callback types it as shared)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):
@@ -127,7 +134,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype).name
     if out_dtype not in (lhs.dtype.name, "float32"):
         raise NvblasltTypeError(f"preferred_element_type: expected {lhs.dtype.name} or float32, got {out_dtype}")
-    return _ragged(out_dtype, lhs, rhs, group_sizes)
+    return _ragged(out_dtype, *vary_alike((lhs, rhs, group_sizes)))  # under shard_map, typed alike
 
 
 def _offsets_and_mask(group_sizes, m: int):

@@ -1,7 +1,10 @@
-"""``autotune()``: the bridge's plans timed (and searched) on their first run inside the context, and
-``python_entries()``: how often XLA called into Python to launch a GEMM.
+"""The host path's switches and counts: ``autotune()`` (the bridge's plans timed, and searched, on their
+first run inside the context), ``command_buffers()`` (the GEMMs lowered inside it may be captured
+into XLA's command buffers) and ``python_entries()`` (how often XLA called into Python to launch a
+GEMM, per GPU).
 
-The state is process-wide, not per thread: XLA runs the callbacks in threads of its own.
+The state is process-wide, not per thread: XLA runs the callbacks in threads of its own (one per
+GPU under ``shard_map``), so counts are taken under a lock.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ class Tuning:
 _lock = threading.Lock()
 _generations = [0]
 _active: list[Tuning] = []  # the open contexts, innermost last
-_entries = [0]
+_entries: dict[int, int] = {}  # GPU ordinal → Python entries that launched a GEMM there
+_capturable = [0]  # open command_buffers() contexts
 
 
 def active() -> Tuning | None:
@@ -35,28 +39,100 @@ def active() -> Tuning | None:
     return _active[-1] if _active else None
 
 
-def count_entry() -> None:
-    _entries[0] += 1
+def count_entry(device: int) -> None:
+    with _lock:  # callbacks of two GPUs may run at once; `+=` on shared state is no atomic step
+        _entries[device] = _entries.get(device, 0) + 1
 
 
-def python_entries() -> int:
+def python_entries(device: int | None = None) -> int:
     """How many times XLA has called into Python to launch one of nvblaslt's GEMMs in this process.
 
-    A jitted step enters Python once per GEMM it runs (``buffer_callback`` is not captured into a
-    command buffer); the difference across steps is the count per step.
+    A jitted step enters Python once per GEMM it runs; a program lowered inside
+    ``command_buffers()`` enters it only while XLA records its command buffer, and not when the
+    buffer is replayed. The difference across steps is the count per step.
+
+    Parameters
+    ----------
+    device : int, optional
+        Count only the launches on this GPU (its CUDA ordinal); default every GPU's.
 
     Returns
     -------
     int
         The count since the process started.
 
+    Raises
+    ------
+    NvblasltTypeError
+        ``device`` is not an int.
+
     Examples
     --------
     >>> import nvblaslt.jax
-    >>> nvblaslt.jax.python_entries() >= 0
+    >>> nvblaslt.jax.python_entries() >= nvblaslt.jax.python_entries(device=0) >= 0
     True
     """
-    return _entries[0]
+    if device is None:
+        with _lock:
+            return sum(_entries.values())
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise NvblasltTypeError(f"device: expected a GPU ordinal (int) or None, got {type(device).__name__}")
+    with _lock:
+        return _entries.get(device, 0)
+
+
+def capturable() -> bool:
+    """Whether a GEMM traced now may be captured into a command buffer (inside ``command_buffers()``)."""
+    return _capturable[0] > 0
+
+
+def command_buffers() -> contextlib.AbstractContextManager[None]:
+    """Let XLA capture the nvblaslt GEMMs traced inside the context into its command buffers.
+
+    Each GEMM is then a ``buffer_callback(..., command_buffer_compatible=True)``: XLA runs a
+    program's first execution op by op (the plans are made then, on XLA's stream), then records
+    the command buffer once, calling into Python under stream capture, and replays it on later
+    steps with no Python at all (``python_entries()`` stops growing). XLA records again, entering
+    Python again, when the buffers' addresses change. Whether XLA makes command buffers at all is
+    its own choice: ``XLA_FLAGS=--xla_gpu_enable_command_buffer=…`` must include ``CUSTOM_CALL``
+    (XLA's default does), and a run of fewer than ``--xla_gpu_graph_min_graph_size`` capturable
+    operations (default 5) stays op by op.
+
+    What counts is where a GEMM is traced: the choice is recorded in the traced program. ``jax.jit``
+    traces on a function's first call and keeps the trace, so trace a function inside the context
+    that was not traced outside it. A plan a command buffer captured is kept for the process's life
+    (a replay still reads its workspace): ``clear_plans()`` and a later ``autotune()`` leave it.
+    ``ragged_dot`` is not captured (its grouped plans are made per stream).
+
+    Returns
+    -------
+    contextlib.AbstractContextManager[None]
+        The context to trace programs in; contexts nest.
+
+    Examples
+    --------
+    On a GPU:
+
+    .. code-block:: python
+
+        with nvblaslt.jax.command_buffers():
+            step = jax.jit(train_step)
+            state = step(state, batch)        # traced here: its GEMMs may be captured
+        for batch in batches:
+            state = step(state, batch)        # after the first two steps, no Python per GEMM
+    """
+    return _capturing()
+
+
+@contextlib.contextmanager
+def _capturing() -> Iterator[None]:
+    with _lock:
+        _capturable[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _capturable[0] -= 1
 
 
 def autotune(*, search: bool = True, iterations: int = 5) -> contextlib.AbstractContextManager[None]:
