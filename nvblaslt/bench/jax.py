@@ -11,6 +11,11 @@ the last, jitted, with one ``block_until_ready`` per step (host time paid). Rows
 - where the gap goes (``--no-ablation`` leaves them out): ``nvblaslt.jax.dense`` with no bias and no
   activation (the same GEMMs as the floor, through the bridge and nvblaslt's plans), with the bias but
   no activation (adds BIAS and BGRADA), and with ``backward="epilog"`` (DRELU_BGRAD / DGELU_BGRAD).
+- ``nvblaslt.jax.dense`` traced inside ``nvblaslt.jax.command_buffers()`` (``--no-command-buffers``
+  leaves it out): its GEMMs marked ``command_buffer_compatible``, so that XLA may capture them into
+  its command buffers (CUDA graphs) and replay them without entering Python. Whether it does is
+  XLA's choice (``XLA_FLAGS``: ``--xla_gpu_enable_command_buffer``, ``--xla_gpu_graph_min_graph_size``),
+  printed with the Python entries per step of every nvblaslt row.
 
 Every row is timed in the same interleaved rounds (``nvblaslt._timing.shuffled_rounds``: every case once
 per round, in a fresh order; median of the per-step times), first with the plans as the heuristics pick
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -59,6 +65,8 @@ def parse(args=None) -> argparse.Namespace:
                              "beyond it (about 10 s per distinct GEMM); 'none' leaves that phase out")
     parser.add_argument("--no-ablation", dest="ablation", action="store_false",
                         help="leave out the rows that split the gap (nvblaslt GEMMs alone, and with the bias)")
+    parser.add_argument("--no-command-buffers", dest="command_buffers", action="store_false",
+                        help="leave out the row traced inside nvblaslt.jax.command_buffers()")
     parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
                         help="cpu: a smoke test of this script (XLA's rows only; times mean nothing)")
     parser.add_argument("--json", help="write the results here")
@@ -90,7 +98,31 @@ def _activations(count: int, activation: str) -> tuple:
     return (activation,) * (count - 1) + ("none",)
 
 
-def steps(jax, activation: str, count: int, ablation: bool) -> dict:
+CAPTURED = "nvblaslt.jax.dense, command buffers"
+
+
+class Captured:
+    """A step traced inside ``nvblaslt.jax.command_buffers()`` on its first call; ``retrace()`` makes a
+    fresh one (a command buffer keeps the plans it recorded: after ``autotune()``, a new trace takes the
+    tuned ones)."""
+
+    def __init__(self, make):
+        self.make, self.step = make, None
+
+    def __call__(self, *args):
+        if self.step is None:
+            import nvblaslt.jax as nj
+
+            self.step = self.make()
+            with nj.command_buffers():
+                return self.step(*args)
+        return self.step(*args)
+
+    def retrace(self) -> None:
+        self.step = None
+
+
+def steps(jax, activation: str, count: int, ablation: bool, command_buffers: bool = False) -> dict:
     """{row label: (step(params, x, dy) → gradients, uses the bias, is nvblaslt's)}, each jitted."""
     import nvblaslt.jax as nj
 
@@ -123,6 +155,8 @@ def steps(jax, activation: str, count: int, ablation: bool) -> dict:
         rows["nvblaslt.jax.dense, bias, no activation"] = (grads(fused(("none",) * count, True)), True, True)
         rows["nvblaslt.jax.dense, backward='epilog'"] = (grads(fused(_activations(count, activation), True, "epilog")),
                                                          True, True)
+    if command_buffers:  # a fresh function per trace: JAX keeps a function's trace
+        rows[CAPTURED] = (Captured(lambda: grads(fused(_activations(count, activation), True))), True, True)
     return rows
 
 
@@ -180,11 +214,22 @@ def _phase(jax, cases: list, options, title: str, gpu: str, results: dict) -> No
             table.setdefault(row, {})[activation] = {"ms": ms, "x_floor": ms / floor, "x_xla": ms / xla,
                                                      "python_entries": entries.get(f"{activation}: {row}")}
         print(line)
-    counts = sorted({v for v in entries.values()})
-    if counts:
-        print(f"Python entries per step (nvblaslt rows): {', '.join(map(str, counts))} (one per cuBLASLt GEMM that "
-              f"runs; XLA drops the unused input gradient of the first layer)")
+    if entries:
+        print(entries_line(entries))
     results["phases"][title] = table
+
+
+def entries_line(entries: dict) -> str:
+    """The Python entries per step: op by op (every nvblaslt row but the captured one), and captured."""
+    plain = sorted({v for label, v in entries.items() if not label.endswith(CAPTURED)})
+    captured = sorted({v for label, v in entries.items() if label.endswith(CAPTURED)})
+    line = f"Python entries per step: {', '.join(map(str, plain)) or '—'} op by op (one per cuBLASLt GEMM that runs"
+    line += "; XLA drops the unused input gradient of the first layer)"
+    if captured:
+        flags = os.environ.get("XLA_FLAGS", "").strip() or "XLA's defaults"
+        line += (f"; {', '.join(map(str, captured))} traced inside nvblaslt.jax.command_buffers() "
+                 f"(command_buffer_compatible=True; XLA_FLAGS: {flags})")
+    return line
 
 
 def main(args=None) -> dict:
@@ -218,17 +263,24 @@ def _measure(options) -> dict:
     dy = jax.device_put(jax.random.normal(kd, (options.tokens, widths[-1])).astype(dtype), device)
 
     cases: list[tuple[str, Any, bool]] = []
+    captured_steps: list[Captured] = []
     checks: dict[str, float] = {}
+    replay_checks: dict[str, float] = {}
     for activation in options.activations:
-        rows = steps(jax, activation, count, options.ablation)
+        rows = steps(jax, activation, count, options.ablation, options.command_buffers and gpu_run)
         for label, (step, _, ours) in rows.items():
             if ours and not gpu_run:  # traced only: the CPU has no cuBLASLt GEMM
                 jax.eval_shape(step, params, x, dy)
                 continue
             cases.append((f"{activation}: {label}", lambda step=step: step(params, x, dy), ours))
+            if isinstance(step, Captured):
+                captured_steps.append(step)
         if gpu_run:
             fused, xla = rows["nvblaslt.jax.dense"][0], rows["XLA: jnp.dot + bias + activation"][0]
             checks[activation] = _relative(jax, fused(params, x, dy), xla(params, x, dy))
+            if CAPTURED in rows:  # the third step: run op by op, recorded, then replayed from the command buffer
+                replayed = [rows[CAPTURED][0](params, x, dy) for _ in range(3)][-1]
+                replay_checks[activation] = _relative(jax, replayed, fused(params, x, dy))
     gpu = device.device_kind if gpu_run else f"CPU ({platform.machine()})"
     version = ".".join(map(str, nvblaslt.library().version_tuple)) if gpu_run else "—"
     print(f"{gpu}, JAX {jax.__version__}, cuBLASLt {version}, Python {platform.python_version()}")
@@ -243,12 +295,18 @@ def _measure(options) -> dict:
                 if ours:
                     jax.block_until_ready(run())
         results["tuning_s"] = time.time() - tuning_started
+        for captured in captured_steps:
+            captured.retrace()  # its command buffer holds the heuristic plans: trace it again
         _phase(jax, cases, options, f"tuned plans ({'searched' if options.tune == 'search' else 'heuristics list timed'})",
                gpu, results)
         print(f"(tuning took {results['tuning_s']:.0f} s)")
     if checks:
         print("nvblaslt.jax.dense gradients vs XLA's (largest relative difference over the parameters): "
               + ", ".join(f"{NAMES[a]} {v:.1e}" for a, v in checks.items()))
+    if replay_checks:
+        print("nvblaslt.jax.dense traced inside command_buffers() vs op by op, third step (largest relative "
+              "difference): " + ", ".join(f"{NAMES[a]} {v:.1e}" for a, v in replay_checks.items()))
+    results["replay_checks"] = replay_checks
     print(f"({time.time() - started:.0f} s in all, compilation included)")
     if options.json:
         with open(options.json, "w") as handle:

@@ -47,3 +47,32 @@ def test_a_tiny_run_on_the_cpu(tmp_path, capsys):
     assert json.loads(out.read_text())["phases"] == json.loads(json.dumps(results["phases"]))
     printed = capsys.readouterr().out
     assert "median of 2 interleaved rounds of 3 steps" in printed and "tanh-GELU" in printed
+
+
+def test_the_entries_line_names_both_paths(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_graph_min_graph_size=1")
+    line = bench.entries_line({"relu: nvblaslt.jax.dense": 10, "gelu: nvblaslt.jax.dense": 10,
+                               f"relu: {bench.CAPTURED}": 0})
+    assert line.startswith("Python entries per step: 10 op by op (one per cuBLASLt GEMM that runs")
+    assert line.endswith("; 0 traced inside nvblaslt.jax.command_buffers() (command_buffer_compatible=True; "
+                         "XLA_FLAGS: --xla_gpu_graph_min_graph_size=1)")
+    monkeypatch.delenv("XLA_FLAGS")
+    assert "XLA_FLAGS: XLA's defaults" in bench.entries_line({f"relu: {bench.CAPTURED}": 3})
+
+
+def test_the_command_buffer_row_traces_its_gemms_capturable():
+    import re
+
+    import jax
+
+    jnp = jax.numpy
+    S = jax.ShapeDtypeStruct
+    params = [(S((16, 32), jnp.bfloat16), S((32,), jnp.bfloat16)), (S((32, 16), jnp.bfloat16), S((16,), jnp.bfloat16))]
+    rows = bench.steps(jax, "relu", 2, False, command_buffers=True)
+    step = rows[bench.CAPTURED][0]
+    traced = str(jax.make_jaxpr(step)(params, S((8, 16), jnp.bfloat16), S((8, 16), jnp.bfloat16)))
+    assert set(re.findall(r"capturable=(\w+)", traced)) == {"True"}
+    plain = str(jax.make_jaxpr(rows["nvblaslt.jax.dense"][0])(params, S((8, 16), jnp.bfloat16),
+                                                              S((8, 16), jnp.bfloat16)))
+    assert set(re.findall(r"capturable=(\w+)", plain)) == {"False"}
+    assert bench.CAPTURED not in bench.steps(jax, "relu", 2, False)
