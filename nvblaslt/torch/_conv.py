@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from .. import NvblasltError, NvblasltTypeError, NvblasltValueError
 from ._conv_ops import fused_conv
-from ._functional import activation_name, check_like_x
+from ._functional import activation_name, autocast_inputs, check_like_x
 from ._im2col import Geometry
 
 # ---- arguments ---------------------------------------------------------------------------------------------
@@ -102,15 +102,6 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, g: Geometry) -> None:
     if not x.is_contiguous(memory_format=torch.channels_last):
         raise NvblasltValueError(f"x: expected channels-last memory, got strides {x.stride()} for shape "
                                  f"{tuple(x.shape)}; {CHANNELS_LAST_HINT}")
-
-
-def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None):
-    """Cast as autocast casts nn.Conv2d's inputs, when it is on for x's device."""
-    device = x.device.type
-    if not torch.is_autocast_enabled(device):
-        return x, weight, bias
-    dtype = torch.get_autocast_dtype(device)
-    return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
 # ---- the entries --------------------------------------------------------------------------------------------
@@ -189,7 +180,7 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, g: Geometry, activatio
     """``conv2d()`` of checked parameters (its geometry and activation resolved): x checked, cast, convolved."""
     if not isinstance(x, Tensor):
         raise NvblasltTypeError(f"x: expected a torch.Tensor, got {type(x).__module__}.{type(x).__qualname__}")
-    x, weight, bias = _autocast(x, weight, bias)
+    x, weight, bias = autocast_inputs(x, weight, bias)
     _check(x, weight, bias, g)
     return fused_conv(x, weight, bias, activation, g)
 

@@ -71,8 +71,13 @@ def check_like_x(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
         raise NvblasltValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
 
 
-def _autocast(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Cast as autocast casts nn.Linear's inputs, when it is on for x's device."""
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)  # one call, where most find it off
+
+
+def autocast_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Cast as autocast casts nn.Linear's and nn.Conv2d's inputs, when it is on for x's device."""
+    if _any_autocast is not None and not _any_autocast():
+        return x, weight, bias
     device = getattr(x, "device", None)
     if device is None or not torch.is_autocast_enabled(device.type):
         return x, weight, bias
@@ -145,13 +150,19 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     """
     activation = activation_name(activation)
     _check_tensors(x, weight, bias)
-    x, weight, bias = _autocast(x, weight, bias)
+    x, weight, bias = autocast_inputs(x, weight, bias)
     _check(x, weight, bias)
-    with invariant(check_switch(batch_invariant)):
-        if x.dim() == 2:  # the common case: no reshape either way
-            return layer(x.contiguous(), weight, bias, activation, None)[0]
-        lead = x.shape[:-1]
-        out, _ = layer(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation, None)
+    if check_switch(batch_invariant):
+        with invariant(True):
+            return _linear(x, weight, bias, activation)
+    return _linear(x, weight, bias, activation)
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
+    if x.dim() == 2:  # the common case: no reshape either way
+        return layer(x.contiguous(), weight, bias, activation, None)[0]
+    lead = x.shape[:-1]
+    out, _ = layer(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation, None)
     return out.reshape(*lead, weight.shape[0])
 
 
@@ -160,6 +171,6 @@ def linked_layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: st
     """One ``FusedLinear`` of a ``FusedSequential`` on 2-D x: (out, the link state for the next layer),
     taking the previous layer's; ``backward`` is the sequence's (one of ``BACKWARDS``)."""
     _check_tensors(x2, weight, bias)
-    x2, weight, bias = _autocast(x2, weight, bias)
+    x2, weight, bias = autocast_inputs(x2, weight, bias)
     _check(x2, weight, bias)
     return layer(x2, weight, bias, activation, state, chain_for(backward, activation))
