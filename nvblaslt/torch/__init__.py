@@ -16,7 +16,9 @@ Modules, each calling only those below it: ``_layers`` (the ``nn.Module`` s and 
 ``_functional`` (``linear``, argument checks) → ``_ops`` (the custom ops, fake implementations,
 autograd formula, and how the layers link) → ``_gemms`` (each step as an nvblaslt GEMM with its epilog,
 mapping documented there) → ``_composite`` (the same math as torch ops; the layouts all share);
-``_tuning`` (``autotune``, the backward forms) beside them.
+``_tuning`` (``autotune``, the backward forms) beside them. In plain eager mode on CUDA, the pointwise
+convolution's step and a forward no backward pass follows run on ``_pointwise``'s bound GEMMs
+(``_bound``: planned once, launched with pointers alone) instead of ``matmul()``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ from collections.abc import Callable, Hashable, Sequence
 from .. import Matmul, MatmulEpilog
 from .. import _cuda, _tuning_cache
 
-_CACHE_SIZE = 256  # bound steps per thread; the oldest is freed first
+# Bound steps per thread, the oldest freed first: each holds up to four plans with a workspace of up to
+# 32 MiB, and a step is made per input shape (an inference loop over many token counts makes many).
+_CACHE_SIZE = 32
 
 
 class BoundGemm:
