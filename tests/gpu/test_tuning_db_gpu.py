@@ -1,6 +1,9 @@
 """Issue 35 on the GPU: a tiny tune into a tuning database, recalled in a fresh process through
-``Matmul`` and ``nvblaslt.torch``; and batch invariance, bitwise, for M = 1…300 through ``matmul()`` and
-``nvblaslt.torch.linear``. Quick by design (well under a minute on an H100/H200)."""
+``Matmul`` and ``nvblaslt.torch``; and batch invariance, bitwise, for every M = 1…300 (three (N, K) pairs)
+and for M = 1…8192 sampled around every power of two (each (N, K) pair of ``nvblaslt tune``'s LLM suite),
+with the bias / ReLU / GELU epilogs through ``matmul()`` and ``nvblaslt.torch.linear``. Quick by design
+(about a minute on an H100/H200); the speed of batch invariance is a bench figure
+(``python -m nvblaslt.bench.tuning``), never a test."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import nvblaslt
+from nvblaslt.bench.tuning_problems import suite_pairs
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -161,3 +165,37 @@ def test_torch_linear_rows_are_bitwise_the_same_for_any_m(operands, activation):
             for m in range(1, ROWS + 1):
                 y = linear(x[:m], w, bias, activation, batch_invariant=True)
                 assert torch.equal(y, reference[:m]), f"{activation} N,K={pair}: rows differ at M={m}"
+
+
+# ---- the suite's (N, K) pairs, M up to 8192 ---------------------------------------------------------------------
+# every M to 16, then each power of two from 32 with its neighbours, and a few between: where a kernel's tile,
+# split-K or wave count would change
+SUITE_M = (*range(1, 17), *(m + d for m in (32, 64, 128, 256, 512, 1024, 2048, 4096) for d in (-1, 0, 1)), 300, 1000,
+           6000, 8191, 8192)
+SUITE_EPILOGS = (("BIAS", None), ("RELU_BIAS", "relu"), ("GELU_BIAS", "gelu"))
+
+
+@pytest.mark.parametrize("pair", suite_pairs(), ids=lambda p: f"N{p[0]}-K{p[1]}")
+def test_rows_are_bitwise_the_same_up_to_8192_rows_over_the_suites_pairs(pair):
+    from nvblaslt.torch import linear
+
+    n, k = pair
+    generator = torch.Generator(device="cuda").manual_seed(n * 100003 + k)
+    x = (torch.rand(SUITE_M[-1], k, device="cuda", generator=generator) * 2 - 1).to(torch.bfloat16)
+    w = ((torch.rand(n, k, device="cuda", generator=generator) * 2 - 1) / k ** 0.5).to(torch.bfloat16)
+    bias = (torch.rand(n, device="cuda", generator=generator) * 2 - 1).to(torch.bfloat16)
+    columns = {"batch_invariant": "columns"}  # D = W @ xᵀ: the tokens are D's columns, the bias per feature
+    differ = []
+    with torch.no_grad():
+        for epilog, activation in SUITE_EPILOGS:
+            reference = nvblaslt.matmul(w, x.T, epilog=epilog, epilog_inputs={"bias": bias}, options=columns)
+            through_torch = linear(x, w, bias, activation, batch_invariant=True)
+            for m in SUITE_M[:-1]:
+                d = nvblaslt.matmul(w, x[:m].T, epilog=epilog, epilog_inputs={"bias": bias}, options=columns)
+                if not torch.equal(d, reference[:, :m]):
+                    differ.append(f"matmul() {epilog} M={m}")
+                if not torch.equal(linear(x[:m], w, bias, activation, batch_invariant=True), through_torch[:m]):
+                    differ.append(f"nvblaslt.torch.linear {activation} M={m}")
+            del reference, through_torch
+    nvblaslt.clear_plan_cache()
+    assert not differ, f"N,K={pair}: rows differ from those at M={SUITE_M[-1]}: {differ}"

@@ -1,0 +1,202 @@
+"""What ``python -m nvblaslt.bench.tuning`` measures on: its problems (``nvblaslt tune``'s LLM suite, or a
+representative subset, with the bias epilogs' forms of the up projection), their operands and plans, torch's
+own call for each, and the GPU clock every part times with."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from typing import Any
+
+from nvblaslt import _tune_suite
+from nvblaslt._autotune import median_bounds
+from nvblaslt._timing import shuffled_rounds
+
+# The --quick subset: several models, every token count, forward bf16 and fp8, the epilogs with their backward.
+QUICK_SUITE = (
+    "llama3-8b.qkv forward bf16 T=1", "llama3-8b.qkv forward bf16 T=16", "llama3-8b.qkv forward bf16 T=128",
+    "llama3-8b.qkv forward bf16 T=1024", "llama3-8b.qkv forward bf16 T=8192", "llama3-8b.down forward fp8 T=16",
+    "llama3-8b.o forward fp8 T=1024", "llama3-8b.gate_up forward fp8 T=8192", "llama3-70b.down forward bf16 T=1",
+    "llama3-70b.o forward bf16 T=128", "llama3-70b.qkv forward fp8 T=128", "llama3-70b.gate_up forward bf16 T=1024",
+    "qwen3-8b.gate_up forward bf16 T=16", "qwen3-8b.down forward bf16 T=8192", "qwen3-30b-a3b.qkv forward bf16 T=1",
+    "qwen3-30b-a3b.o forward bf16 T=1024",
+    "llama3-8b.mlp_up GELU_AUX_BIAS forward bf16 T=16", "llama3-8b.mlp_up GELU_AUX_BIAS forward bf16 T=1024",
+    "llama3-70b.mlp_up GELU_AUX_BIAS forward bf16 T=128", "qwen3-8b.mlp_up GELU_AUX_BIAS forward bf16 T=8192",
+    "llama3-8b.mlp_up DGELU input gradient of the next layer bf16 T=1024",
+    "qwen3-8b.mlp_up DGELU input gradient of the next layer bf16 T=8192",
+    "llama3-8b.mlp_up BGRADB weight gradient bf16 T=1024", "llama3-70b.mlp_up BGRADB weight gradient bf16 T=8192",
+    "qwen3-8b.mlp_up BGRADB weight gradient bf16 T=8192",
+)
+# The up projection without the aux output, as FusedLinear runs it when no backward pass follows: a suite
+# GELU_AUX_BIAS problem's layouts with another bias epilog (the suite itself has GELU_AUX_BIAS only).
+VARIANT_EPILOGS = ("BIAS", "RELU_BIAS", "GELU_BIAS")
+QUICK_VARIANTS = (
+    ("llama3-8b.mlp_up GELU_AUX_BIAS forward bf16 T=1", "BIAS"),
+    ("llama3-8b.mlp_up GELU_AUX_BIAS forward bf16 T=128", "RELU_BIAS"),
+    ("qwen3-8b.mlp_up GELU_AUX_BIAS forward bf16 T=1024", "RELU_BIAS"),
+    ("llama3-8b.mlp_up GELU_AUX_BIAS forward bf16 T=8192", "GELU_BIAS"),
+    ("llama3-70b.mlp_up GELU_AUX_BIAS forward bf16 T=16", "GELU_BIAS"),
+)
+BIAS_EPILOGS = ("BIAS", "RELU_BIAS", "GELU_BIAS", "GELU_AUX_BIAS")  # a = W, b = xᵀ, a bias per output feature
+
+BURST_MS = 0.05  # calls per sample: enough to reach this, at most MAX_CALLS
+MAX_CALLS = 16
+SPIN_CYCLES = 200_000  # queued ahead of each sample (~0.1 ms), and SPIN_CYCLES_PER_CALL more per call in it
+SPIN_CYCLES_PER_CALL = 80_000  # (~40 µs: twice what the host takes to issue one call, so its time stays hidden)
+
+
+# ---- the problems ----------------------------------------------------------------------------------------------
+def _by_name() -> dict[str, dict]:
+    return {spec["name"]: spec for spec in _tune_suite.llm_suite() if spec["kind"] == "matmul"}
+
+
+def with_epilog(spec: dict, epilog: str) -> dict:
+    """A suite GELU_AUX_BIAS problem with another bias epilog on the same layouts."""
+    return {**spec, "name": spec["name"].replace("GELU_AUX_BIAS", epilog), "epilog": epilog}
+
+
+def problems(quick: bool) -> list[dict]:
+    """The quick subset, or every dense problem of the suite with the bias epilogs' forms of every up
+    projection. The suite's grouped GEMMs are left out (the caller says so)."""
+    suite = _by_name()
+    if quick:
+        return [suite[name] for name in QUICK_SUITE] + [with_epilog(suite[name], e) for name, e in QUICK_VARIANTS]
+    chosen = list(suite.values())
+    ups = [spec for spec in chosen if spec["epilog"] == "GELU_AUX_BIAS"]
+    return chosen + [with_epilog(spec, epilog) for spec in ups for epilog in VARIANT_EPILOGS]
+
+
+def signature(spec: dict) -> str:
+    """What makes two problems one (the name aside)."""
+    return json.dumps({k: v for k, v in spec.items() if k != "name"}, sort_keys=True)
+
+
+def suite_pairs() -> list[tuple[int, int]]:
+    """Every (N, K) = (out features, in features) of the suite's dense layers and MLP up projections."""
+    pairs: set[tuple[int, int]] = set()
+    for model in _tune_suite.MODELS.values():
+        pairs.update((fan_out, fan_in) for fan_in, fan_out in _tune_suite.linears(model).values())
+        if not model.experts:
+            pairs.add((model.intermediate, model.hidden))
+    return sorted(pairs)
+
+
+def torch_baseline(spec: dict) -> str:
+    """What torch's own call for ``spec`` is (``torch_call`` makes it)."""
+    epilog = spec["epilog"]
+    if epilog == "DEFAULT":
+        return "torch._scaled_mm (scales 1, bf16 out)" if spec["a"]["dtype"].startswith("float8") else "torch.mm"
+    if epilog == "BIAS":
+        return "torch.addmm(b, x, Wᵀ)"
+    if epilog == "RELU_BIAS":
+        return "torch._addmm_activation(b, x, Wᵀ)"
+    if epilog in ("GELU_BIAS", "GELU_AUX_BIAS"):
+        return "torch._addmm_activation(b, x, Wᵀ, use_gelu=True)" + (" (no aux)" if "AUX" in epilog else "")
+    return f"torch.mm (the GEMM alone: torch has no fused {epilog})"
+
+
+def torch_layer_route(spec: dict) -> str | None:
+    """How ``nvblaslt.torch`` plans ``spec``'s GEMM, or None where none of its calls maps to the problem."""
+    if spec["a"]["dtype"] != "bfloat16":
+        return None
+    return {"DEFAULT": "linear(x, W)", "BIAS": "linear(x, W, b) without grad",
+            "RELU_BIAS": "linear(x, W, b, 'relu') without grad", "GELU_BIAS": "linear(x, W, b, 'gelu') without grad",
+            "GELU_AUX_BIAS": "linear(x, W, b, 'gelu') with grad (forward)",
+            "BGRADB": "linear(x, W, b) backward: the weight gradient"}.get(spec["epilog"])
+
+
+# ---- operands, plans and torch's calls ---------------------------------------------------------------------------
+def tensor(layout: dict):
+    """A CUDA tensor of ``layout`` (shape, element strides, dtype name) with values uniform in [-1, 1)."""
+    import torch
+
+    made = torch.empty_strided(layout["shape"], layout["strides"], dtype=getattr(torch, layout["dtype"]),
+                               device="cuda")
+    made.copy_(torch.rand(layout["shape"], device="cuda") * 2 - 1)
+    return made
+
+
+def operands(spec: dict) -> dict:
+    return {"a": tensor(spec["a"]), "b": tensor(spec["b"]),
+            "inputs": {name: tensor(layout) for name, layout in spec.get("inputs", {}).items()}}
+
+
+def plan_arguments(spec: dict) -> dict:
+    """Matmul's and matmul()'s keywords for ``spec``, as ``nvblaslt tune`` plans it (fp8 scales of 1)."""
+    fp8 = {name: 1.0 for name in ("a", "b") if spec[name]["dtype"].startswith("float8")}
+    return {"options": spec.get("options"), "quantization_scales": fp8 or None}
+
+
+def planned(spec: dict, ops: dict, algorithm: bytes | None = None):
+    """A planned Matmul of ``spec`` on ``ops``: the heuristics' first pick where nothing is loaded or
+    remembered, else ``algorithm``'s 64 bytes."""
+    from nvblaslt import Matmul
+
+    plan = Matmul(ops["a"], ops["b"], **plan_arguments(spec))
+    plan.plan(epilog=spec["epilog"], epilog_inputs=ops["inputs"] or None,
+              algorithms=None if algorithm is None else [algorithm])
+    return plan
+
+
+def torch_call(spec: dict, ops: dict):
+    """torch's own call for ``spec`` (``torch_baseline`` names it), on the same tensors."""
+    import torch
+
+    a, b, epilog = ops["a"], ops["b"], spec["epilog"]
+    if epilog == "DEFAULT" and spec["a"]["dtype"].startswith("float8"):
+        one = torch.ones((), device="cuda", dtype=torch.float32)
+        return lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+    if epilog in BIAS_EPILOGS:  # a = W, b = xᵀ: torch runs the layer as x Wᵀ + b
+        x, w_t, bias = b.T, a.T, ops["inputs"]["bias"]
+        if epilog == "BIAS":
+            return lambda: torch.addmm(bias, x, w_t)
+        gelu = epilog != "RELU_BIAS"
+        return lambda: torch._addmm_activation(bias, x, w_t, use_gelu=gelu)
+    return lambda: torch.mm(a, b)
+
+
+# ---- the clock -------------------------------------------------------------------------------------------------
+def flush_buffer():
+    """Twice the L2 cache, zeroed before each sample: every sample reads its operands from memory."""
+    import torch
+
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 64 << 20
+    return torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+
+
+def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush) -> list[list[float]]:
+    """ms per call of each ``(name, fn)`` case over ``rounds`` interleaved rounds (``shuffled_rounds``), after
+    two warm-up calls each: per sample the L2 flushed, a spin queued ahead, CUDA events around ``calls`` calls."""
+    import torch
+
+    for _, fn in cases:
+        fn()
+        fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def measure(case: tuple[str, Any]) -> float:
+        fn = case[1]
+        flush.zero_()
+        torch.cuda._sleep(SPIN_CYCLES + SPIN_CYCLES_PER_CALL * calls)
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / calls
+    return shuffled_rounds(cases, rounds, measure)
+
+
+def burst_calls(fn, flush) -> int:
+    """Calls per sample for cases of about ``fn``'s time: one from ``BURST_MS`` up, at most ``MAX_CALLS``."""
+    ms = gpu_rounds([("probe", fn)], 1, 1, flush)[0][0]
+    return max(1, min(MAX_CALLS, math.ceil(BURST_MS / max(ms, 1e-4))))
+
+
+def paired(numerator: list[float], denominator: list[float]) -> dict:
+    """The median of per-round ratios (drift cancels) and 95 % distribution-free bounds on it."""
+    ratios = [x / y for x, y in zip(numerator, denominator)]
+    low, high = median_bounds(ratios, 0.025)
+    return {"ratio": statistics.median(ratios), "bounds": [low, high]}
