@@ -148,7 +148,10 @@ ALLOWED_PRIVATE_MODULE_IMPORTS: dict[tuple[str, str], str] = {
     ("nvblaslt.bench", "nvblaslt._frameworks"): "framework_of: the bench's baselines read arrays as matmul() does",
     ("nvblaslt.bench", "nvblaslt._launch"): "raw_function: the bare cublasLtMatmul the per-call bench times",
     ("nvblaslt.bench", "nvblaslt._timing"): "shuffled_rounds: the bench's rounds interleaved as autotune's are",
-    ("nvblaslt.bench", "nvblaslt._tuning_cache"): "ENV_CACHE_DIR: the bench points the tuning cache elsewhere",
+    ("nvblaslt.bench", "nvblaslt._tune_suite"): "llm_suite: the tuning bench measures nvblaslt tune's own problems",
+    ("nvblaslt.bench", "nvblaslt._tuning_cache"): "ENV_CACHE_DIR: the bench points the tuning cache elsewhere; key_of "
+                                                  "and problem_summary: the tuning bench finds a problem's database "
+                                                  "entry and its recall log lines",
     ("nvblaslt.bench", "nvblaslt.torch._conv"): "the conv bench builds the layer's training step from its parts",
     ("nvblaslt.bench", "nvblaslt.torch._im2col"): "the conv bench times the layer's im2col against its baseline",
     ("nvblaslt.jax", "nvblaslt._autotune"): "tuning_iterations: the one check of an autotune context's iterations",
