@@ -6,8 +6,9 @@
 
 The API reference imports the real package; the doctests build descriptors with the real libcublasLt,
 which needs no GPU. Examples that need a GPU are plain code blocks, never doctests. Neither torch nor JAX
-is needed: where one is missing, autodoc reads ``nvblaslt.torch`` or ``nvblaslt.jax`` against a stand-in
-(so the docs never pull a CUDA build of torch); where it is installed (CI's CPU builds), the real one is used.
+is needed: where one is missing, autodoc reads ``nvblaslt.torch`` or ``nvblaslt.jax`` (and flax for
+``nvblaslt.jax.nn``) against a stand-in (so the docs never pull a CUDA build of torch); where it is installed
+(CI's CPU builds), the real one is used.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 autodoc_class_signature = "mixed"
 # the framework layers' own frameworks, where they are not installed: autodoc reads those modules against a stand-in
-autodoc_mock_imports = [name for name in ("torch", "jax") if importlib.util.find_spec(name) is None]
+# (flax: nvblaslt.jax.nn's layers subclass flax.nnx.Module)
+autodoc_mock_imports = [name for name in ("torch", "jax", "flax") if importlib.util.find_spec(name) is None]
 if autodoc_mock_imports:
     # nvblaslt.jax registers its rules at import (batching.primitive_batchers[p] = rule): let the stand-in take them
     importlib.import_module("sphinx.ext.autodoc.mock")._MockObject.__setitem__ = lambda self, key, value: None
