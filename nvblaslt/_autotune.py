@@ -33,6 +33,8 @@ from . import _search, _timing, _tuning_cache
 from ._descriptors import HeuristicResult
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
 from ._epilogs import MASKING
+from ._protocols import TunablePlan, TunedPlan
+from ._tuning_result import TuningReport, TuningResult
 from ._streams import stream_handle
 from ._timing import Timer, shuffled, shuffled_rounds
 
@@ -70,15 +72,16 @@ class Contestant:
     result: HeuristicResult | None = None
 
 
-def _algorithm(plan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
+def _algorithm(plan: TunablePlan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
     return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan.trial_run(stream),
                       lambda: plan.launch.select(result), result)
 
 
-def _runnable(plan, candidates: list[HeuristicResult], stream: int) -> list[HeuristicResult]:
+def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int) -> list[HeuristicResult]:
     """The candidates cublasLtMatmul runs: one offered by the heuristics may be refused at launch (seen:
-    aux epilogs with M=1); those are left out of the timing and of the plan's list."""
+    aux epilogs with M=1); those are left out of the timing and of the launch's list."""
     kept: list[HeuristicResult] = []
+    refused: list[HeuristicResult] = []
     for candidate in candidates:
         plan.launch.select(candidate)
         try:
@@ -87,10 +90,11 @@ def _runnable(plan, candidates: list[HeuristicResult], stream: int) -> list[Heur
             if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED" or (candidate is candidates[-1] and not kept):
                 raise  # another failure, or nothing offered runs
             logger.info("autotune: cublasLtMatmul refused %s; left out", _tuning_cache.describe_algorithm(candidate))
+            refused.append(candidate)
             continue
         kept.append(candidate)
-    launch = plan.launch
-    launch.algorithms = [r for r in launch.algorithms if any(r is k for k in kept)] or launch.algorithms
+    if refused:
+        plan.launch.leave_out(refused)
     return kept
 
 
@@ -172,12 +176,13 @@ class Standing:
     def confidence(self) -> float:
         return faster_confidence(self.log_ratios)
 
-    def judge(self, alpha: float, min_gain: float) -> None:
+    def judge(self, alpha: float, min_gain: float, min_rounds: int = 0) -> None:
+        """The verdict on the rounds so far; "faster" only after ``min_rounds`` of them."""
         lower, upper = median_bounds(self.log_ratios, alpha)
         self.lower, self.upper = math.exp(lower), math.exp(upper)
         ratio, rounds = self.ratio, len(self.log_ratios)
         if self.upper < 1.0 and ratio < 1.0 - min_gain:
-            self.verdict = "faster"
+            self.verdict = "faster" if rounds >= min_rounds else "undecided"
         elif self.lower > 1.0 or ratio > DROP_RATIO or (rounds >= 2 * MIN_ROUNDS and ratio > 1.0 - min_gain / 2):
             self.verdict = "slower"  # slower beyond noise, or too close to ever gain min_gain
 
@@ -247,54 +252,8 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
             break
     for standing in standings:  # final bounds for the report, whatever stopped the duel
         if standing.log_ratios and standing.verdict == "undecided":
-            standing.judge(each_alpha, min_gain)
-            if standing.verdict == "faster" and len(standing.log_ratios) < min_rounds:
-                standing.verdict = "undecided"
+            standing.judge(each_alpha, min_gain, min_rounds)
     return Duel(incumbent_samples, standings, rounds)
-
-
-# ---- the report ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TuningReport:
-    """What autotune decided and how sure it is; set as ``plan.tuning_report``."""
-
-    searched: bool
-    chosen: str
-    chosen_ms: float
-    incumbent: str  # autotune's pick over the heuristic list
-    incumbent_ms: float
-    switched: bool
-    ratio: float = 1.0  # chosen / incumbent, median of paired rounds (1.0 when the incumbent stays)
-    confidence: float = 0.0  # that the switch is faster (sign test); when kept, that the best challenger was
-    interval: tuple[float, float] = (math.nan, math.nan)  # bounds on the best challenger's ratio
-    best_challenger: str | None = None
-    rounds: int = 0
-    heuristics: int = 0
-    screened: int = 0
-    seconds: float = 0.0
-    bias_gradient_form: tuple | None = None  # (form, its ms, the other form's ms)
-    note: str = ""
-
-    def __str__(self) -> str:
-        if not self.searched:
-            return (f"autotune: {self.chosen} at {self.chosen_ms:.4f} ms, fastest of {self.heuristics} heuristic "
-                    f"picks ({self.seconds:.1f} s)")
-        lo, hi = self.interval
-        if self.switched:
-            verdict = (f"switched to {self.chosen}: {self.ratio:.4f}× the incumbent {self.incumbent} "
-                       f"(bound [{lo:.4f}, {hi:.4f}], confidence {self.confidence:.1%}, {self.rounds} rounds)")
-        elif self.best_challenger:
-            verdict = (f"kept {self.incumbent}: no challenger faster beyond noise; best {self.best_challenger} "
-                       f"{self.ratio:.4f}× (bound [{lo:.4f}, {hi:.4f}], confidence {self.confidence:.1%}, "
-                       f"{self.rounds} rounds)")
-        else:
-            verdict = f"kept {self.incumbent}: {self.note or 'no challenger came close in screening'}"
-        form = ""
-        if self.bias_gradient_form:
-            name, ms, other = self.bias_gradient_form
-            form = f"; {name} bias-gradient form ({ms:.4f} vs {other:.4f} ms)"
-        return (f"search: {verdict}; {self.chosen_ms:.4f} ms; {self.screened} candidates screened beyond "
-                f"{self.heuristics} heuristic picks in {self.seconds:.1f} s{form}")
 
 
 # ---- the search -----------------------------------------------------------------------------------------
@@ -395,11 +354,12 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     return chosen, statistics.median(winner.samples), facts
 
 
-def _choose_bias_gradient_form(plan, timer: Timer, iterations: int, stream: int, recalled_split, deadline: float,
-                               call_ms: float):
+def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int, stream: int, recalled_split,
+                               deadline: float, call_ms: float):
     """Fused *_BGRAD against masking epilog + row-sum GEMV; the form the plan had (fused, unless an
     earlier search's split form was recalled) stays unless the other is faster beyond noise.
-    Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen)."""
+    Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen). A
+    split form made here and not chosen is freed; a recalled one stays the plan's (it frees it on applying)."""
     split = recalled_split or plan.make_split_form(iterations)
     fused = Contestant("fused", lambda: plan.trial_run(stream))
     two_calls = Contestant("split", lambda: split.trial_run(stream))
@@ -416,7 +376,8 @@ def _choose_bias_gradient_form(plan, timer: Timer, iterations: int, stream: int,
     logger.info("search: %s bias-gradient form (%s at %.4f× %s, confidence %.1f%%, %d rounds)", chosen,
                 challenger.name, standing.ratio, incumbent.name, 100 * standing.confidence, outcome.rounds)
     if chosen == "fused":
-        split.free()
+        if recalled_split is None:  # made here for the duel; a recalled one is the plan's to free
+            split.free()
         split = None
     return (chosen, measured[chosen], measured[other]), split
 
@@ -442,73 +403,71 @@ def tuning_iterations(value: object) -> int:
     return count
 
 
-def autotune(plan, *, iterations: int, search: bool, remember: bool, stream,
+def autotune(plan: TunedPlan, *, iterations: int, search: bool, remember: bool, stream,
              budget_s: float = SEARCH_BUDGET_S) -> list[tuple[HeuristicResult, float]]:
-    """Time ``plan``'s heuristic list (median of ``iterations`` interleaved rounds, L2 flushed) and
-    select the fastest. With ``search``, look beyond it within ``budget_s`` seconds and switch only to
-    a challenger faster beyond the measured noise; for DRELU_BGRAD/DGELU_BGRAD choose the fused or
-    split form the same way; with ``remember``, store the choice on disk for later plans.
-
-    Returns ``[(algorithm, ms)]``, the selected one first, the rest fastest first. Sets
-    ``plan.tuning_report`` (a ``TuningReport``), and for a searched *_BGRAD plan
-    ``plan.bias_gradient_form = (form, its ms, the other form's ms)`` and ``plan.split_form``."""
-    started = time.perf_counter()
+    """``tune``, then the plan applies what was chosen (``plan.apply_tuning``): ``Matmul.autotune``'s
+    work. A batch-invariant plan runs the algorithm pinned for every M: it is timed, never searched.
+    Returns ``[(algorithm, ms)]``, the selected one first, the rest fastest first."""
     if search and getattr(getattr(plan, "options", None), "batch_invariant", False):
         logger.info("search: skipped: a batch_invariant plan runs the algorithm pinned for every M")
         search = False
+    return plan.apply_tuning(tune(plan, iterations=iterations, search=search, remember=remember, stream=stream,
+                                  budget_s=budget_s))
+
+
+def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, stream,
+         budget_s: float = SEARCH_BUDGET_S) -> TuningResult:
+    """Time ``plan``'s heuristic list (median of ``iterations`` interleaved rounds, L2 flushed) and
+    choose the fastest. With ``search``, look beyond it within ``budget_s`` seconds and switch only to
+    a challenger faster beyond the measured noise; for DRELU_BGRAD/DGELU_BGRAD choose the fused or
+    split form the same way; with ``remember``, store the choice on disk for later plans.
+
+    The trial launches select algorithms on ``plan.launch`` (and leave out those cuBLASLt refuses at
+    launch); nothing else of the plan changes. Returns a ``TuningResult`` for the plan to apply."""
+    started = time.perf_counter()
     stream_h = stream_handle(stream) if stream is not None else plan.stream
-    recalled_split, plan.split_form = plan.split_form, None  # fused algorithms are timed as themselves
-    try:
-        with Timer(plan.device, stream_h) as timer:
-            candidates = list(plan.algorithms)
-            previous = getattr(plan, "tuning_report", None)
-            if search and previous is not None and not previous.searched:
-                # autotune() already chose among the heuristic list: the search starts from its pick, so
-                # that a search which finds nothing better leaves exactly autotune()'s kernel
-                heuristic = [(plan.algorithm, previous.chosen_ms)]
-                logger.info("search: starting from autotune()'s pick %s", previous.chosen)
-            else:
-                logger.info("autotune: timing %d heuristic picks, %d interleaved rounds", len(candidates),
-                            max(1, iterations))
-                candidates = _runnable(plan, candidates, stream_h)
-                samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
-                heuristic = _first_pick_unless_beaten(plan, timer, candidates, samples, stream_h, started + budget_s)
-            incumbent, incumbent_ms = heuristic[0]
-            if not search:
-                plan.launch.select(incumbent)
-                plan.split_form, recalled_split = recalled_split, None
-                plan.tuning_report = TuningReport(False, _tuning_cache.describe_algorithm(incumbent), incumbent_ms,
-                                                  _tuning_cache.describe_algorithm(incumbent), incumbent_ms, False,
-                                                  heuristics=len(candidates), seconds=time.perf_counter() - started)
-                logger.info("%s", plan.tuning_report)
-                return heuristic
-            deadline = started + budget_s
-            form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter())
-            chosen, chosen_ms, facts = _choose_algorithm(plan, timer, heuristic, stream_h, started,
-                                                         deadline - form_reserve)
-            plan.launch.select(chosen)
-            form = None
-            if plan.epilog in MASKING:
-                form, split = _choose_bias_gradient_form(plan, timer, iterations, stream_h, recalled_split,
-                                                         deadline, chosen_ms)
-                recalled_split = None  # kept or freed by the choice now
-                plan.bias_gradient_form = form
-                plan.split_form = split
-    finally:
-        if recalled_split is not None:  # an error before the choice: the plan keeps what it had
-            plan.split_form = recalled_split
+    recalled_split = plan.split_form  # a split form recalled from the tuning cache: the incumbent form
+    with Timer(plan.device, stream_h) as timer:
+        candidates = list(plan.algorithms)
+        previous = plan.tuning_report
+        if search and previous is not None and not previous.searched and plan.algorithm is not None:
+            # autotune() already chose among the heuristic list: the search starts from its pick, so
+            # that a search which finds nothing better leaves exactly autotune()'s kernel
+            heuristic = [(plan.algorithm, previous.chosen_ms)]
+            logger.info("search: starting from autotune()'s pick %s", previous.chosen)
+        else:
+            logger.info("autotune: timing %d heuristic picks, %d interleaved rounds", len(candidates),
+                        max(1, iterations))
+            candidates = _runnable(plan, candidates, stream_h)
+            samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
+            heuristic = _first_pick_unless_beaten(plan, timer, candidates, samples, stream_h, started + budget_s)
+        incumbent, incumbent_ms = heuristic[0]
+        if not search:
+            report = TuningReport(False, _tuning_cache.describe_algorithm(incumbent), incumbent_ms,
+                                  _tuning_cache.describe_algorithm(incumbent), incumbent_ms, False,
+                                  heuristics=len(candidates), seconds=time.perf_counter() - started)
+            logger.info("%s", report)
+            return TuningResult(heuristic, report)
+        deadline = started + budget_s
+        form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter())
+        chosen, chosen_ms, facts = _choose_algorithm(plan, timer, heuristic, stream_h, started,
+                                                     deadline - form_reserve)
+        plan.launch.select(chosen)  # the fused form duels with the chosen algorithm
+        form = split = None
+        if plan.epilog in MASKING:
+            form, split = _choose_bias_gradient_form(plan, timer, iterations, stream_h, recalled_split, deadline,
+                                                     chosen_ms)
     report = _report(chosen, chosen_ms, heuristic, facts, form, time.perf_counter() - started)
-    plan.tuning_report = report
     logger.info("%s", report)
     if remember:
         facts_to_store = {"confidence": round(report.confidence, 4), "switched": report.switched}
         if form is not None:
             facts_to_store["bias_gradient_form"] = form[0]
         _tuning_cache.remember(plan.launch, chosen, chosen_ms, **facts_to_store)
-        if form is not None and form[0] == "split":  # so that a later plan rebuilds it without timing
-            masked = plan.split_form.masked
+        if split is not None and form is not None:  # so that a later plan rebuilds it without timing
+            masked = split.masked
             _tuning_cache.remember(masked.launch, masked.algorithm, form[1])
-    return _timings(chosen, chosen_ms, heuristic, facts)
+    return TuningResult(_timings(chosen, chosen_ms, heuristic, facts), report, form, split)
 
 
 def _report(chosen, chosen_ms, heuristic, facts: dict, form, seconds: float) -> TuningReport:

@@ -7,7 +7,10 @@ alignment) and runs again with new operands and new offsets, which never leave t
 ``execute`` queues a small kernel (``_grouped_arrays``) that writes cuBLASLt's per-group arrays,
 then the GEMM, with no host synchronization, so it can be captured in a CUDA graph.
 
-Each plan owns its workspace and arrays. A plan used from another stream than last time makes that
+Each plan owns its arrays and one ``Launch`` (``_launch``), the same owner of ``cublasLtMatmul`` as
+``Matmul``'s: heuristics, cuBLASLt's check, the selected algorithm and its fallback when refused at
+launch, the workspace and the prebuilt arguments, with the arrays of per-group pointers in fixed
+argument slots. Each plan owns its workspace and arrays. A plan used from another stream than last time makes that
 stream wait for the earlier work first, so two streams never share them at once; a CUDA graph's
 replays are the caller's to order with eager use of the plan it captured (``grouped_matmul`` gives
 such a plan up and makes a new one for later eager calls).
@@ -23,15 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _cuda, _dtypes, _grouped_problem, _grouped_tuning, _memory, _operands, _tuning_cache
-from ._descriptors import GroupedMatrixLayout, Handle, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
+from ._tuning_result import TuningReport
+from ._descriptors import GroupedMatrixLayout, Handle, HeuristicResult, MatmulDesc, MatmulPreference
 from ._errors import CublasLtError, NvblasltStateError, NvblasltTypeError, NvblasltValueError
 from ._grouped_arrays import GroupedArrays
 from ._grouped_version import require_grouped
 from ._grouped_problem import GroupedProblem
 from ._hints import Array, Stream
-from ._launch import raw_function
+from ._launch import Launch
 from ._loader import library
-from ._memory import DeviceBuffer
 from ._streams import stream_handle
 
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
@@ -149,31 +152,61 @@ class GroupedMatmul:
         require_grouped(self.lib)
         self.problem, self._operands = bound.problem, bound.operands
         self.captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
-        self._graph_memory: list[DeviceBuffer] = []  # workspaces a captured graph may still use
         a_op = bound.operands[0]
         self.device, self.framework = a_op.device, a_op.framework
         self.stream = self._last_stream = stream_h
         self.workspace_bytes = workspace_bytes
-        self.algorithms: list[HeuristicResult] = []
-        self.algorithm: HeuristicResult | None = None
-        self.tuning_report = None  # what the last autotune() chose, over what, how sure
+        self.tuning_report: TuningReport | None = None  # what the last autotune() chose, over what, how sure
         # what check() accepted within the workspace limit, by the algorithm's bytes: select() takes them too
         self._checked: dict[bytes, HeuristicResult] = {}
-        self.workspace: DeviceBuffer | None = None
-        self._matmul = raw_function(self.lib.cublasLtMatmul)
-        self._launch_arguments: tuple | None = None  # (algorithm, workspace, cublasLtMatmul's arguments)
+        self._freed = False
         self._allocators: dict[tuple[int, ...], Any] = {}  # result shape -> allocate
         self._lock = threading.Lock()
         self._scales = (0, 0)  # the per-tensor scale pointers the descriptor holds (fp8)
         self._several_devices = _cuda.several_devices()
-        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         with _cuda.on_device(self.device):
             if _cuda.is_capturing(stream_h):
                 raise NvblasltStateError("stream: a CUDA graph is being captured on it; make the grouped plan "
                                          "before the capture (planning allocates device memory)")
-            self.handle = Handle.for_device(self.device)
             self.arrays = GroupedArrays(self.problem, self.device, stream_h)
-            self.desc, self.layouts, self.preference = self._descriptors()
+            desc, layouts, preference = self._descriptors()
+            # beta is 0: C is D's layout and D's pointers
+            self._d_array = self.arrays.pointer_array(2)
+            self.launch = Launch.given(self.lib, Handle.for_device(self.device), desc, layouts, preference,
+                                       workspace_limit=workspace_bytes, device=self.device,
+                                       pointers=(self.arrays.pointer_array(0), self.arrays.pointer_array(1),
+                                                 self._d_array), description=self._describe())
+
+    # ---- the launch's state, read through the plan (the tools and the tuning cache read these) ----------
+    @property
+    def algorithms(self) -> list[HeuristicResult]:
+        """The planned algorithms, best first (autotune's timed order once it has run)."""
+        return self.launch.algorithms
+
+    @property
+    def algorithm(self) -> HeuristicResult | None:
+        """The algorithm ``execute`` runs; None before ``plan()`` and after ``free()``."""
+        return None if self._freed else self.launch.algorithm
+
+    @property
+    def workspace(self):
+        return self.launch.workspace
+
+    @property
+    def desc(self) -> MatmulDesc:
+        return self.launch.desc
+
+    @property
+    def layouts(self) -> list:
+        return self.launch.layouts
+
+    @property
+    def preference(self) -> MatmulPreference:
+        return self.launch.preference
+
+    @property
+    def handle(self):
+        return self.launch.handle
 
     def _descriptors(self):
         problem, api, arrays = self.problem, self.lib.api, self.arrays
@@ -217,15 +250,9 @@ class GroupedMatmul:
         CublasLtError
             ``CUBLAS_STATUS_NOT_SUPPORTED``: cuBLASLt has no grouped algorithm for the problem on this GPU.
         """
-        a, b, c, d = self.layouts
-        try:
-            found = heuristics(self.handle, self.desc, a, b, c, d, self.preference, count=limit)
-        except CublasLtError as error:
-            if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
-                raise
-            found = []
+        found = self.launch.heuristics(limit)
         if found and algorithm is None:
-            tuned, _ = _tuning_cache.recall(self)  # what an earlier autotune() chose for this problem
+            tuned, _ = _tuning_cache.recall(self.launch)  # what an earlier autotune() chose for this problem
             if tuned is not None:
                 found = [tuned, *(r for r in found if r.as_bytes() != tuned.as_bytes())]
         if not found:
@@ -233,7 +260,8 @@ class GroupedMatmul:
             raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, self.lib.status_name(status),
                                 self.lib.status_string(status),
                                 f"cuBLASLt has no grouped algorithm for {self._describe()} on this GPU")
-        self.algorithms = found
+        self.launch.offer(found)
+        self._freed = False
         self.tuning_report = None  # of the algorithms planned before
         self.select(algorithm if algorithm is not None else found[0])
         return found
@@ -267,19 +295,12 @@ class GroupedMatmul:
         self.ensure_workspace(own.workspace_size)
         if own is not self.algorithm:
             self.tuning_report = None  # it describes another algorithm's choice
-        self.algorithm = own
+        self.launch.select(own)
 
     def ensure_workspace(self, nbytes: int, stream: int | None = None) -> None:
         """A workspace of at least ``nbytes``, made on ``stream`` (default the plan's last one) if larger
-        than the one held."""
-        if nbytes <= (self.workspace.size if self.workspace is not None else 0):
-            return
-        # the new one first: a failed allocation leaves the plan whole, on the old one
-        old, self.workspace = self.workspace, DeviceBuffer(nbytes, self._last_stream if stream is None else stream)
-        if old is not None and self.captured:
-            self._graph_memory.append(old)  # a CUDA graph replays with it: kept for the plan's life
-        elif old is not None:
-            old.release()
+        than the one held; a failed allocation leaves the plan whole, on the old one."""
+        self.launch.ensure_workspace(nbytes, self._last_stream if stream is None else stream)
 
     @property
     def workspace_limit(self) -> int:
@@ -288,15 +309,9 @@ class GroupedMatmul:
 
     def check(self, algo: Any) -> HeuristicResult | None:
         """``algo`` (a ``cublasLtMatmulAlgo_t``) as cuBLASLt accepts it for this plan, or None."""
-        a, b, c, d = self.layouts
-        result = self.lib.api.cublasLtMatmulHeuristicResult_t()
-        try:
-            self.lib.cublasLtMatmulAlgoCheck(self.handle.handle, self.desc.handle, a.handle, b.handle, c.handle,
-                                             d.handle, ctypes.byref(algo), ctypes.byref(result))
-        except CublasLtError:
+        checked = self.launch.check(algo)
+        if checked is None:
             return None
-        result.algo = algo
-        checked = HeuristicResult(result, self.lib)
         key = checked.as_bytes()
         if checked.workspace_size <= self.workspace_bytes:  # what select() then takes (the search's candidates)
             self._checked.pop(key, None)  # stored anew: the newest
@@ -352,8 +367,18 @@ class GroupedMatmul:
                                      "with operands first")
         stream = self._last_stream
         bound = bind(None, None, None, stream, self.out_dtype, defaults=self._operands)
-        return _grouped_tuning.autotune(self, bound, stream, iterations=iterations, search=search, remember=remember,
-                                        budget_s=budget_s)
+        return self.apply_tuning(_grouped_tuning.autotune(self, bound, stream, iterations=iterations, search=search,
+                                                          remember=remember, budget_s=budget_s))
+
+    def apply_tuning(self, result) -> list[tuple[HeuristicResult, float]]:
+        """Run what ``autotune`` chose (a ``TuningResult``): its algorithm, then the planned ones cuBLASLt
+        ran in timed order (a searched winner joins them, the other candidates screened do not), and its
+        report. Returns the timings, the selected algorithm first."""
+        launch = self.launch
+        launch.select(result.chosen)
+        launch.keep(result.ordered(launch.algorithms), None)
+        self.tuning_report = result.report
+        return result.timings
 
     def _describe(self) -> str:
         p = self.problem
@@ -409,7 +434,7 @@ class GroupedMatmul:
         self._operands = (None, None, None)
 
     def run(self, bound: Bound, *, out: Array | None, stream: int, check_offsets: bool | None,
-            scales: tuple[int, int] = (0, 0)) -> Array:
+            scales: tuple[int, int] = (0, 0), trial: bool = False) -> Array:
         """``execute`` for operands already read and known to fit this plan (``grouped_matmul``'s path).
 
         Parameters
@@ -422,6 +447,8 @@ class GroupedMatmul:
             The stream's handle.
         scales : (int, int)
             Device pointers of ``a``'s and ``b``'s per-tensor scales (``read_scales``); 0 for none.
+        trial : bool
+            A tuning run: the selected algorithm or an error, never the next one where cuBLASLt refuses it.
 
         Returns
         -------
@@ -429,13 +456,13 @@ class GroupedMatmul:
             The result, in the operands' package (``out`` if given).
         """
         a_op, b_op, offs_op = bound.operands
-        return self.launch(bound.problem, a_op.ptr, b_op.ptr, offs_op.ptr if offs_op is not None else 0,
+        return self.run_pointers(bound.problem, a_op.ptr, b_op.ptr, offs_op.ptr if offs_op is not None else 0,
                            offs_op is not None and offs_op.dtype == _dtypes.INT64, out=out, stream=stream,
-                           check_offsets=check_offsets, scales=scales)
+                           check_offsets=check_offsets, scales=scales, trial=trial)
 
-    def launch(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int, offs_64: bool, *,
-               out: Array | None, stream: int, check_offsets: bool | None,
-               scales: tuple[int, int] = (0, 0)) -> Array:
+    def run_pointers(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int,
+                     offs_64: bool, *, out: Array | None, stream: int, check_offsets: bool | None,
+                     scales: tuple[int, int] = (0, 0), trial: bool = False) -> Array:
         """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
         ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
 
@@ -474,13 +501,14 @@ class GroupedMatmul:
                 self._scales = scales
             if self._several_devices:
                 with _cuda.on_device(self.device):
-                    self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check)
+                    self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check,
+                                trial)
             else:
-                self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check)
+                self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check, trial)
         return result
 
     def _queue(self, problem: GroupedProblem, bases: tuple[int, int, int], offs_pointer: int, offs_64: bool,
-               stream: int, check: bool) -> None:
+               stream: int, check: bool, trial: bool = False) -> None:
         """The derive kernel, the GEMM and (weight gradients) the empty groups' zeros, on ``stream``;
         ``bases`` are cuBLASLt's A, B and D (the caller's b, a and the result)."""
         capturing = _cuda.is_capturing(stream)
@@ -489,49 +517,29 @@ class GroupedMatmul:
                 raise NvblasltStateError("check_offsets: waits for the GPU, which a CUDA graph being captured "
                                          "on the stream forbids; check outside the capture")
             self.captured = True
+            self.launch.hold_replaced_workspaces()
         if stream != self._last_stream:
             if not capturing:  # a capture may not wait on work outside it; replays run in stream order
                 _memory.wait_for(self._last_stream, stream)  # arrays and workspace: one stream at a time
             self._last_stream = stream
         self.arrays.derive(offs_pointer, offs_64, problem.total, bases, (problem.a.ld, problem.b.ld, problem.d.ld),
                            stream, check=check)
-        self._launch(stream)
+        launch = self.launch
+        if trial:
+            launch.try_run(self._d_array, stream)
+        else:
+            launch.run(self._d_array, stream)  # the next planned algorithm where cuBLASLt refuses this one
+        if launch.workspace is not None:
+            launch.workspace.used_on(stream)
         if problem.form == "2d2d":  # a group with no K still has a result: zeros
             self.arrays.zero_empty(problem.d.dtype.itemsize, stream)
-
-    def _launch(self, stream: int) -> None:
-        assert self.algorithm is not None
-        built = self._launch_arguments
-        if built is None or built[0] is not self.algorithm or built[1] is not self.workspace:
-            built = self._launch_arguments = (self.algorithm, self.workspace, self._matmul_arguments())
-        status = self._matmul(*built[2], ctypes.c_void_p(stream))
-        if status:
-            raise CublasLtError("cublasLtMatmul", status, self.lib.status_name(status), self.lib.status_string(status))
-        if self.workspace is not None:
-            self.workspace.used_on(stream)
-
-    def _matmul_arguments(self) -> tuple:
-        """cublasLtMatmul's arguments but the stream, for the selected algorithm and workspace, as ctypes
-        objects (built when either changes, not per call)."""
-        assert self.algorithm is not None
-        a, b, c, d = self.layouts
-        arrays = self.arrays
-        pointer, size = ctypes.c_void_p, ctypes.c_size_t
-        workspace = self.workspace.pointer if self.workspace is not None else 0
-        return (pointer(self.handle.handle), pointer(self.desc.handle), ctypes.byref(self._alpha),
-                pointer(arrays.pointer_array(0)), pointer(a.handle), pointer(arrays.pointer_array(1)),
-                pointer(b.handle), ctypes.byref(self._beta), pointer(arrays.pointer_array(2)), pointer(c.handle),
-                pointer(arrays.pointer_array(2)), pointer(d.handle), ctypes.byref(self.algorithm.algorithm.algo),
-                pointer(workspace or None), size(self.algorithm.workspace_size))
 
     def free(self) -> None:
         """Release the workspace and arrays, stream-ordered after the work queued so far. A CUDA graph
         that captured this plan must not be replayed after it (``grouped_matmul`` keeps such plans)."""
-        if self.workspace is not None:
-            self.workspace.release()
-            self.workspace = None
+        self.launch.release_workspace()
         self.arrays.release()
-        self.algorithm = None
+        self._freed = True
 
     def __enter__(self) -> GroupedMatmul:
         return self

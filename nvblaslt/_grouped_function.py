@@ -106,7 +106,7 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
                 (a_pointer, b_pointer, offs_pointer, scale_a_pointer, scale_b_pointer), layouts = found
                 plan, key, problem, offs_64 = entry
                 _plans.cache.move_to_end(key)  # least recently used goes first when the cache is full
-                result = plan.launch(problem, a_pointer, b_pointer, offs_pointer or 0, offs_64, out=out,
+                result = plan.run_pointers(problem, a_pointer, b_pointer, offs_pointer or 0, offs_64, out=out,
                                      stream=stream_on(layouts[0][3]), check_offsets=check_offsets,
                                      scales=(scale_a_pointer or 0, scale_b_pointer or 0))
                 if plan.captured:

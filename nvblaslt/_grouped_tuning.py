@@ -4,30 +4,33 @@ the heuristics' deeper ranking, cluster-shape and swizzle variants, every algori
 library's check accepts for grouped layouts), a challenger kept only when it beats the incumbent
 beyond the measured noise.
 
-``_autotune`` drives a plan through a small surface (``launch``, ``trial_run``, ``algorithms``…);
-``GroupedTrial`` is that surface for a ``GroupedMatmul``: the plan is its own launch, and every
-trial run writes a scratch result, never the caller's.
+``_autotune`` drives a plan through ``_protocols.TunablePlan``; ``GroupedTrial`` is that surface for
+a ``GroupedMatmul``: the plan's own ``Launch``, and trial runs that write a scratch result, never the
+caller's. What the engine chose comes back as a ``TuningResult`` the plan applies.
 """
 
 from __future__ import annotations
 
 from . import _autotune, _cuda, _memory, _tuning_cache
+from ._tuning_result import TuningReport, TuningResult
 from ._descriptors import HeuristicResult
 from ._epilogs import MatmulEpilog
 from ._errors import NvblasltStateError, NvblasltValueError
+from ._launch import Launch
 
 
 class GroupedTrial:
-    """A grouped plan as ``_autotune`` drives it: runs on the plan's last operands into scratch memory."""
+    """A grouped plan as ``_autotune`` drives it (a ``TunablePlan``): runs on the plan's last operands into
+    scratch memory. Grouped plans have no epilog, so no bias-gradient form to choose."""
 
-    epilog = MatmulEpilog.DEFAULT  # grouped plans have no epilog: no bias-gradient form to choose
+    epilog = MatmulEpilog.DEFAULT
     split_form = None
 
     def __init__(self, plan, bound, stream: int):
-        self.launch = plan
+        self.launch: Launch = plan.launch
         self.device, self.stream = plan.device, stream
         # autotune()'s report, which the plan drops once it runs another algorithm: a search starts from its pick
-        self.tuning_report = plan.tuning_report
+        self.tuning_report: TuningReport | None = plan.tuning_report
         self._plan, self._bound = plan, bound
         problem = bound.problem
         self._scratch, _ = _memory.own_allocator(problem.out_shape, problem.out_strides, problem.d.dtype,
@@ -35,15 +38,18 @@ class GroupedTrial:
 
     @property
     def algorithms(self) -> list[HeuristicResult]:
-        return self._plan.algorithms
+        return self.launch.algorithms
 
     @property
     def algorithm(self) -> HeuristicResult | None:
-        return self._plan.algorithm
+        return self.launch.algorithm
 
     def trial_run(self, stream: int) -> None:
-        """The selected algorithm once, derive kernel included, into the scratch result."""
-        self._plan.run(self._bound, out=self._scratch, stream=stream, check_offsets=False)
+        """The selected algorithm once, derive kernel included, into the scratch result; a refusal raises."""
+        self._plan.run(self._bound, out=self._scratch, stream=stream, check_offsets=False, trial=True)
+
+    def make_split_form(self, iterations: int):
+        raise NotImplementedError("a grouped plan has no bias-gradient epilog")
 
     def close(self) -> None:
         self._scratch.buffer.release()
@@ -59,37 +65,29 @@ def check_arguments(iterations, budget_s) -> None:
 
 
 def autotune(plan, bound, stream: int, *, iterations: int, search: bool, remember: bool,
-             budget_s: float | None) -> list[tuple[HeuristicResult, float]]:
+             budget_s: float | None) -> TuningResult:
     """``GroupedMatmul.autotune``'s work: time (and with ``search``, look beyond) the plan's algorithms
-    on ``bound``'s operands on ``stream``, select the fastest, remember it; the timings, the selected one
-    first."""
+    on ``bound``'s operands on ``stream``, and remember the choice; what was chosen, for the plan to apply
+    (``GroupedMatmul.apply_tuning``). The timed runs select algorithms on the plan's launch: if this
+    raises, the launch is left with the algorithms and the selection it had."""
     if _cuda.is_capturing(stream):
         raise NvblasltStateError("autotune: waits for the GPU, which a CUDA graph being captured forbids")
-    planned, chosen, report = list(plan.algorithms), plan.algorithm, plan.tuning_report
     trial = GroupedTrial(plan, bound, stream)
+    launch = trial.launch
+    planned, selected = list(launch.algorithms), launch.algorithm
     try:
         with _cuda.on_device(plan.device):
-            timings = _autotune.autotune(trial, iterations=iterations, search=search, remember=False, stream=stream,
-                                         budget_s=_autotune.SEARCH_BUDGET_S if budget_s is None else budget_s)
-    except BaseException:  # a refusal, a CUDA error, Ctrl-C: the plan keeps the algorithms and the one it ran
-        plan.algorithms = planned
-        if chosen is not None:
-            plan.select(chosen)
-        plan.tuning_report = report
+            result = _autotune.tune(trial, iterations=iterations, search=search, remember=False, stream=stream,
+                                    budget_s=_autotune.SEARCH_BUDGET_S if budget_s is None else budget_s)
+    except BaseException:  # a refusal, a CUDA error, Ctrl-C: the launch keeps the algorithms and the one it ran
+        launch.offer(planned)
+        if selected is not None:
+            launch.select(selected)
         raise
     finally:
         trial.close()
-    best, best_ms = timings[0]
-    plan.select(best)
-    plan.tuning_report = trial.tuning_report
-    # the planned algorithms cuBLASLt ran (the engine left out those refused at launch), in timed order after
-    # the choice; a searched winner joins them, the other candidates screened do not
-    ran, timed = list(plan.algorithms), [result for result, _ in timings]
-    plan.algorithms = [best, *(r for r in timed[1:] if any(r is p for p in ran)),
-                       *(p for p in ran if all(p is not r for r in timed))]
-    report = trial.tuning_report
-    assert report is not None  # the engine sets it
     if remember:
+        report = result.report
         facts = {"confidence": round(report.confidence, 4), "switched": report.switched} if search else {}
-        _tuning_cache.remember(plan, best, best_ms, **facts)
-    return timings
+        _tuning_cache.remember(trial.launch, result.chosen, result.timings[0][1], **facts)
+    return result

@@ -4,8 +4,9 @@ selected algorithm and the fallback when the library refuses it at launch; and t
 ctypes argument tuple, which nothing else builds.
 
 ``build`` makes the descriptors of a canonical problem (``_problem``) whose epilog ``_epilogs``
-has prepared. ``Matmul`` binds operand pointers and runs; autotune, the search, the tuning cache
-and the bench read and drive a plan through these public names.
+has prepared; ``Launch.given`` takes descriptors a caller built (a grouped plan's layouts), with
+its operands' pointer arrays in fixed argument slots. ``Matmul`` and ``GroupedMatmul`` each own
+one; autotune, the search, the tuning cache and the bench drive it through these public names.
 """
 
 from __future__ import annotations
@@ -103,14 +104,24 @@ def _total_memory(device: int) -> int:
     return int(_cuda.device_properties(device).totalGlobalMem)
 
 
+class FixedScalar:
+    """A scale factor fixed for a launch's life (a grouped plan's alpha 1 and beta 0), as a ``Scalar``
+    hands it to cuBLASLt: ``reference``."""
+
+    def __init__(self, value: float):
+        self.value = ctypes.c_float(value)
+        self.reference = ctypes.byref(self.value)
+
+
 class Launch:
     """One cublasLtMatmul call: its descriptors, algorithm, workspace and prebuilt arguments.
 
     ``a_pointer``, ``b_pointer``, ``c_pointer`` (None without C), ``d_argument`` and
     ``stream_argument`` are mutable ``c_void_p`` objects made once and shared by every argument
-    tuple: a launch takes whatever they hold. ``alpha`` and ``beta`` are the plan's ``Scalar``s."""
+    tuple: a launch takes whatever they hold. ``alpha`` and ``beta`` are the plan's ``Scalar``s (or
+    ``FixedScalar``s). ``problem`` is the canonical problem, or None for a ``given`` launch."""
 
-    def __init__(self, lib, problem, handle, desc: MatmulDesc, layouts: list[MatrixLayout],
+    def __init__(self, lib, problem, handle, desc: MatmulDesc, layouts: list,
                  preference: MatmulPreference, *, workspace_limit: int, device: int, alpha, beta):
         self.lib, self.problem, self.handle, self.desc, self.layouts = lib, problem, handle, desc, layouts
         self.preference, self.workspace_limit, self.device = preference, workspace_limit, device
@@ -125,7 +136,22 @@ class Launch:
         self.d_argument, self.stream_argument = ctypes.c_void_p(), ctypes.c_void_p()  # set per call
         self.arguments: tuple = ()
         self.known_bad = 0  # algorithms the heuristics offered that ``_known_bad`` refuses
+        self.description = ""  # a given launch's problem, for the log (a canonical one describes itself)
+        self._held_workspaces: list[DeviceBuffer] | None = None  # replaced ones a CUDA graph may still use
 
+    @classmethod
+    def given(cls, lib, handle, desc: MatmulDesc, layouts: list, preference: MatmulPreference, *,
+              workspace_limit: int, device: int, pointers: tuple[int, int, int], description: str) -> Launch:
+        """A launch over descriptors the caller built (a grouped plan's layouts), alpha 1 and beta 0.
+        ``pointers`` are the device addresses of cuBLASLt's A, B and C/D arguments, fixed for the
+        launch's life (arrays of per-group pointers that a kernel rewrites per call): they fill the A,
+        B and C slots once, and ``run`` is given the same D. No canonical problem: no algorithm is
+        screened by ``_known_bad``, and ``description`` names the problem in the log."""
+        launch = cls(lib, None, handle, desc, layouts, preference, workspace_limit=workspace_limit, device=device,
+                     alpha=FixedScalar(1.0), beta=FixedScalar(0.0))
+        launch.description = description
+        launch.bind(*pointers)
+        return launch
     @classmethod
     def planned(cls, lib, problem, prepared: Prepared, *, options, preferences, scales, operands: dict,
                 aux_scale: bool, device: int, alpha, beta, algorithms, stream: int) -> tuple[Launch, list, dict]:
@@ -181,9 +207,12 @@ class Launch:
             if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED":
                 raise
             return []
-        found = [r for r in offered if not refuses(r, self.problem)]
+        found = [r for r in offered if not self._known_wrong(r)]
         self.known_bad = len(offered) - len(found)
         return found
+
+    def _known_wrong(self, result: HeuristicResult) -> bool:
+        return self.problem is not None and refuses(result, self.problem)
 
     def check(self, algo) -> HeuristicResult | None:
         """``algo`` as cuBLASLt accepts it for this launch (workspace, waves), or None if it does not
@@ -198,7 +227,7 @@ class Launch:
             return None
         result.algo = algo  # the caller's algorithm itself, whatever the check leaves in the result's copy
         checked = HeuristicResult(result, lib)
-        return None if refuses(checked, self.problem) else checked
+        return None if self._known_wrong(checked) else checked
 
     def checked(self, structs) -> list[HeuristicResult]:
         """The caller's algorithms (``cublasLtMatmulAlgo_t`` values), each checked for this launch."""
@@ -223,6 +252,14 @@ class Launch:
         raise NvblasltValueError("execute: algorithm: Algorithm passed to execute() has to be included in the "
                                  "plan() algorithms (plan(algorithms=[…]) takes it)")
 
+    def offer(self, algorithms: list[HeuristicResult]) -> None:
+        """Plan with ``algorithms``, best first (a grouped plan asking the heuristics again)."""
+        self.algorithms = list(algorithms)
+
+    def leave_out(self, refused: list[HeuristicResult]) -> None:
+        """Drop the algorithms cuBLASLt refused at launch (as tuning found them), unless none would be left."""
+        self.algorithms = [r for r in self.algorithms if all(r is not x for x in refused)] or self.algorithms
+
     def keep(self, ordered: list[HeuristicResult], prune: int | None) -> None:
         """The algorithms in ``ordered``'s order (those it lacks after them), the first ``prune`` only."""
         rest = [r for r in self.algorithms if all(r is not o for o in ordered)]
@@ -244,8 +281,16 @@ class Launch:
         old, self.workspace = self.workspace, DeviceBuffer(nbytes, stream)
         if self.algorithm is not None:
             self.select(self.algorithm)  # the arguments must not keep the old one's pointer
-        if old is not None:
+        if old is not None and self._held_workspaces is not None:
+            self._held_workspaces.append(old)  # a CUDA graph replays with it: kept for the launch's life
+        elif old is not None:
             old.release()
+
+    def hold_replaced_workspaces(self) -> None:
+        """From now on a workspace that a larger one replaces is kept, not released: a CUDA graph
+        captured this launch and replays with the pointer it had."""
+        if self._held_workspaces is None:
+            self._held_workspaces = []
 
     def release_workspace(self) -> None:
         if self.workspace is not None:
@@ -284,13 +329,13 @@ class Launch:
         if self.algorithm is None:
             return
         fixed = ctypes.c_void_p.from_param
-        types = self.problem.types
         layouts = self.layouts
         # Without C, cuBLASLt still takes a C pointer; D's own is fine unless C's type differs (fp8 results),
         # where cuBLASLt would take C == D for an in-place call with mismatched descriptors.
         if self.c_pointer is not None:
             c_argument = self.c_pointer
         else:
+            types = self.problem.types
             c_argument = self.d_argument if types.c == types.d else self.a_pointer
         workspace = self.workspace.pointer if self.workspace is not None and self.workspace_size else None
         self.arguments = (fixed(self.handle.handle), fixed(self.desc.handle), self.alpha.reference, self.a_pointer,
@@ -325,24 +370,28 @@ class Launch:
 
     def _refused(self, status: int) -> None:
         while self.lib.status_name(status) == "CUBLAS_STATUS_NOT_SUPPORTED" and self._next_algorithm():
-            logger.info("cublasLtMatmul refused an algorithm for %s; trying %s", self.problem.describe(),
-                        self.algorithm)
+            logger.info("cublasLtMatmul refused an algorithm for %s; trying %s",
+                        self.problem.describe() if self.problem is not None else self.description, self.algorithm)
             status = self.matmul(*self.arguments)  # the same pointer objects: this call's operands
             if not status:
                 return
         raise self.error(status)
 
     def _next_algorithm(self) -> bool:
-        """Drop the algorithm cuBLASLt refused at launch; False if it was not from the list or none is left."""
+        """Drop the algorithm cuBLASLt refused at launch; False if it was not from the list or none is left.
+        One that needs more workspace than the launch holds is passed over: nothing is allocated here,
+        where a CUDA graph may be capturing the call."""
         if not any(r is self.algorithm for r in self.algorithms):
             return False
         while self.algorithms and self.algorithms[0] is not self.algorithm:
             self.algorithms.pop(0)
-        if len(self.algorithms) <= 1:
-            return False
-        self.algorithms.pop(0)
-        self.select(self.algorithms[0])
-        return True
+        held = self.workspace.size if self.workspace is not None else 0
+        while len(self.algorithms) > 1:
+            self.algorithms.pop(0)
+            if self.algorithms[0].workspace_size <= held:
+                self.select(self.algorithms[0])
+                return True
+        return False
 
     def close(self) -> None:
         """Destroy the descriptors and release the workspace (stream-ordered after queued work)."""
@@ -364,7 +413,7 @@ def algorithm_ids(lib, types, options, device: int, limit: int) -> list[int]:
     return list(ids[:returned.value])
 
 
-__all__ = ["ForeignHandle", "Launch", "algorithm_ids", "algorithm_structs", "build", "raw_function"]
+__all__ = ["FixedScalar", "ForeignHandle", "Launch", "algorithm_ids", "algorithm_structs", "build", "raw_function"]
 
 
 def algorithm_structs(algorithms, api) -> list:

@@ -40,6 +40,8 @@ from ._types import cuda_type_names
 if TYPE_CHECKING:  # the default (PEP 696) is read by type checkers; typing_extensions is no run-time dependency
     from typing_extensions import TypeVar
 
+    from ._tuning_result import TuningReport, TuningResult
+
     ResultT = TypeVar("ResultT", default=Any)
 else:
     from typing import TypeVar
@@ -225,6 +227,8 @@ class Matmul(OperandResets, Generic[ResultT]):
         self._planned = self._freed = False
         self.launch: Launch = None  # type: ignore[assignment]  # made by plan()
         self.split_form: SplitBiasGradient | None = None  # the two-call form, when tuning found it faster
+        self.tuning_report: TuningReport | None = None  # what the last autotune() chose, over what, how sure
+        self.bias_gradient_form: tuple | None = None  # after a search of a *_BGRAD plan: (form, ms, other ms)
         self.fast_bound: list | None = None  # the function form's pointers bound now (default scalars), if any
         self._staged: dict[str, _memory.DeviceBuffer] = {}
         self._host_operands: dict = {}
@@ -559,7 +563,7 @@ class Matmul(OperandResets, Generic[ResultT]):
         from . import _autotune  # here, not at import: planning and executing never need timing or the search
 
         launch = self.launch
-        planned, selected = list(launch.algorithms), launch.algorithm
+        selected = launch.algorithm
         with _cuda.on_device(self.device):
             stream_h = stream_handle(stream) if stream is not None else self.stream
             try:
@@ -569,10 +573,25 @@ class Matmul(OperandResets, Generic[ResultT]):
                 if selected is not None:
                     launch.select(selected)
                 raise
-        # the timed order of the planned algorithms, after a challenger the search chose (not every one it screened)
-        chosen, *rest = [algorithm for algorithm, _ in timings]
-        launch.keep([chosen, *(r for r in rest if any(r is p for p in planned))], prune)
+        if prune:
+            launch.keep(launch.algorithms, prune)
         return timings
+
+    def apply_tuning(self, result: TuningResult) -> list[tuple[HeuristicResult, float]]:
+        """Run what ``autotune`` chose (``result``, a ``TuningResult``): its algorithm, the planned ones in
+        timed order after it, its report, and after a search of a *_BGRAD plan its bias-gradient form.
+        Returns the timings, the selected algorithm first."""
+        launch = self.launch
+        launch.select(result.chosen)
+        launch.keep(result.ordered(launch.algorithms), None)
+        if result.bias_gradient_form is not None:  # a searched *_BGRAD plan: the form chosen replaces the one held
+            held, self.split_form = self.split_form, result.split_form
+            if held is not None and held is not result.split_form:
+                held.free()
+            self.bias_gradient_form = result.bias_gradient_form
+            self.fast_bound = None  # the function form's next call binds the form that runs now
+        self.tuning_report = result.report
+        return result.timings
 
     def applicable_algorithm_ids(self, limit: int = 8) -> list[int]:
         """The ids of the algorithms cuBLASLt has for this plan's types (nvmath-python's method).

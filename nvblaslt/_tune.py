@@ -100,9 +100,8 @@ def _heuristics_only():
 
 
 # ---- one problem --------------------------------------------------------------------------------------------
-def _entry(plan, launch, timings, first, first_ms: float, summary: str) -> dict:
+def _entry(report, launch, timings, first, first_ms: float, summary: str) -> dict:
     chosen, chosen_ms = timings[0]
-    report = plan.tuning_report
     if _search.config_key(chosen) == _search.config_key(first):
         return _tuning_db.entry_for(None, "default", problem=summary, first_pick_ms=round(first_ms, 5),
                                    seconds=round(report.seconds, 1))
@@ -147,12 +146,12 @@ def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip)
             first = plan.algorithm
             description = _tuning_cache.problem_description(launch)
             summary = _tuning_cache.problem_summary(description, launch.lib.api)
-            timings = _autotune.autotune(plan, iterations=ITERATIONS, search=True, remember=False, stream=stream,
-                                         budget_s=budget_s)
-            if plan.split_form is not None:  # the database keeps fused algorithms only
-                plan.split_form.free()
-                plan.split_form = None
-            return key, _entry(plan, launch, timings, first, _first_pick_ms(timings, first), summary)
+            tuned = _autotune.tune(plan, iterations=ITERATIONS, search=True, remember=False, stream=stream,
+                                   budget_s=budget_s)
+            if tuned.split_form is not None:  # the database keeps fused algorithms only
+                tuned.split_form.free()
+            timings = tuned.timings
+            return key, _entry(tuned.report, launch, timings, first, _first_pick_ms(timings, first), summary)
 
 
 def _tune_grouped(spec: dict, budget_s: float, device: int, patterns: dict, skip) -> tuple[str, dict] | None:
@@ -173,13 +172,14 @@ def _tune_grouped(spec: dict, budget_s: float, device: int, patterns: dict, skip
         try:
             with _heuristics_only():
                 plan.plan()
-            key = _tuning_cache.key_of(plan)
+            key = _tuning_cache.key_of(plan.launch)
             if key is None or skip(key):
                 return None
             first = plan.algorithm
-            summary = _tuning_cache.problem_summary(_tuning_cache.problem_description(plan), plan.lib.api)
+            summary = _tuning_cache.problem_summary(_tuning_cache.problem_description(plan.launch), plan.lib.api)
             timings = plan.autotune(iterations=ITERATIONS, search=True, budget_s=budget_s, remember=False)
-            return key, _entry(plan, plan, timings, first, _first_pick_ms(timings, first), summary)
+            return key, _entry(plan.tuning_report, plan.launch, timings, first, _first_pick_ms(timings, first),
+                               summary)
         finally:
             plan.free()
 

@@ -156,11 +156,14 @@ class FakeSplit:
 
 
 class StandInLaunch:
-    """What autotune uses of a plan's Launch, by its public names."""
+    """What autotune uses of a plan's Launch, by its public names (``_protocols.PlannedLaunch``)."""
 
     def __init__(self, heuristic_ids):
-        self.algorithms = [FakeResult(i) for i in heuristic_ids]
+        self.algorithms: list = [FakeResult(i) for i in heuristic_ids]
         self.algorithm, self.workspace_limit, self.workspace = self.algorithms[0], 1 << 20, 0
+
+    def check(self, algo):
+        return None
 
     def select(self, result):
         self.algorithm = result
@@ -168,15 +171,20 @@ class StandInLaunch:
     def ensure_workspace(self, nbytes, stream):
         self.workspace = max(self.workspace, nbytes)
 
+    def leave_out(self, refused):
+        self.algorithms = [r for r in self.algorithms if all(r is not x for x in refused)] or self.algorithms
 
-class StandInPlan:
-    """What autotune uses of a Matmul, by its public names; ``speeds`` maps an algorithm id (or
-    "split") to its true ms."""
+    def offer(self, algorithms):
+        self.algorithms = list(algorithms)
 
-    def __init__(self, heuristic_ids, speeds, epilog=MatmulEpilog.RELU_BIAS):
-        self.launch = StandInLaunch(heuristic_ids)
-        self.speeds, self.epilog = speeds, epilog
-        self.ran, self.split_form, self.device, self.stream = None, None, 0, 0
+    def keep(self, ordered, prune):
+        self.algorithms = [*ordered, *(r for r in self.algorithms if all(r is not o for o in ordered))][:prune]
+
+
+class LaunchAlgorithms:
+    """A plan's ``algorithms`` and ``algorithm``: its launch's (the stand-in plans share them)."""
+
+    launch: StandInLaunch
 
     @property
     def algorithms(self):
@@ -186,12 +194,49 @@ class StandInPlan:
     def algorithm(self):
         return self.launch.algorithm
 
+
+class StandInPlan(LaunchAlgorithms):
+    """What autotune uses of a Matmul, by its public names (``_protocols.TunedPlan``); ``speeds`` maps an
+    algorithm id (or "split") to its true ms."""
+
+    def __init__(self, heuristic_ids, speeds, epilog=MatmulEpilog.RELU_BIAS):
+        self.launch = StandInLaunch(heuristic_ids)
+        self.speeds, self.epilog = speeds, epilog
+        self.ran, self.split_form, self.device, self.stream = None, None, 0, 0
+        self.tuning_report, self.bias_gradient_form = None, None
+
     def trial_run(self, stream):
-        assert self.split_form is None, "fused algorithms must be timed as themselves"
         self.ran = self.launch.algorithm.algorithm.id
 
     def make_split_form(self, iterations):
         return FakeSplit(self, iterations)
+
+    def apply_tuning(self, result):
+        """As Matmul.apply_tuning: the choice, the timed order, the form, the report."""
+        self.launch.select(result.chosen)
+        self.launch.keep(result.ordered(self.launch.algorithms), None)
+        if result.bias_gradient_form is not None:
+            held, self.split_form = self.split_form, result.split_form
+            if held is not None and held is not result.split_form:
+                held.free()
+            self.bias_gradient_form = result.bias_gradient_form
+        self.tuning_report = result.report
+        return result.timings
+
+
+def test_the_stand_ins_and_the_real_plans_meet_the_declared_protocols():
+    from nvblaslt import GroupedMatmul, Matmul, _grouped_tuning, _launch, _protocols
+
+    plan = StandInPlan([1], {1: 1.0})
+    assert isinstance(plan, _protocols.TunedPlan) and isinstance(plan.launch, _protocols.PlannedLaunch)
+    for cls, protocol in ((Matmul, _protocols.TunedPlan), (_grouped_tuning.GroupedTrial, _protocols.TunablePlan),
+                          (_launch.Launch, _protocols.PlannedLaunch)):
+        members = [name for name in dir(protocol) if not name.startswith("_")]
+        instance_attributes = {"launch", "device", "stream", "tuning_report", "split_form", "workspace_limit",
+                               "algorithms", "algorithm", "epilog"}
+        missing = [name for name in members if not hasattr(cls, name) and name not in instance_attributes]
+        assert not missing, f"{cls.__name__} lacks {missing} of {protocol.__name__}"
+    assert hasattr(GroupedMatmul, "launch") is False  # an instance attribute: the plan's own Launch
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ semantics in NumPy on the very arrays, offsets and pointers the GPU kernel deriv
 the grouped descriptors against the real library; the derive kernel compiles."""
 
 import ctypes
+import types
 
 import numpy as np
 import pytest
@@ -342,7 +343,8 @@ def test_autotune_refuses_bad_iterations_and_an_unplanned_plan():
     from nvblaslt._errors import NvblasltStateError
 
     plan = GroupedMatmul.__new__(GroupedMatmul)  # as __init__ leaves it before plan(), without the GPU
-    plan.algorithms, plan.algorithm, plan._operands = [], None, (None, None, None)
+    plan.launch, plan._freed = types.SimpleNamespace(algorithms=[], algorithm=None), False
+    plan._operands = (None, None, None)
     for bad in (0, -1, 2.5, True, "5"):
         with pytest.raises(NvblasltValueError, match="iterations: expected a positive int"):
             plan.autotune(iterations=bad)
@@ -354,6 +356,7 @@ def test_a_grouped_plans_autotuned_choice_is_keyed_and_recalled(grouped_lib, mon
     # the tuning cache reads a grouped plan as it reads a Matmul's launch: from its C descriptors
     from nvblaslt import GroupedMatmul, _tuning_cache
     from nvblaslt._descriptors import HeuristicResult
+    from nvblaslt._launch import Launch
 
     monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(_tuning_cache, "gpu_identity", lambda device: {"name": "test GPU", "cc": [9, 0], "sms": 132})
@@ -370,10 +373,13 @@ def test_a_grouped_plans_autotuned_choice_is_keyed_and_recalled(grouped_lib, mon
         plan = GroupedMatmul.__new__(GroupedMatmul)
         plan.lib, plan.problem, plan.arrays = grouped_lib, problem, FakeArrays()
         plan.workspace_bytes, plan.device = 1 << 20, 0
-        plan.desc, plan.layouts, plan.preference = plan._descriptors()
+        desc, layouts, preference = plan._descriptors()
+        # the grouped plan's Launch, as GroupedMatmul makes it (no handle: nothing runs)
+        launch = Launch.given(grouped_lib, None, desc, layouts, preference, workspace_limit=1 << 20, device=0,
+                              pointers=(0x100, 0x200, 0x300), description="4 groups")
         # cuBLASLt's algorithm check needs a GPU: this one accepts any algorithm
-        plan.check = lambda algo: HeuristicResult(_result(grouped_lib, algo), grouped_lib)
-        return plan
+        launch.check = lambda algo: HeuristicResult(_result(grouped_lib, algo), grouped_lib)  # type: ignore
+        return launch
 
     four, eight = plan_for(4), plan_for(8)
     assert _tuning_cache.key_of(four) != _tuning_cache.key_of(eight)

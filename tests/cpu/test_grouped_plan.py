@@ -5,10 +5,12 @@ is the real code. What the calls carry is checked against the layout the problem
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import nvblaslt
-from nvblaslt import GroupedMatmul, NvblasltStateError, NvblasltValueError, _grouped, _grouped_function
+from nvblaslt import GroupedMatmul, NvblasltStateError, NvblasltValueError, _grouped, _grouped_function, _launch
 from nvblaslt._descriptors import HeuristicResult
 from tests.fakes import FakeDLPack
 
@@ -49,14 +51,23 @@ def gpu_standins(monkeypatch, default_lib):
         result.workspaceSize = 0
         return [HeuristicResult(result, lib)]
 
+    def plain(argument):  # a c_void_p's value; what a prebuilt from_param() or byref() argument holds
+        if hasattr(argument, "value"):
+            return argument.value
+        shown = re.fullmatch(r"<cparam '[PLQ]' \((\w+)\)>", repr(argument))  # from_param(int): no attribute
+        if shown:
+            return int(shown.group(1), 0)
+        held = getattr(argument, "_obj", argument)
+        return getattr(held, "value", held)
+
     def matmul(*arguments):
-        calls["matmul"].append([getattr(x, "value", x) for x in arguments])
+        calls["matmul"].append([plain(x) for x in arguments])
         return 0
 
     monkeypatch.setattr(_grouped.Handle, "for_device", classmethod(lambda cls, device: Handle()))
     monkeypatch.setattr(_grouped, "GroupedArrays", Arrays)
-    monkeypatch.setattr(_grouped, "heuristics", heuristics)
-    monkeypatch.setattr(_grouped, "raw_function", lambda function: matmul)
+    monkeypatch.setattr(_launch, "heuristics", heuristics)  # the plan's Launch asks them
+    monkeypatch.setattr(_launch, "raw_function", lambda function: matmul)
     monkeypatch.setattr(_grouped, "require_grouped", lambda lib: None)  # 13.4 and newer: the stand-ins run
     monkeypatch.setattr(_grouped._tuning_cache, "recall", lambda plan: (None, {}))
     monkeypatch.setattr(_grouped_function._tuning_cache, "generation", 0)

@@ -12,8 +12,9 @@ import types
 
 import pytest
 
-from nvblaslt import _autotune, _cuda, _grouped_tuning, _search, _timing, _tuning_cache
+from nvblaslt import GroupedMatmul, _autotune, _cuda, _grouped_tuning, _search, _timing, _tuning_cache
 from nvblaslt._errors import CublasLtError
+from tests.cpu.test_autotune import LaunchAlgorithms, StandInLaunch
 from tests.fakes import simulated_timer
 
 
@@ -36,27 +37,31 @@ class Result:
         return bytes([self.algorithm.id % 256]) * 64
 
 
-class StandInGroupedPlan:
-    """What ``_grouped_tuning`` and ``_autotune`` use of a GroupedMatmul, by its public names; ``speeds``
-    maps an algorithm id to its true ms, ``refused`` the ids cuBLASLt refuses at launch."""
+class StandInGroupedLaunch(StandInLaunch):
+    """The grouped plan's Launch (``_protocols.PlannedLaunch``), by its public names."""
+
+    def __init__(self, ids):
+        self.algorithms = [Result(i) for i in ids]
+        self.algorithm, self.workspace_limit, self.workspace = self.algorithms[0], 1 << 20, 0
+
+
+class StandInGroupedPlan(LaunchAlgorithms):
+    """What ``_grouped_tuning`` and ``GroupedMatmul.apply_tuning`` use of a GroupedMatmul, by its public
+    names; ``speeds`` maps an algorithm id to its true ms, ``refused`` the ids cuBLASLt refuses at launch."""
 
     def __init__(self, ids, speeds, refused=()):
-        self.algorithms = [Result(i) for i in ids]
-        self.algorithm, self.tuning_report = self.algorithms[0], None
+        self.launch = StandInGroupedLaunch(ids)
+        self.tuning_report = None
         self.speeds, self.refused, self.ran = speeds, set(refused), None
-        self.device, self.workspace_limit, self.workspace = 0, 1 << 20, 0
+        self.device = 0
 
     def select(self, result):
-        assert any(result is r for r in self.algorithms) or result.algorithm.id >= 100, "not the plan's"
         if result is not self.algorithm:
             self.tuning_report = None  # as GroupedMatmul.select: the report describes another algorithm
-        self.algorithm = result
+        self.launch.select(result)
 
-    def ensure_workspace(self, nbytes, stream=None):
-        self.workspace = max(self.workspace, nbytes)
-
-    def run(self, bound, *, out, stream, check_offsets):
-        assert out is SCRATCH, "a timed run must write scratch memory"
+    def run(self, bound, *, out, stream, check_offsets, trial=False):
+        assert out is SCRATCH and trial, "a timed run must write scratch memory, and never fall back"
         if self.algorithm.algorithm.id in self.refused:
             raise CublasLtError("cublasLtMatmul", 15, "CUBLAS_STATUS_NOT_SUPPORTED", "refused at launch")
         self.ran = self.algorithm.algorithm.id
@@ -89,7 +94,8 @@ def simulated(monkeypatch):
 def _tune(plan, **kw):
     bound = types.SimpleNamespace(problem=types.SimpleNamespace(out_shape=(4, 4), out_strides=(4, 1),
                                                            d=types.SimpleNamespace(dtype=None)))
-    return _grouped_tuning.autotune(plan, bound, 7, iterations=3, remember=True, budget_s=2.0, **kw)
+    result = _grouped_tuning.autotune(plan, bound, 7, iterations=3, remember=True, budget_s=2.0, **kw)
+    return GroupedMatmul.apply_tuning(plan, result)  # the real plan's way of applying it
 
 
 def test_a_refused_algorithm_leaves_the_plans_list_and_the_fastest_is_selected(simulated):
@@ -141,7 +147,7 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
     """``GroupedMatmul.select``: a planned algorithm or one its ``check()`` accepted within the workspace
     limit (the search's candidates), run with what cuBLASLt said of it here; anything else refused by
     name. A workspace that cannot be made leaves the old one in place."""
-    from nvblaslt import _grouped
+    from nvblaslt import _grouped, _launch
     from nvblaslt._errors import NvblasltTypeError, NvblasltValueError
 
     class Buffer:
@@ -153,15 +159,20 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
         def release(self):
             self.released = True
 
-    monkeypatch.setattr(_grouped, "DeviceBuffer", Buffer)
+    monkeypatch.setattr(_launch, "DeviceBuffer", Buffer)
+    monkeypatch.setattr(_launch, "raw_function", lambda function: None)
+    launch = _launch.Launch(types.SimpleNamespace(cublasLtMatmul=None), None, None, None, [], None,
+                            workspace_limit=1 << 20, device=0, alpha=None, beta=None)
+    launch._build_arguments = lambda: None  # type: ignore[method-assign]  # no descriptors: nothing runs
     plan = _grouped.GroupedMatmul.__new__(_grouped.GroupedMatmul)  # without the GPU: the state select() reads
     planned, searched, evicted = Result(1, 256), Result(100, 4096), Result(101, 512)
-    plan.algorithms, plan.algorithm, plan._checked = [planned], None, {searched.as_bytes(): searched}
-    plan.workspace, plan.captured, plan._graph_memory, plan._last_stream = None, False, [], 0
+    launch.offer([planned])
+    plan.launch, plan._freed, plan._checked = launch, False, {searched.as_bytes(): searched}
+    plan.captured, plan._last_stream = False, 0
     plan.workspace_bytes, plan.tuning_report = 1 << 20, "autotune's report"
     # cuBLASLt's check, for what select() has not seen: it accepts #101 (over the limit for #102) only
     plan.lib = types.SimpleNamespace(api=types.SimpleNamespace(cublasLtMatmulAlgo_t=ctypes.c_byte * 64))
-    plan.check = lambda algo: {evicted.as_bytes(): evicted, Result(102).as_bytes(): Result(102, 2 << 20)}.get(
+    launch.check = lambda algo: {evicted.as_bytes(): evicted, Result(102).as_bytes(): Result(102, 2 << 20)}.get(
         bytes(algo))
     plan.select(Result(1))  # the same bytes as a planned one: the plan's own result runs
     assert plan.algorithm is planned and plan.workspace.size == 256 and plan.tuning_report is None

@@ -59,7 +59,6 @@ _BENCH_TORCH = ("torch reaches the bench's functions as a parameter (imported on
                 "no import binds the name; PyTorch's private ops are the baselines it compares against")
 _AUTOGRAD_CTX = "torch.autograd's ctx: setup_context saves on it what backward reads (PyTorch's API)"
 _ARGUMENTS = "the bench's own argparse/options namespace, filled in with defaults after parsing"
-_STEP_3 = "issue 36 step 3: autotune returns a TuningResult the plan applies"
 _STEP_4 = "issue 36 step 4: one plan-cache class with methods for what the function form changes"
 _TESTS_OWN = "torch's autograd: a leaf tensor's gradient reset between the bench's timed steps (PyTorch's API)"
 
@@ -80,9 +79,6 @@ ALLOWED_PRIVATE_REACHES: dict[str, dict[str, str]] = {
 ALLOWED_WRITES: dict[str, dict[str, str]] = {
     "codegen/sources.py": {"fetch.STATS.seconds = …": "the fetch module's run statistics, which every source "
                                                       "adds its time to (a counter the report prints)"},
-    "nvblaslt/_autotune.py": {"launch.algorithms = …": _STEP_3, "plan.bias_gradient_form = …": _STEP_3,
-                              "plan.split_form = …": _STEP_3, "plan.tuning_report = …": _STEP_3,
-                              "standing.verdict = …": "Standing is _autotune's own dataclass: the duel's record"},
     "nvblaslt/_descriptors.py": {"self.algorithm.workspace_size = …": "nvmath-python's algorithm.workspace_size, "
                                  "set once on the Algorithm this HeuristicResult has just made"},
     "nvblaslt/_dlpack.py": dict.fromkeys(
@@ -93,7 +89,6 @@ ALLOWED_WRITES: dict[str, dict[str, str]] = {
     "nvblaslt/_function_form.py": {"cache.generation = …": _STEP_4, "cache.last_key = …": _STEP_4,
                                    "cache.last_plan = …": _STEP_4, "cache.retired = …": _STEP_4,
                                    "plan.fast_bound = …": _STEP_4},
-    "nvblaslt/_grouped_tuning.py": {"plan.algorithms = …": _STEP_3, "plan.tuning_report = …": _STEP_3},
     "nvblaslt/_launch.py": {"value.value = …": "the c_void_p the setter closure made, its contents per call"},
     "nvblaslt/_loader.py": dict.fromkeys(
         ["func.__doc__ = …", "func.argtypes = …", "func.errcheck = …", "func.restype = …",
@@ -109,8 +104,7 @@ ALLOWED_WRITES: dict[str, dict[str, str]] = {
     "nvblaslt/_split_bgrad.py": {"row_sums.allocate_result = …": "the row-sum plan it has just made writes where "
                                  "the fused plan's bias gradient would (its result allocator replaced)"},
     "nvblaslt/_tune.py": {"_tuning_cache.recall_enabled = …": "nvblaslt tune plans from the heuristics alone: the "
-                          "tuning cache's switch, set and restored around it",
-                          "plan.split_form = …": _STEP_3},
+                          "tuning cache's switch, set and restored around it"},
     "nvblaslt/bench/cli.py": dict.fromkeys(
         ["args.calls = …", "args.gpu = …", "args.layer_rounds = …", "args.repeats = …", "args.rounds = …",
          "args.search_epilogs = …", "args.search_rounds = …", "args.sections = …", "args.seed_epilogs = …"],

@@ -1,0 +1,89 @@
+"""What the tuner drives and what a plan launches, declared once (``typing.Protocol``), so that a type
+checker reads the two kinds of plan, ``Matmul`` and ``GroupedMatmul``, and the tests' stand-ins against
+the same surface instead of duck typing.
+
+``PlannedLaunch`` is what ``_launch.Launch`` offers the tuner, the search and the tuning cache;
+``TunablePlan`` is what ``_autotune.tune`` drives: a ``Matmul``, or a grouped plan through
+``_grouped_tuning.GroupedTrial``; ``TunedPlan`` also applies what tuning chose (``Matmul``), as
+``_autotune.autotune`` has it do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ._tuning_result import TuningReport, TuningResult
+    from ._descriptors import HeuristicResult
+
+
+@runtime_checkable
+class PlannedLaunch(Protocol):
+    """One cuBLASLt call made ready: its algorithms, the selected one, its workspace."""
+
+    @property
+    def algorithms(self) -> list[HeuristicResult]: ...
+
+    @property
+    def algorithm(self) -> HeuristicResult | None: ...
+
+    @property
+    def workspace_limit(self) -> int: ...
+
+    def check(self, algo: Any) -> HeuristicResult | None: ...
+
+    def select(self, result: HeuristicResult) -> None: ...
+
+    def ensure_workspace(self, nbytes: int, stream: int) -> None: ...
+
+    def leave_out(self, refused: list[HeuristicResult]) -> None: ...
+
+    def offer(self, algorithms: list[HeuristicResult]) -> None: ...
+
+    def keep(self, ordered: list[HeuristicResult], prune: int | None) -> None: ...
+
+
+@runtime_checkable
+class TunablePlan(Protocol):
+    """A plan the tuner times: trial launches into scratch memory, on its launch's algorithms. The tuner
+    selects algorithms on the launch while it times them and returns what it chose (a ``TuningResult``);
+    the plan applies it."""
+
+    @property
+    def launch(self) -> PlannedLaunch: ...
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def stream(self) -> int: ...
+
+    @property
+    def epilog(self) -> Any: ...
+
+    @property
+    def algorithms(self) -> list[HeuristicResult]: ...
+
+    @property
+    def algorithm(self) -> HeuristicResult | None: ...
+
+    @property
+    def tuning_report(self) -> TuningReport | None: ...
+
+    @property
+    def split_form(self) -> Any: ...
+
+    def trial_run(self, stream: int) -> object: ...
+
+    def make_split_form(self, iterations: int) -> Any: ...
+
+
+@runtime_checkable
+class TunedPlan(TunablePlan, Protocol):
+    """A plan that applies what tuning chose: selects it, orders its algorithms, takes the report and
+    the bias-gradient form; returns the timings."""
+
+    def apply_tuning(self, result: TuningResult) -> list[tuple[HeuristicResult, float]]: ...
+
+
+__all__ = ["PlannedLaunch", "TunablePlan", "TunedPlan"]
