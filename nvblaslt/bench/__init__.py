@@ -5,4 +5,8 @@ API and of a plan's ``Launch`` by its public names; nothing in the core imports 
 rounds through ``nvblaslt._timing.shuffled_rounds``); one module per section (``percall``,
 ``layer``, ``seed``, ``search``, ``mlp``, ``import_time``); ``report`` writes the JSON, the tables
 and the chart; ``common`` holds what every section uses.
+
+Benches of their own, each ``python -m nvblaslt.bench.NAME``: ``mlp``, ``conv``, ``grouped``, ``jax``, and
+``tuning`` (the tuning database and batch invariance, issue 35's figures; ``tuning_problems``,
+``tuning_recall`` and ``invariance`` are its parts).
 """

@@ -57,14 +57,16 @@ def with_epilog(spec: dict, epilog: str) -> dict:
 
 
 def problems(quick: bool) -> list[dict]:
-    """The quick subset, or every dense problem of the suite with the bias epilogs' forms of every up
-    projection. The suite's grouped GEMMs are left out (the caller says so)."""
+    """The quick subset, or every distinct dense problem of the suite with the bias epilogs' forms of every
+    up projection. The suite's grouped GEMMs are left out (the caller says so)."""
     suite = _by_name()
     if quick:
         return [suite[name] for name in QUICK_SUITE] + [with_epilog(suite[name], e) for name, e in QUICK_VARIANTS]
-    chosen = list(suite.values())
-    ups = [spec for spec in chosen if spec["epilog"] == "GELU_AUX_BIAS"]
-    return chosen + [with_epilog(spec, epilog) for spec in ups for epilog in VARIANT_EPILOGS]
+    chosen: dict[str, dict] = {}  # by signature: Mixtral's and Qwen3-8B's attention are Llama-3-8B's shapes
+    for spec in suite.values():
+        chosen.setdefault(signature(spec), spec)
+    ups = [spec for spec in chosen.values() if spec["epilog"] == "GELU_AUX_BIAS"]
+    return list(chosen.values()) + [with_epilog(spec, epilog) for spec in ups for epilog in VARIANT_EPILOGS]
 
 
 def signature(spec: dict) -> str:
