@@ -181,3 +181,13 @@ def test_invariance_summary_checks_each_m_against_its_target():
     assert (summary["lowest_small"], summary["lowest_large"]) == (0.9, 0.86)
     assert summary["misses"] == ["N=4096 K=4096 BIAS M=16: 0.900× (target ≥ 0.95)"]
     assert len(summary["errors"]) == 1 and summary["bitwise_differs"] == []
+
+
+def test_the_closing_lines_say_met_missed_or_no_figure_for_every_target():
+    assert all(line.endswith("no figure") for line in tuning.targets_lines({}))
+    results = {"duels": {"summary": {"geomean": 1.06, "worst": 0.97, "with_entry": 2, "slower_than_torch": []}},
+               "agreement": {"fraction": 1.0}, "recall": {"paths": {"Matmul": {"exact": 1, "plans": 2}}},
+               "invariance": {"summary": {"lowest_small": 0.96, "lowest_large": 0.8, "bitwise_differs": ["x"]}}}
+    lines = tuning.targets_lines(results)
+    assert [line.rsplit(" ", 1)[1] for line in lines] == ["met", "MISSED", "met", "met", "MISSED", "met", "MISSED",
+                                                           "MISSED"]
