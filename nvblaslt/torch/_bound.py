@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 from .. import Matmul, MatmulEpilog
 from .. import _cuda, _tuning_cache
@@ -83,7 +84,7 @@ class _Steps(threading.local):
     """One thread's bound steps by key, oldest first, and the tuning cache's generation they recall."""
 
     def __init__(self) -> None:
-        self.entries: dict[Hashable, object] = {}
+        self.entries: dict[tuple[Hashable, int], Any] = {}  # (key, stream) -> step
         self.generation = _tuning_cache.generation
         self.retired: list = []
 
@@ -107,7 +108,7 @@ def step(key: Hashable, stream: int, build: Callable[[], object]):
     found = entries.get((key, stream))
     if found is None:
         if _cuda.is_capturing(stream):
-            return next((made for (made_key, _), made in entries.items() if made_key == key), None)
+            return next((made for pair, made in entries.items() if pair[0] == key), None)
         found = entries[key, stream] = build()
         if len(entries) > _CACHE_SIZE:
             _free(entries.pop(next(iter(entries))))

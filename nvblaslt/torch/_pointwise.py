@@ -19,6 +19,9 @@ which refuses a double backward by name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import torch
 from torch import Tensor
 
@@ -37,7 +40,12 @@ _FORWARD = {  # (activation, has bias, keep aux) -> epilog, as _gemms' forward r
 }
 _ELEMENTWISE = {_E.DEFAULT, _E.RELU, _E.GELU}  # no vector along D: D = X Wᵀ, row-major, as _gemms runs it
 DTYPES = {torch.float16, torch.bfloat16, torch.float32}  # float64 goes to _gemms, which falls back by epilog
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(device: int) -> int:
+    """torch's current stream on ``device`` (a bound step runs only where torch has the raw getter)."""
+    return cast(Callable[[int], int], _raw_stream)(device)
 
 
 class Step:
@@ -51,6 +59,9 @@ class Step:
     def __init__(self, x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool,
                  stream: int) -> None:
         o = weight.shape[0]
+        self.out_shape: tuple[int, ...]
+        self.out_strides: tuple[int, ...]
+        self.x_strides: tuple[int, ...]
         if x.dim() == 4:
             n, c, h, w = x.shape
             m = n * h * w
@@ -79,7 +90,7 @@ class Step:
         """The backward's GEMM ``index`` (1: dW, 2: dW with db, 3: dX), made on first use from this call's
         tensors; None where it cannot be bound, or a graph is being captured (planning allocates)."""
         if not self.built[index]:
-            if _cuda.is_capturing(_raw_stream(x.get_device())):
+            if _cuda.is_capturing(_current_stream(x.get_device())):
                 return None
             o, m, c = weight.shape[0], self.rows, weight.shape[1]
             dz_rows = dz.as_strided((m, o), (o, 1))
@@ -98,13 +109,14 @@ class Step:
 def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool, step: Step,
              stream: int):
     out = x.new_empty_strided(step.out_shape, step.out_strides)
+    vectors: tuple[int, ...]
     if keep_aux:
         aux = x.new_empty_strided(step.aux_shape, step.aux_strides, dtype=step.aux_dtype)
         vectors = (bias.data_ptr(), aux.data_ptr()) if bias is not None else (aux.data_ptr(),)
     else:
         aux = None
         vectors = (bias.data_ptr(),) if bias is not None else ()
-    gemm = step.gemms[0]
+    gemm = cast(_bound.BoundGemm, step.gemms[0])  # a step whose forward cannot be bound is never run
     if step.transposed:  # D = W Xᵀ
         gemm(weight.data_ptr(), x.data_ptr(), out.data_ptr(), stream, *vectors)
     else:  # D = X Wᵀ
@@ -162,9 +174,9 @@ def _backward(ctx, grad_out: Tensor | None, grad_aux=None):
     input_gemm = step.backward_gemm(3, x, weight, dz) if needs[0] else None
     if (needs[1] and weight_gemm is None) or (needs[0] and input_gemm is None):
         return _as_op(ctx, grad_out, x, weight, out, bias_grad)
-    stream = _raw_stream(x.get_device())  # autograd runs it on the forward's stream (a capture's, in one)
+    stream = _current_stream(x.get_device())  # autograd runs it on the forward's stream (a capture's, in one)
     dx = dw = db = None
-    if needs[1]:
+    if weight_gemm is not None:
         dw = weight.new_empty_strided(weight.shape, weight.stride())
         if bias_grad:
             db = weight.new_empty((weight.shape[0],))
@@ -173,7 +185,7 @@ def _backward(ctx, grad_out: Tensor | None, grad_aux=None):
             weight_gemm(x.data_ptr(), dz.data_ptr(), dw.data_ptr(), stream)
     elif bias_grad:
         db = dz.sum((0, 2, 3))
-    if needs[0]:
+    if input_gemm is not None:
         dx = x.new_empty_strided(x.shape, step.x_strides)
         input_gemm(weight.data_ptr(), dz.data_ptr(), dx.data_ptr(), stream)
     return dx, dw, db, None, None, None, None
@@ -224,7 +236,7 @@ def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
     device = x.get_device()
     if _several_devices() and torch.cuda.current_device() != device:
         return None
-    stream = _raw_stream(device)
+    stream = _current_stream(device)
     key = (x.shape, x.dtype, device, weight.shape[0], bias is None, activation, keep_aux)
     step = _bound.step(key, stream, lambda: Step(x, weight, bias, activation, keep_aux, stream))
     if step is None or step.gemms[0] is None:
