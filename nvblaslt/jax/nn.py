@@ -103,13 +103,35 @@ class FusedDense(nnx.Module):
         self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else None
 
     def parameters(self, x) -> tuple:
-        """(x, (kernel, bias)) in the computation's dtype."""
+        """The input and the layer's parameters in the computation's dtype.
+
+        Parameters
+        ----------
+        x : jax.Array
+            (…, in_features).
+
+        Returns
+        -------
+        tuple
+            (x, (kernel, bias)), promoted as ``nnx.Linear`` promotes them; bias is None without one.
+        """
         bias = None if self.bias is None else self.bias[...]
         x, kernel, bias = promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
         return x, (kernel, bias)
 
     def __call__(self, x):
-        """(…, in_features) → (…, out_features)."""
+        """The layer's output, ``activation(x @ kernel + bias)``.
+
+        Parameters
+        ----------
+        x : jax.Array
+            (…, in_features), on a GPU.
+
+        Returns
+        -------
+        jax.Array
+            (…, out_features).
+        """
         _check_features(x, self.in_features)
         x, layer = self.parameters(x)
         return dense(x, [layer], self.activation)
@@ -166,7 +188,18 @@ class FusedMLP(nnx.Module):
             for index, (n_in, n_out) in enumerate(zip(features, features[1:]))])
 
     def __call__(self, x):
-        """(…, features[0]) → (…, features[-1])."""
+        """The stack's output, its layers as one ``nvblaslt.jax.dense`` call.
+
+        Parameters
+        ----------
+        x : jax.Array
+            (…, features[0]), on a GPU.
+
+        Returns
+        -------
+        jax.Array
+            (…, features[-1]).
+        """
         _check_features(x, self.layers[0].in_features)
         x, first = self.layers[0].parameters(x)
         layers = [first, *(layer.parameters(x)[1] for layer in self.layers[1:])]
@@ -225,8 +258,20 @@ class MoEExperts(nnx.Module):
         self.down = nnx.Param(kernel_init(rngs.params(), (num_experts, hidden, features), param_dtype))
 
     def __call__(self, x, group_sizes):
-        """x (tokens, features), its rows sorted by expert; group_sizes (num_experts,) integers: each
-        expert's row count, in order. Rows past their total come back as zeros."""
+        """Each token through its expert: ``down[e] @ act(up[e] @ x)``.
+
+        Parameters
+        ----------
+        x : jax.Array
+            (tokens, features), its rows sorted by expert.
+        group_sizes : jax.Array
+            (num_experts,) integers: each expert's row count, in order.
+
+        Returns
+        -------
+        jax.Array
+            (tokens, features); rows past the groups' total are zeros.
+        """
         _check_features(x, self.features)
         x, up, down = promote_dtype((x, self.up[...], self.down[...]), dtype=self.dtype)
         hidden = EXPERT_ACTIVATIONS[self.activation](self.ragged_dot(x, up, group_sizes))
