@@ -22,14 +22,17 @@ def _warm_up(torch, cases: Sequence[tuple[str, Callable]]) -> None:
 
 
 def event_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, calls: int = 1,
-                 seed: int = 0) -> list[list[float]]:
+                 seed: int = 0, before: Callable[[], None] | None = None) -> list[list[float]]:
     """Per-call ms of each ``(name, fn)`` case: CUDA events around a burst of ``calls`` calls, every
-    case once per round in a fresh order (seeded), after two warm-up calls each."""
+    case once per round in a fresh order (seeded), after two warm-up calls each. ``before()`` runs ahead
+    of each sample's first event (an L2 flush, a spin that hides the host)."""
     _warm_up(torch, cases)
 
     def measure(case: tuple[str, Callable]) -> float:
         fn = case[1]
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if before is not None:
+            before()
         start.record()
         for _ in range(calls):
             fn()

@@ -11,7 +11,7 @@ from typing import Any
 
 from nvblaslt import _tune_suite
 from nvblaslt._autotune import median_bounds
-from nvblaslt._timing import shuffled_rounds
+from .timing import event_rounds
 
 # The --quick subset: several models, every token count, forward bf16 and fp8, the epilogs with their backward.
 QUICK_SUITE = (
@@ -168,27 +168,14 @@ def flush_buffer():
 
 
 def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush) -> list[list[float]]:
-    """ms per call of each ``(name, fn)`` case over ``rounds`` interleaved rounds (``shuffled_rounds``), after
-    two warm-up calls each: per sample the L2 flushed, a spin queued ahead, CUDA events around ``calls`` calls."""
+    """ms per call of each ``(name, fn)`` case over ``rounds`` interleaved rounds, after two warm-up calls
+    each: per sample the L2 flushed, a spin queued ahead, CUDA events around ``calls`` calls."""
     import torch
 
-    for _, fn in cases:
-        fn()
-        fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def measure(case: tuple[str, Any]) -> float:
-        fn = case[1]
+    def before() -> None:
         flush.zero_()
         torch.cuda._sleep(SPIN_CYCLES + SPIN_CYCLES_PER_CALL * calls)
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / calls
-    return shuffled_rounds(cases, rounds, measure)
+    return event_rounds(torch, cases, rounds, calls, before=before)
 
 
 def burst_calls(fn, flush) -> int:
