@@ -6,7 +6,8 @@ rounds through ``nvblaslt._timing.shuffled_rounds``); one module per section (``
 ``layer``, ``seed``, ``search``, ``mlp``, ``import_time``); ``report`` writes the JSON, the tables
 and the chart; ``common`` holds what every section uses.
 
-Benches of their own, each ``python -m nvblaslt.bench.NAME``: ``mlp``, ``conv``, ``grouped``, ``jax``, and
+Benches of their own, each ``python -m nvblaslt.bench.NAME``: ``mlp``, ``conv``, ``grouped``, ``jax``,
+``ragged`` (``nvblaslt.jax.ragged_dot`` against ``jax.lax.ragged_dot`` on MoE expert shapes), and
 ``tuning`` (the tuning database and batch invariance, issue 35's figures; ``tuning_problems``,
 ``tuning_recall`` and ``invariance`` are its parts).
 """
