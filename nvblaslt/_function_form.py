@@ -8,9 +8,7 @@ operands, builds the key from what it read, and plans on a miss.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
-from collections import OrderedDict
 
 from . import _cuda, _operands, _tuning_cache
 from ._epilogs import as_epilog
@@ -18,6 +16,7 @@ from ._errors import NvblasltTypeError, NvblasltValueError
 from ._options import MatmulOptions, MatmulPlanPreferences, as_options, with_shortcuts
 from ._outputs import OutputChecker, check_out_allowed
 from ._plan import Matmul
+from ._plan_cache import PlanCache, PlanCaches
 from ._problem import canonical
 from ._frameworks import fast_reader, framework_of
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
@@ -44,24 +43,11 @@ if TYPE_CHECKING:  # for type checkers only: the API reference shows these names
 # The operand a's type: results come back in a's package (and memory space).
 ArrayT = TypeVar("ArrayT")
 
-_CACHE_SIZE = 64
-_local = threading.local()
+_CACHE_SIZE = 64  # plans per thread
+# one per thread: a plan's fast key, under which the fast path finds it (a few per plan at most)
+_local = PlanCaches(_CACHE_SIZE, alias_limit=4 * _CACHE_SIZE)
 _DEFAULT_OPTIONS = MatmulOptions()
 _DEFAULT_PREFERENCES = MatmulPlanPreferences()
-
-
-class _Plans(OrderedDict):
-    """One thread's plans, least recently used first. The fast path also keeps the last key it hit
-    (its plan is the last entry): a loop calling with like arrays compares that key instead of
-    hashing it and reordering the dict (0.5 µs a call, H200 host)."""
-
-    last_key: tuple | None = None
-    last_plan: Matmul | None = None
-    generation = 0  # how many of the tuning cache's stored choices the plans have been checked against
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.retired: list[Matmul] = []  # plans a stored choice replaced: kept, not freed (see _retire_tuned)
 
 
 def _signature(op) -> tuple | None:
@@ -288,12 +274,9 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
         ...
     nvblaslt.NvblasltTypeError: epilog_inputs: expected a dict, got list
     """
-    try:
-        cache = _local.plans
-    except AttributeError:
-        cache = _local.plans = _Plans()
+    cache = _local.plans
     if cache.generation != _tuning_cache.generation:  # a search stored a choice since
-        _retire_tuned(cache, a, stream)
+        cache.retire_tuned(lambda: _stream_of(a, stream))
     if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
         raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
     fast_key = None
@@ -313,20 +296,14 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
                 pointers, layout = found
                 fast_key = (framework, epilog, compute_type, result_type, beta is None, names, layout)
                 try:
-                    if fast_key == cache.last_key:
-                        plan = cache.last_plan
-                    else:
-                        plan = cache.get(fast_key)
-                        if plan is not None:
-                            cache.move_to_end(fast_key)  # least recently used goes first when the cache is full
-                            cache.last_key, cache.last_plan = fast_key, plan
+                    plan = cache.last_found if fast_key == cache.last_key else cache.find(fast_key)
                 except Exception:  # noqa: BLE001 - an unhashable or odd argument: the checked path says what is wrong
                     plan = fast_key = None
                 if plan is not None:
                     if alpha is not None or beta is not None or pointers != plan.fast_bound:
-                        plan.rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
                         # the same arrays with the default scalars next time need no rebinding (0.7 µs)
-                        plan.fast_bound = pointers if alpha is None and beta is None else None
+                        plan.rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta,
+                                    keep=alpha is None and beta is None)
                     framework_stream = stream_on(layout[0][3])  # a's device
                     if plan.several_devices and _cuda.current_device() != plan.device:
                         with _cuda.on_device(plan.device):
@@ -337,7 +314,7 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
                          result_type)
 
 
-def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers, quantization_scales,
+def _checked_call(framework, cache: PlanCache[Matmul], fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers, quantization_scales,
                   options, preferences, algorithm, stream, out, compute_type, result_type):
     options = with_shortcuts(options, compute_type, result_type)
     prefs = as_options(MatmulPlanPreferences, preferences, "preferences") if preferences is not None else \
@@ -388,13 +365,11 @@ def _checked_call(framework, cache, fast_key, a, b, c, alpha, beta, epilog, epil
             plan.free()
             raise
         if cacheable:
-            _remember(cache, key, plan)
+            cache.add(key, plan)
     else:
-        cache.move_to_end(key)
-        cache.last_key = cache.last_plan = None  # the last fast-path plan is no longer the last entry
         plan.set_operands(a_op, b_op, c_op, inputs, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
     if fast_key is not None and cacheable and stream_h == framework_stream and out is None:
-        _remember(cache, fast_key, plan)
+        cache.add_alias(fast_key, key, plan)
     try:
         result = plan.execute(stream=stream_h, out=out)
     finally:
@@ -418,15 +393,6 @@ def _option_key(value) -> tuple:
     return tuple(items)
 
 
-def _remember(cache: _Plans, key, plan: Matmul) -> None:
-    cache[key] = plan
-    cache.last_key = cache.last_plan = None  # the entry just added is the last one now
-    while len(cache) > 2 * _CACHE_SIZE:  # a plan may sit under a slow key and a fast key
-        evicted = cache.popitem(last=False)[1]
-        if evicted not in cache.values():
-            evicted.free()
-
-
 def clear_plan_cache() -> None:
     """Free the plans ``matmul()`` has cached in the calling thread.
 
@@ -447,39 +413,11 @@ def clear_plan_cache() -> None:
     >>> import nvblaslt
     >>> nvblaslt.clear_plan_cache()   # nothing cached in this thread yet: nothing to free
     """
-    cache = getattr(_local, "plans", None)
-    if cache is not None:
-        _free_plans(cache)
+    _local.plans.clear()
 
 
-def _free_plans(cache: _Plans) -> None:
-    cache.last_key = cache.last_plan = None
-    while cache:
-        plan = cache.popitem()[1]
-        if plan not in cache.values():
-            plan.free()
-    for plan in cache.retired:
-        plan.free()
-    cache.retired = []
-
-
-def _retire_tuned(cache: _Plans, a, stream) -> None:
-    """The plans of problems a search stored a choice for since they were made leave the cache: the next
-    call plans again and recalls the choice (nvblaslt.torch.autotune() after a warm-up step). They are
-    kept, not freed, for a CUDA graph may have captured them (``clear_plan_cache()`` frees them), and
-    nothing changes while the call's stream is being captured (planning would break the capture)."""
-    try:
-        stream_h = stream_handle(stream) if stream is not None else \
-            (0 if _operands.is_host_array(a) else framework_of(a).stream_of(a))
-        if _cuda.is_capturing(stream_h):
-            return
-    except Exception:  # noqa: BLE001 - an odd argument: the call itself says what is wrong with it
-        pass
-    stored = set(_tuning_cache.stored_keys[cache.generation:])
-    cache.generation = _tuning_cache.generation
-    retired = [key for key, plan in cache.items() if _tuning_cache.key_of(plan.launch) in stored]
-    for key in retired:
-        plan = cache.pop(key)
-        if all(plan is not kept for kept in cache.retired):
-            cache.retired.append(plan)
-    cache.last_key = cache.last_plan = None
+def _stream_of(a, stream) -> int:
+    """The call's stream, as ``_checked_call`` will read it."""
+    if stream is not None:
+        return stream_handle(stream)
+    return 0 if _operands.is_host_array(a) else framework_of(a).stream_of(a)

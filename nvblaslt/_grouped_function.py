@@ -8,19 +8,19 @@ captured is never freed (the graph holds its arrays and workspace).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any, TypeVar
 
 from . import _dtypes, _tuning_cache
 from ._frameworks import fast_reader
 from ._grouped import GroupedMatmul, bind, read_scales, stream_of
 from ._hints import Array, Stream
+from ._plan_cache import PlanCaches
 
 ArrayT = TypeVar("ArrayT")  # the result is an array of the operands' package: a torch.Tensor for tensors
 
-_plans = threading.local()  # one cache per thread: cuBLASLt handles are per thread
 _MAX_PLANS = 64
+# one per thread (cuBLASLt handles are per thread); a plan's fast keys vary with the token count
+_local = PlanCaches(_MAX_PLANS, alias_limit=4 * _MAX_PLANS)
 
 
 def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype: Any = None, out: ArrayT | None = None,
@@ -84,10 +84,9 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
         offs = torch.tensor([900, 2100, 2100, 4000, 5200, 6000, 7300, 8192], device="cuda", dtype=torch.int32)
         hidden = nvblaslt.grouped_matmul(tokens, experts.transpose(1, 2), offs)   # (8192, 14336)
     """
-    if _plans.__dict__.get("generation") != _tuning_cache.generation:  # a choice was stored since: plan anew
-        _plans.generation = _tuning_cache.generation
-        clear_grouped_plans()
-    fast: dict = _plans.__dict__.setdefault("fast", {})
+    cache = _local.plans
+    if cache.generation != _tuning_cache.generation:  # a search stored a choice since
+        cache.retire_tuned(lambda: stream_of(a, stream))
     fast_key = entry = None
     # Fast path: CuPy / PyTorch arrays on their package's current stream (no DLPack handshake due): the
     # layouts read straight off the arrays key the plan and the problem it was made for.
@@ -99,43 +98,36 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
                 found = read((a, b, offs, scale_a, scale_b))
                 if found is not None:
                     fast_key = (found[1], out_dtype)
-                    entry = fast.get(fast_key)
+                    entry = cache.last_found if fast_key == cache.last_key else cache.find(fast_key)
             except Exception:  # noqa: BLE001 - an odd array or argument: the checked path says what is wrong
                 found = fast_key = None
             if found is not None and entry is not None:
                 (a_pointer, b_pointer, offs_pointer, scale_a_pointer, scale_b_pointer), layouts = found
                 plan, key, problem, offs_64 = entry
-                _plans.cache.move_to_end(key)  # least recently used goes first when the cache is full
                 result = plan.run_pointers(problem, a_pointer, b_pointer, offs_pointer or 0, offs_64, out=out,
-                                     stream=stream_on(layouts[0][3]), check_offsets=check_offsets,
-                                     scales=(scale_a_pointer or 0, scale_b_pointer or 0))
-                if plan.captured:
-                    _retire(_plans.cache.pop(key))
+                                           stream=stream_on(layouts[0][3]), check_offsets=check_offsets,
+                                           scales=(scale_a_pointer or 0, scale_b_pointer or 0))
+                if plan.captured:  # the graph owns it now: eager calls get a plan of their own
+                    cache.keep_captured(key)
                 return result
     stream_h = stream_of(a, stream)
     dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
     bound = bind(a, b, offs, stream_h, dtype)
     scales = read_scales(scale_a, scale_b, bound.problem, bound.operands[0].device, stream_h)
-    cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
     key = (bound.problem.key, bound.problem.d.dtype, bound.operands[0].device)
     plan = cache.get(key)
     if plan is None:
         plan = GroupedMatmul(a, b, offs, out_dtype=dtype, stream=stream_h)
         plan.plan()
         plan.release_operands()  # the cache keeps no caller's array alive
-        cache[key] = plan
-        if len(cache) > _MAX_PLANS:
-            _retire(cache.popitem(last=False)[1])
-    else:
-        cache.move_to_end(key)
+        cache.add(key, plan)
     if fast_key is not None:
-        if len(fast) >= 4 * _MAX_PLANS:  # token counts that vary without end: start afresh
-            fast.clear()
         offs_op = bound.operands[2]
-        fast[fast_key] = (plan, key, bound.problem, offs_op is not None and offs_op.dtype == _dtypes.INT64)
+        offs_64 = offs_op is not None and offs_op.dtype == _dtypes.INT64
+        cache.add_alias(fast_key, key, (plan, key, bound.problem, offs_64))
     result = plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets, scales=scales)
     if plan.captured:  # the graph owns it now: eager calls get a plan of their own, never racing its replays
-        _retire(cache.pop(key))
+        cache.keep_captured(key)
     return result
 
 
@@ -147,16 +139,4 @@ def clear_grouped_plans() -> None:
     >>> import nvblaslt
     >>> nvblaslt.clear_grouped_plans()
     """
-    cache: OrderedDict = _plans.__dict__.setdefault("cache", OrderedDict())
-    _plans.__dict__.get("fast", {}).clear()
-    while cache:
-        _retire(cache.popitem()[1])
-
-
-def _retire(plan: GroupedMatmul) -> None:
-    """Free a plan leaving the cache, unless a CUDA graph captured it: then it is kept for the thread's life."""
-    _plans.__dict__.get("fast", {}).clear()  # it may name the plan
-    if plan.captured:
-        _plans.__dict__.setdefault("captured", []).append(plan)
-    else:
-        plan.free()
+    _local.plans.clear()

@@ -807,9 +807,10 @@ class Matmul(OperandResets, Generic[ResultT]):
         self.rebind([a.ptr, b.ptr, c.ptr if c is not None else None, *(op.ptr for op in inputs.values())],
                     tuple(inputs), alpha, beta)
 
-    def rebind(self, pointers: list, input_names: tuple, alpha, beta) -> None:
-        """The function form's fast path: new pointers for a, b, c, then the named epilog inputs."""
-        self.fast_bound = None  # set again by the fast path once this binding is complete
+    def rebind(self, pointers: list, input_names: tuple, alpha, beta, *, keep: bool = False) -> None:
+        """The function form's fast path: new pointers for a, b, c, then the named epilog inputs. ``keep``:
+        remember ``pointers`` as bound (``fast_bound``: the same arrays next time need no rebinding)."""
+        self.fast_bound = None  # until this binding is complete
         launch = self.launch
         if self._swapped:  # the transposed problem: cuBLASLt's A is the caller's B
             launch.a_pointer.value, launch.b_pointer.value = pointers[1], pointers[0]
@@ -831,6 +832,7 @@ class Matmul(OperandResets, Generic[ResultT]):
             self.beta.set(beta)
         if self.split_form is not None:  # the two-call form runs instead: its masking plan takes the operands
             self.split_form.masked.rebind(pointers, input_names, alpha, beta)
+        self.fast_bound = pointers if keep else None
 
     def _bind(self) -> None:
         """Point the launch at the current operands (cuBLASLt's A is the caller's B when transposed)."""

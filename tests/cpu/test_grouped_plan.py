@@ -190,7 +190,7 @@ def test_fp8_scales_reach_the_descriptor_per_call_and_are_checked(gpu_standins):
     out = FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT)  # fp8's default result type
     scale_a, scale_b = FakeDLPack((1,), ptr=SCALE_A), FakeDLPack((), ptr=SCALE_B)
     nvblaslt.grouped_matmul(a, b, offs, out=out, scale_a=scale_a, scale_b=scale_b)
-    (plan,) = _grouped_function._plans.cache.values()
+    (plan,) = _grouped_function._local.plans.values()
     # cuBLASLt's A is the caller's b
     assert plan.desc.get("A_SCALE_POINTER") == SCALE_B and plan.desc.get("B_SCALE_POINTER") == SCALE_A
     nvblaslt.grouped_matmul(a, b, offs, out=out)  # the same cached plan, no scales now: 1, not the last ones

@@ -59,7 +59,6 @@ _BENCH_TORCH = ("torch reaches the bench's functions as a parameter (imported on
                 "no import binds the name; PyTorch's private ops are the baselines it compares against")
 _AUTOGRAD_CTX = "torch.autograd's ctx: setup_context saves on it what backward reads (PyTorch's API)"
 _ARGUMENTS = "the bench's own argparse/options namespace, filled in with defaults after parsing"
-_STEP_4 = "issue 36 step 4: one plan-cache class with methods for what the function form changes"
 _TESTS_OWN = "torch's autograd: a leaf tensor's gradient reset between the bench's timed steps (PyTorch's API)"
 
 # {repository path: {the private reach as written: why}}.
@@ -86,9 +85,6 @@ ALLOWED_WRITES: dict[str, dict[str, str]] = {
          "tensor.strides = …"], "the fields of the DLPack ctypes struct this function has just made"),
     "nvblaslt/_frameworks.py": dict.fromkeys(["op.conjugated = …", "op.obj = …"],
                                              "the Operand read a line before, given the caller's own tensor back"),
-    "nvblaslt/_function_form.py": {"cache.generation = …": _STEP_4, "cache.last_key = …": _STEP_4,
-                                   "cache.last_plan = …": _STEP_4, "cache.retired = …": _STEP_4,
-                                   "plan.fast_bound = …": _STEP_4},
     "nvblaslt/_launch.py": {"value.value = …": "the c_void_p the setter closure made, its contents per call"},
     "nvblaslt/_loader.py": dict.fromkeys(
         ["func.__doc__ = …", "func.argtypes = …", "func.errcheck = …", "func.restype = …",

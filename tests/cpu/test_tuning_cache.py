@@ -475,6 +475,7 @@ def test_a_remembered_choice_retires_the_function_forms_cached_plans_of_that_pro
     are kept, not freed (a CUDA graph may have captured them), until clear_plan_cache()."""
     import nvblaslt
     from nvblaslt import _function_form
+    from nvblaslt._plan_cache import PlanCache
 
     class CachedPlan:
         def __init__(self, launch):
@@ -484,21 +485,22 @@ def test_a_remembered_choice_retires_the_function_forms_cached_plans_of_that_pro
             self.freed += 1
 
     nvblaslt.clear_plan_cache()
-    _function_form._local.plans = cache = _function_form._Plans()
-    cache.generation = _tuning_cache.generation
+    _function_form._local.plans = cache = PlanCache(8, 32)  # made at the tuning cache's current generation
     tuned_problem, other_problem = plans(), plans(ld=128)
     tuned, other = CachedPlan(tuned_problem), CachedPlan(other_problem)
-    cache["slow key"] = cache["fast key"] = tuned  # a plan may sit under two keys
-    cache["other"] = other
+    cache.add("slow key", tuned)
+    cache.add_alias("fast key", "slow key", tuned)  # a plan is found by its fast key too
+    cache.add("other", other)
     with pytest.raises(nvblaslt.NvblasltTypeError):  # refused after the cache check, before any GPU work
         nvblaslt.matmul(None, None, epilog_inputs="not a dict")
-    assert len(cache) == 3  # nothing stored since: the plans stay
+    assert cache.values() == [tuned, other]  # nothing stored since: the plans stay
     before = _tuning_cache.generation
     _tuning_cache.remember(tuned_problem, fake_result(lib), 1.0)
     assert _tuning_cache.generation == before + 1
     with pytest.raises(nvblaslt.NvblasltTypeError):
         nvblaslt.matmul(None, None, epilog_inputs="not a dict")
-    assert list(cache) == ["other"] and cache.retired == [tuned] and tuned.freed == 0
+    assert cache.values() == [other] and cache.retired == [tuned] and tuned.freed == 0
+    assert cache.find("fast key") is None  # its fast key left with it
     assert cache.generation == _tuning_cache.generation
     nvblaslt.clear_plan_cache()
     assert tuned.freed == 1 and other.freed == 1 and cache.retired == []
