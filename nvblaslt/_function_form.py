@@ -11,16 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from . import _cuda, _operands, _tuning_cache
-from ._epilogs import as_epilog
 from ._errors import NvblasltTypeError, NvblasltValueError
-from ._options import MatmulOptions, MatmulPlanPreferences, as_options, with_shortcuts
-from ._outputs import OutputChecker, check_out_allowed
+from ._outputs import check_out_allowed
 from ._plan import Matmul
 from ._plan_cache import PlanCache, PlanCaches
-from ._problem import canonical
 from ._frameworks import fast_reader, framework_of
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
-from ._reading import one_package
+from ._request import MatmulRequest, read_request
 from ._streams import stream_handle
 
 if TYPE_CHECKING:  # for type checkers only: the API reference shows these names, not their 24 values
@@ -46,8 +43,6 @@ ArrayT = TypeVar("ArrayT")
 _CACHE_SIZE = 64  # plans per thread
 # one per thread: a plan's fast key, under which the fast path finds it (a few per plan at most)
 _local = PlanCaches(_CACHE_SIZE, alias_limit=4 * _CACHE_SIZE)
-_DEFAULT_OPTIONS = MatmulOptions()
-_DEFAULT_PREFERENCES = MatmulPlanPreferences()
 
 
 def _signature(op) -> tuple | None:
@@ -309,75 +304,47 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
                         with _cuda.on_device(plan.device):
                             return plan.run(framework_stream, framework_stream, None)
                     return plan.run(framework_stream, framework_stream, None)
-    return _checked_call(framework_of(a), cache, fast_key, a, b, c, alpha, beta, epilog, epilog_inputs,
-                         qualifiers, quantization_scales, options, preferences, algorithm, stream, out, compute_type,
-                         result_type)
+    request = read_request(a, b, c, alpha=alpha, beta=beta, epilog=epilog, epilog_inputs=epilog_inputs,
+                           qualifiers=qualifiers, quantization_scales=quantization_scales, options=options,
+                           preferences=preferences, algorithm=algorithm, stream=stream, out=out,
+                           compute_type=compute_type, result_type=result_type)
+    return _checked_call(cache, fast_key, request)
 
 
-def _checked_call(framework, cache: PlanCache[Matmul], fast_key, a, b, c, alpha, beta, epilog, epilog_inputs, qualifiers, quantization_scales,
-                  options, preferences, algorithm, stream, out, compute_type, result_type):
-    options = with_shortcuts(options, compute_type, result_type)
-    prefs = as_options(MatmulPlanPreferences, preferences, "preferences") if preferences is not None else \
-        _DEFAULT_PREFERENCES
-    epilog = as_epilog(epilog)
-    framework_stream = 0 if _operands.is_host_array(a) else framework.stream_of(a)
-    stream_h = stream_handle(stream) if stream is not None else framework_stream
-    # On the framework's own stream no handshake is needed, so arrays seen before are not re-exported.
-    read = _operands.read_cached if stream_h == framework_stream else _operands.read
-    given = [(x, name) for x, name in ((a, "a"), (b, "b"), (c, "c")) if x is not None]
-    one_package(given)
-    a_op, b_op = read(a, "a", stream_h), read(b, "b", stream_h)
-    c_op = read(c, "c", stream_h) if c is not None else None
-    host = a_op.host or b_op.host or (c_op is not None and c_op.host)
-    # the fp8 aux scale is a number or a one-element array the plan reads at plan time, not an operand
-    inputs = {k: (v if k == "aux_quantization_scale" else read(v, f"epilog_inputs['{k}']", stream_h))
-              for k, v in (epilog_inputs or {}).items()}
-    cacheable = not host and quantization_scales is None and qualifiers is None and algorithm is None \
-        and not options.inplace and options.handle is None and options.logger is None \
-        and "aux_quantization_scale" not in inputs
-    key = None
-    if cacheable:
-        key = (framework, epilog, _signature(a_op), _signature(b_op), _signature(c_op),
-               tuple((k, _signature(v)) for k, v in sorted(inputs.items())),
-               _option_key(options), beta is None, _option_key(prefs))
-        plan = cache.get(key)
-    else:
-        plan = None
-    if out is not None:  # before host operands are staged
-        check_out_allowed(host, options.inplace)
+def _checked_call(cache: PlanCache[Matmul], fast_key, request: MatmulRequest):
+    key = _key(request) if request.cacheable else None
+    plan = cache.get(key) if key is not None else None
+    if request.out is not None:  # before host operands are staged
+        check_out_allowed(request.host, request.options.inplace)
     if plan is None:
-        if _cuda.is_capturing(stream_h):
+        if _cuda.is_capturing(request.stream):
             raise NvblasltValueError(
                 "stream: a CUDA graph is being captured on it, and planning allocates device memory, which "
                 "capture forbids; call matmul() once with operands like these before capturing (the cached plan "
                 "is then replayed), or capture Matmul.execute()")
-        algorithms = [algorithm] if algorithm is not None else None
-        # plan()'s arguments are checked as plan() checks them before the constructor stages host operands
-        plan = Matmul.from_operands(a_op, b_op, c_op, stream=stream_h, options=options, alpha=alpha, beta=beta,
-                                     quantization_scales=quantization_scales, qualifiers=qualifiers,
-                                     plan_arguments=(epilog, inputs, prefs, algorithms), stacklevel=4)
-        try:
-            if out is not None:  # checked against the result's layout before the heuristics run
-                OutputChecker(framework, a_op.host, canonical(plan.operands, epilog),
-                              plan.device, {"a": a_op, "b": b_op, "c": c_op}, {}).pointer(out, stream_h)
-            plan.plan(epilog=epilog, epilog_inputs=inputs, preferences=prefs, algorithms=algorithms)
-        except BaseException:
-            plan.free()
-            raise
-        if cacheable:
+        plan = Matmul.planned_for(request, stacklevel=4)
+        if key is not None:
             cache.add(key, plan)
     else:
-        plan.set_operands(a_op, b_op, c_op, inputs, 1.0 if alpha is None else alpha, 0.0 if c is None else beta)
-    if fast_key is not None and cacheable and stream_h == framework_stream and out is None:
+        plan.set_operands(request.a, request.b, request.c, request.inputs, *request.scalars)
+    if fast_key is not None and key is not None and request.stream == request.framework_stream \
+            and request.out is None:
         cache.add_alias(fast_key, key, plan)
     try:
-        result = plan.execute(stream=stream_h, out=out)
+        result = plan.execute(stream=request.stream, out=request.out)
     finally:
-        if cacheable:
+        if key is not None:
             plan.forget_arrays()  # a cached plan must not keep the caller's arrays alive
         else:
             plan.free()  # stream-ordered: after the work just queued
     return result
+
+
+def _key(request: MatmulRequest) -> tuple:
+    """The checked path's cache key: what of the call decides its plan."""
+    return (request.framework, request.epilog, _signature(request.a), _signature(request.b), _signature(request.c),
+            tuple((k, _signature(v)) for k, v in sorted(request.inputs.items())), _option_key(request.options),
+            request.beta is None, _option_key(request.preferences))
 
 
 def _option_key(value) -> tuple:

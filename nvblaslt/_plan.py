@@ -14,7 +14,7 @@ import dataclasses
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, cast
 
 from . import _cuda, _dtypes, _epilogs, _host, _memory, _reading, _tuning_record
 from ._cuda import cudart
@@ -29,7 +29,7 @@ from ._logging import logger
 from ._options import (MatmulOptions, MatmulPlanPreferences, as_options, check_heuristics_limit, conjugate_flags,
                        with_shortcuts)
 from ._outputs import OutputChecker
-from ._problem import OP_N, OP_T, Operands, canonical
+from ._problem import OP_N, OP_T, Operands, Problem, canonical
 from ._resets import OperandResets
 from ._results import Results
 from ._scales import Scalar, Scales
@@ -40,6 +40,7 @@ from ._types import cuda_type_names
 if TYPE_CHECKING:  # the default (PEP 696) is read by type checkers; typing_extensions is no run-time dependency
     from typing_extensions import TypeVar
 
+    from ._request import MatmulRequest
     from ._tuning_result import TuningReport, TuningResult
 
     ResultT = TypeVar("ResultT", default=Any)
@@ -49,6 +50,19 @@ else:
     ResultT = TypeVar("ResultT")
 
 _NUMBERS = (float, int)  # alpha/beta types the function form's rebinding compares without re-checking
+
+
+class CheckedPlan(NamedTuple):
+    """``plan()``'s arguments checked (no GPU work yet): the canonical problem and the epilog prepared on it."""
+
+    epilog: MatmulEpilog
+    preferences: Any  # MatmulPlanPreferences, its epilog preferences made a dataclass by as_options
+    problem: Problem
+    aux_dtype: Any
+    aux_scale: Any  # the fp8 aux scale's value, checked; None without one
+    inputs: dict  # the epilog inputs as read (host ones not yet staged)
+    prepared: Any  # _epilogs.Prepared, on the inputs' device layouts
+    algorithms: Sequence[Any] | None  # the caller's, or None: the heuristics are asked
 
 
 class Matmul(OperandResets, Generic[ResultT]):
@@ -207,20 +221,40 @@ class Matmul(OperandResets, Generic[ResultT]):
 
     @classmethod
     def from_operands(cls, a, b, c, *, stream: int, options: MatmulOptions, alpha=None, beta=None,
-                      quantization_scales=None, qualifiers=None, plan_arguments: tuple | None = None,
-                      stacklevel: int | None = None) -> Matmul:
-        """A Matmul over operands already read (``_operands.Operand``): the function form's and the
-        split form's way in. ``plan_arguments`` (epilog, epilog inputs, preferences, algorithms), the
-        function form's, are checked as ``plan()`` will check them before any GPU work (host operands
-        staged). ``stacklevel``: where the caller's options are warned about (None: not at all)."""
+                      quantization_scales=None) -> Matmul:
+        """A Matmul over operands already read (``_operands.Operand``): the split form's and the JAX
+        bridge's way in; their options are warned about where they were made."""
         self = cls.__new__(cls)
         self._setup([x for x in (a, b, c) if x is not None], c is not None, a.framework, stream, options, alpha=alpha,
-                    beta=beta, qualifiers=qualifiers, quantization_scales=quantization_scales,
-                    plan_arguments=plan_arguments, stacklevel=None if stacklevel is None else stacklevel + 1)
+                    beta=beta, qualifiers=None, quantization_scales=quantization_scales)
+        return self
+
+    @classmethod
+    def planned_for(cls, request: MatmulRequest, stacklevel: int) -> Matmul:
+        """The function form's plan for one checked call (``_request.MatmulRequest``): its plan arguments
+        are checked once, before any GPU work (host operands staged), ``out`` against the result's layout
+        before the heuristics run, then it is planned; freed where any of that refuses. ``stacklevel``:
+        where the caller's options are warned about."""
+        self = cls.__new__(cls)
+        checked = cast(CheckedPlan, self._setup(  # with plan arguments, their checked form
+            [x for x in (request.a, request.b, request.c) if x is not None], request.c is not None, request.framework,
+            request.stream, request.options, alpha=request.alpha, beta=request.beta, qualifiers=request.qualifiers,
+            quantization_scales=request.quantization_scales, plan_arguments=request.plan_arguments,
+            stacklevel=stacklevel + 1))
+        try:
+            if request.out is not None:
+                OutputChecker(self._framework, self._host, checked.problem, self.device, self._operands,
+                              {}).pointer(request.out, request.stream)
+            with _cuda.on_device(self.device):
+                self._plan(checked)
+        except BaseException:
+            self.free()
+            raise
         return self
 
     def _setup(self, ops, has_c: bool, framework: Framework, stream, options, *, alpha, beta, qualifiers,
-               quantization_scales, plan_arguments: tuple | None = None, stacklevel: int | None = None) -> None:
+               quantization_scales, plan_arguments: tuple | None = None,
+               stacklevel: int | None = None) -> CheckedPlan | None:
         self.options, self._logger, self._lib, self._framework = options, options.logger or logger, library(), framework
         self._lock = threading.Lock()
         self._released: set[str] | None = None
@@ -280,9 +314,11 @@ class Matmul(OperandResets, Generic[ResultT]):
                                      f"(FP8 and lower) results; the result is {types.d.name}")
         self._scales = Scales(types, self.device, self._host, has_c)
         scales = self._scales.check(quantization_scales, stream)
-        canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now
-        if plan_arguments is not None:  # the function form's plan() to come: its arguments are checked now
-            self._checked_plan_arguments(*plan_arguments)
+        if plan_arguments is None:
+            canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now
+            checked = None
+        else:  # the function form's plan to come: its arguments checked now, once (its problem refuses the same)
+            checked = self._checked_plan_arguments(*plan_arguments)
         # a GPU scalar is copied back (which waits): after every check that needs nothing of it
         self.alpha.set(1.0 if alpha is None else alpha)
         self.beta.set(0.0 if beta is None else beta)
@@ -295,6 +331,7 @@ class Matmul(OperandResets, Generic[ResultT]):
                     self._host_operands[name] = op
             if scales:
                 self._scales.write(scales, stream)
+        return checked
 
     # ---- planning ----------------------------------------------------------------------------------
     @property
@@ -396,11 +433,10 @@ class Matmul(OperandResets, Generic[ResultT]):
         if stream is not None:
             self.stream = stream_handle(stream)
         with _cuda.on_device(self.device):
-            return self._plan(epilog, epilog_inputs, preferences, algorithms)
+            return self._plan(self._checked_plan_arguments(epilog, epilog_inputs, preferences, algorithms))
 
-    def _checked_plan_arguments(self, epilog, epilog_inputs, preferences, algorithms) -> tuple:
-        """plan()'s checks that need no GPU: (epilog, preferences, problem, aux dtype, aux scale, the
-        inputs as read, the epilog prepared on them; host inputs on their device copies' layout)."""
+    def _checked_plan_arguments(self, epilog, epilog_inputs, preferences, algorithms) -> CheckedPlan:
+        """plan()'s checks that need no GPU; host inputs prepared on their device copies' layout."""
         lib = self._lib
         epilog = as_epilog(epilog)
         if epilog.name not in lib.api.cublasLtEpilogue_t.__members__:
@@ -421,12 +457,11 @@ class Matmul(OperandResets, Generic[ResultT]):
         inputs = {key: _reading.read_input(key, given[key], self._host, self.device, self.stream) for key in keys}
         laid_out = {k: _host.device_layout(op, self.device) if op.host else op for k, op in inputs.items()}
         prepared = _epilogs.prepare(epilog, problem, laid_out, aux_dtype, prefs.epilog.aux_amax)
-        return epilog, prefs, problem, aux_dtype, aux_scale, inputs, prepared
+        return CheckedPlan(epilog, prefs, problem, aux_dtype, aux_scale, inputs, prepared, algorithms)
 
-    def _plan(self, epilog, epilog_inputs, preferences, algorithms):
+    def _plan(self, checked: CheckedPlan) -> list[HeuristicResult]:
         lib = self._lib
-        epilog, prefs, problem, aux_dtype, aux_scale, inputs, prepared = \
-            self._checked_plan_arguments(epilog, epilog_inputs, preferences, algorithms)
+        epilog, prefs, problem, aux_dtype, aux_scale, inputs, prepared, algorithms = checked
         # host inputs: copied once checked (the plan's once it commits), and prepared on their copies
         staged = {key: _host.stage(op, self.device, self.stream) for key, op in inputs.items() if op.host}
         if staged:

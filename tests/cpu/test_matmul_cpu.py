@@ -259,6 +259,45 @@ def test_plan_cache_key_separates_what_changes_the_plan():
     assert base != sig(read(FakeDLPack((4, 3), dtype="float16")))
 
 
+def test_a_cache_miss_reads_the_call_and_checks_the_plan_arguments_once(monkeypatch):
+    """Issue 36: the function form reads its call once (a ``MatmulRequest``) and the plan made from it
+    checks the plan arguments and builds the canonical problem once, ``out=``'s check included (four
+    problems and two checks of the arguments before)."""
+    from nvblaslt import _cuda, _plan
+
+    class Planned(Exception):
+        """Stands for the heuristics, which need a GPU: what reached them is looked at."""
+
+    counts = {"canonical": 0, "checked": 0}
+    real_checked = Matmul._checked_plan_arguments
+
+    def counted_canonical(*arguments):
+        counts["canonical"] += 1
+        return canonical(*arguments)
+
+    def counted_checked(*arguments):
+        counts["checked"] += 1
+        return real_checked(*arguments)
+
+    def planned(lib, problem, prepared, **keywords):
+        raise Planned(problem, prepared, keywords)
+
+    monkeypatch.setattr(_plan, "canonical", counted_canonical)
+    monkeypatch.setattr(Matmul, "_checked_plan_arguments", counted_checked)
+    monkeypatch.setattr(_plan.Launch, "planned", planned)
+    monkeypatch.setattr(_cuda, "is_capturing", lambda stream: False)
+    a, b = FakeDLPack((8, 4), ptr=0x7F0000000000), FakeDLPack((4, 6), ptr=0x7F0000100000)
+    bias, out = FakeDLPack((8,), ptr=0x7F0000200000), FakeDLPack((8, 6), (1, 8), ptr=0x7F0000300000)
+    with pytest.raises(Planned) as reached:
+        nvblaslt.matmul(a, b, epilog="RELU_BIAS", epilog_inputs={"bias": bias}, out=out, preferences={"limit": 3})
+    problem, prepared, keywords = reached.value.args
+    assert counts == {"canonical": 1, "checked": 1}
+    assert problem.epilog == E.RELU_BIAS and keywords["preferences"].limit == 3 and keywords["algorithms"] is None
+    assert prepared.inputs["bias"].ptr == 0x7F0000200000 and len(a.streams) == len(bias.streams) == 1  # read once
+    with pytest.raises(NvblasltValueError, match="out: overlaps a"):  # out= still checked before the heuristics
+        nvblaslt.matmul(a, b, out=FakeDLPack((8, 6), ptr=0x7F0000000000))
+
+
 def test_nvmath_call_surface_is_checked_before_the_gpu():
     a, b, c = FakeDLPack((8, 4)), FakeDLPack((4, 6)), FakeDLPack((8, 6))
     with pytest.raises(NvblasltValueError, match="beta: A value for beta must be provided if operand C is provided"):
