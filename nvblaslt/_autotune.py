@@ -83,6 +83,9 @@ def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int)
     kept: list[HeuristicResult] = []
     refused: list[HeuristicResult] = []
     for candidate in candidates:
+        # a grouped plan holds the workspace of its selected algorithm only; cuBLASLt answers a launch with
+        # less than the algorithm needs with INVALID_VALUE (seen on cuBLASLt 13.8.2, H200)
+        plan.launch.ensure_workspace(candidate.workspace_size, stream)
         plan.launch.select(candidate)
         try:
             plan.trial_run(stream)

@@ -340,3 +340,23 @@ def test_plain_autotune_times_fused_algorithms_and_keeps_a_recalled_split(simula
     plan.split_form = recalled
     _autotune.autotune(plan, iterations=3, search=False, remember=False, stream=None)
     assert plan.split_form is recalled and plan.algorithm.algorithm.id == 2
+
+
+def test_each_candidate_has_its_workspace_before_its_trial_run():
+    """cuBLASLt answers a launch given less workspace than the algorithm needs with INVALID_VALUE: a grouped
+    plan holds its selected algorithm's workspace only, so every trial first makes the candidate's."""
+    launch = StandInLaunch([1])
+    launch.algorithms = [FakeResult(1, workspace=0), FakeResult(2, workspace=4096), FakeResult(3, workspace=1 << 16)]
+    seen = []
+
+    class Plan(LaunchAlgorithms):
+        def __init__(self):
+            self.launch = launch
+
+        def trial_run(self, stream):
+            selected = launch.algorithm
+            seen.append((selected.algorithm.id, launch.workspace >= selected.workspace_size))
+
+    kept = _autotune._runnable(Plan(), list(launch.algorithms), stream=0)
+    assert [r.algorithm.id for r in kept] == [1, 2, 3]
+    assert seen == [(1, True), (2, True), (3, True)]
