@@ -228,7 +228,10 @@ def test_autotune_times_every_algorithm_and_keeps_the_results_right(monkeypatch,
     torch.cuda.synchronize()
     assert torch.equal(out, before), "autotune wrote into the caller's result"
     assert {r.as_bytes() for r, _ in timed} <= {r.as_bytes() for r in found} and timed
-    assert [ms for _, ms in timed] == sorted(ms for _, ms in timed) and timed[0][1] > 0
+    # the choice first (the heuristics' first pick stays unless another beats it in a duel: it may have timed
+    # a little slower), then the others fastest first
+    rest = [ms for _, ms in timed[1:]]
+    assert rest == sorted(rest) and timed[0][1] > 0
     assert plan.algorithm is timed[0][0]
     _check(plan.execute(), _reference("2d3d", a, w.transpose(1, 2), ends, 4), torch.bfloat16)
     again = GroupedMatmul(a, w.transpose(1, 2), ends)  # the same problem: the tuning cache's choice comes first
