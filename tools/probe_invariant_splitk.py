@@ -1,0 +1,113 @@
+"""Probe (GPU): would a pin that keeps a fixed split-K stay batch-invariant, and be faster at small M?
+
+``batch_invariant=True`` pins the heuristics' kernel for 1024 rows with split-K off, and runs at 0.26–0.72×
+the default plan's speed for M ≤ 64 on an H200 (issue 35). A split count fixed for every M, with a
+reduction scheme whose order does not depend on M (COMPUTE_TYPE: partial sums in the workspace, summed in
+a second step), should keep row i's bits the same for every M. This probe takes candidate pins — today's,
+and the heuristics' picks at 16 and 64 rows with their split-K kept (the reduction made COMPUTE_TYPE) — and
+for each M of ``--rows`` prints its speed × the default plan's and whether D's first 8 token columns equal
+those at M = 8 bit for bit.
+
+    python -m tools.probe_invariant_splitk [--pairs 4096x14336,8192x28672] [--rows 1,16,64,256,1024,8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+import nvblaslt
+from nvblaslt import Matmul, MatmulEpilog
+from nvblaslt._descriptors import Algorithm
+
+COMPUTE_TYPE = 2  # CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+
+
+def _plan(w, x, bias, algorithms=None, invariant=False):
+    options = {"batch_invariant": "columns"} if invariant else None
+    plan = Matmul(w, x.T, options=options)
+    plan.plan(epilog=MatmulEpilog.RELU_BIAS, epilog_inputs={"bias": bias}, algorithms=algorithms)
+    return plan
+
+
+def _with_deterministic_split(plan) -> tuple[bytes, str]:
+    lib = nvblaslt.library()
+    algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(plan.algorithm.as_bytes())
+    config = Algorithm(algo, lib)
+    splits = config.get("SPLITK_NUM")
+    if splits > 1:
+        config.set("REDUCTION_SCHEME", COMPUTE_TYPE)
+    return bytes(algo), f"split-K {splits}"
+
+
+def _ms(plan, calls: int = 20) -> float:
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    plan.execute()
+    samples = []
+    for _ in range(5):
+        torch.cuda._sleep(2_000_000)
+        start.record()
+        for _ in range(calls):
+            plan.execute()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) / calls)
+    return statistics.median(samples)
+
+
+def probe(n: int, k: int, rows: list[int]) -> None:
+    torch.manual_seed(0)
+    big = max(rows)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    x = torch.randn(big, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    candidates = {}
+    with _plan(w, x[:1024], bias, invariant=True) as today:
+        candidates["today's pin (1024 rows, no split-K)"] = (today.algorithm.as_bytes(), "split-K 1")
+    for at in (16, 64):
+        with _plan(w, x[:at], bias) as plan:
+            raw, note = _with_deterministic_split(plan)
+            candidates[f"heuristics at {at} rows, {note}, COMPUTE_TYPE reduction"] = (raw, note)
+    print(f"\nN {n}, K {k}, bf16 RELU_BIAS, D = W xᵀ; speed × the default plan at each M; bits: D's first 8 token "
+          f"columns against M = 8")
+    print(f"  {'candidate':58s} " + " ".join(f"{'M=' + str(m):>14s}" for m in rows))
+    defaults = {}
+    for m in rows:
+        with _plan(w, x[:m], bias) as plan:
+            defaults[m] = _ms(plan)
+    for name, (raw, _) in candidates.items():
+        cells = []
+        reference = None
+        for m in [8, *rows]:
+            try:
+                plan = _plan(w, x[:m], bias, algorithms=[raw])
+            except nvblaslt.NvblasltError as error:
+                cells.append(f"refused ({type(error).__name__})")
+                continue
+            with plan:
+                d = plan.execute()
+                first = d[:, :min(m, 8)].clone()
+                if m == 8 and reference is None:
+                    reference = first
+                    continue
+                same = torch.equal(first, reference[:, :first.shape[1]])
+                cells.append(f"{defaults[m] / _ms(plan):.3f}× {'same' if same else 'DIFF'}")
+        print(f"  {name:58s} " + " ".join(f"{c:>14s}" for c in cells))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default="4096x14336,14336x4096,8192x28672")
+    parser.add_argument("--rows", default="1,16,64,256,1024,8192")
+    options = parser.parse_args(argv)
+    rows = [int(r) for r in options.rows.split(",")]
+    print(f"{torch.cuda.get_device_name()}, cuBLASLt {nvblaslt.library().version}")
+    for pair in options.pairs.split(","):
+        n, k = (int(v) for v in pair.split("x"))
+        probe(n, k, rows)
+
+
+if __name__ == "__main__":
+    main()
