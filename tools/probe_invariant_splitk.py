@@ -4,7 +4,7 @@
 the default plan's speed for M ≤ 64 on an H200 (issue 35). A split count fixed for every M, with a
 reduction scheme whose order does not depend on M (COMPUTE_TYPE: partial sums in the workspace, summed in
 a second step), should keep row i's bits the same for every M. This probe takes candidate pins — today's,
-and the heuristics' picks at 16 and 64 rows with their split-K kept (the reduction made COMPUTE_TYPE) — and
+today's with a split-K of 2 and 4, and the heuristics' picks at 16 and 64 rows with their split-K kept (the reduction made COMPUTE_TYPE) — and
 for each M of ``--rows`` prints its speed × the default plan's and whether D's first 8 token columns equal
 those at M = 8 bit for bit.
 
@@ -66,6 +66,13 @@ def probe(n: int, k: int, rows: list[int]) -> None:
     candidates = {}
     with _plan(w, x[:1024], bias, invariant=True) as today:
         candidates["today's pin (1024 rows, no split-K)"] = (today.algorithm.as_bytes(), "split-K 1")
+        for splits in (2, 4):
+            lib = nvblaslt.library()
+            algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(today.algorithm.as_bytes())
+            config = Algorithm(algo, lib)
+            config.set("SPLITK_NUM", splits)
+            config.set("REDUCTION_SCHEME", COMPUTE_TYPE)
+            candidates[f"today's pin, split-K {splits}, COMPUTE_TYPE reduction"] = (bytes(algo), f"split-K {splits}")
     for at in (16, 64):
         with _plan(w, x[:at], bias) as plan:
             raw, note = _with_deterministic_split(plan)
