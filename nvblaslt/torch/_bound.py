@@ -8,10 +8,15 @@ and hands over pointers of tensors it made in their final shape.
 
 The plans are ``Matmul``'s, made as ``matmul()`` makes them (the heuristics after the tuning
 database and cache, ``NVBLASLT_RECORD``), and each launch is their ``Launch.run``, with its fallback
-when cuBLASLt refuses an algorithm at launch. A plan only ever runs on the stream it was made for,
-so its workspace needs no ordering between streams. Plans a search has since stored a better
-choice for are made again (and recall it), and kept, not freed: a CUDA graph may hold their
-workspace.
+when cuBLASLt refuses an algorithm at launch. Each stream has its own plans, so eager launches need no
+ordering between streams; a CUDA graph capture on a stream with none borrows another stream's (as
+``Matmul.execute`` runs inside a capture without ordering, the graph then shares that workspace).
+
+A step leaves the cache when it is the least recently used one past ``_CACHE_SIZE``, or when a search
+stores a better choice (it is then made again, and recalls it). It is never freed by the cache: an
+autograd graph may still hold it for its backward pass, and its descriptors and workspace are freed
+by their finalizers (stream-ordered) when the last holder lets go. A step a CUDA graph captured is
+kept for the thread's life, since a replay still reads its workspace.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from typing import Any
 from .. import Matmul, MatmulEpilog
 from .. import _cuda, _tuning_cache
 
-# Bound steps per thread, the oldest freed first: each holds up to four plans with a workspace of up to
-# 32 MiB, and a step is made per input shape (an inference loop over many token counts makes many).
+# Bound steps per thread, the least recently used dropped first: each holds up to four plans with a
+# workspace of up to 32 MiB, and a step is made per input shape (an inference loop over many token
+# counts makes many).
 _CACHE_SIZE = 32
 
 
@@ -57,10 +63,6 @@ class BoundGemm:
                     last[index] = pointer
             self._launch.run(d, stream)
 
-    def free(self) -> None:
-        self.plan.free()  # stream-ordered after the work queued with it
-
-
 def bind(a, b, epilog: MatmulEpilog, inputs: dict | None, stream: int, result: tuple,
          pointer_attributes: Sequence[str] = ()) -> BoundGemm | None:
     """A ``BoundGemm`` of ``matmul(a, b, epilog=epilog, epilog_inputs=inputs)`` on ``stream``, or None where
@@ -81,49 +83,53 @@ def bind(a, b, epilog: MatmulEpilog, inputs: dict | None, stream: int, result: t
 
 
 class _Steps(threading.local):
-    """One thread's bound steps by key, oldest first, and the tuning cache's generation they recall."""
+    """One thread's bound steps by (key, stream), least recently used first; the tuning cache's generation
+    they recall; and the steps a CUDA graph captured."""
 
     def __init__(self) -> None:
-        self.entries: dict[tuple[Hashable, int], Any] = {}  # (key, stream) -> step
+        self.entries: dict[tuple[Hashable, int], Any] = {}
         self.generation = _tuning_cache.generation
-        self.retired: list = []
+        self.captured: list = []
 
 
 _local = _Steps()
 
 
-def step(key: Hashable, stream: int, build: Callable[[], object]):
-    """This thread's step for ``key`` on ``stream``, made by ``build()`` on first use: each stream has its
-    own plans, so no stream waits for another's use of a workspace. A first use on a stream that is
-    capturing a CUDA graph (planning allocates, which capture forbids) borrows the step of another stream
-    with the same key, as ``Matmul.execute`` runs inside a capture without ordering it after other streams;
-    None where there is none. Where a search has stored a new choice since the steps were made, they are
-    made again (not during a capture)."""
+def step(key: Hashable, stream: int, build: Callable[[], Any]):
+    """This thread's step for ``key`` on ``stream``, made by ``build()`` on first use. A first use on a
+    stream that is capturing a CUDA graph (planning allocates, which capture forbids) borrows the step of
+    another stream with the same key, kept from then on (``keep_captured``); None where there is none.
+    Where a search has stored a new choice since the steps were made, they are made again (not during a
+    capture)."""
     local = _local
     if local.generation != _tuning_cache.generation and not _cuda.is_capturing(stream):
-        local.retired.extend(local.entries.values())
-        local.entries = {}
+        local.entries = {}  # dropped, not freed: see the module's docstring
         local.generation = _tuning_cache.generation
     entries = local.entries
-    found = entries.get((key, stream))
-    if found is None:
-        if _cuda.is_capturing(stream):
-            return next((made for pair, made in entries.items() if pair[0] == key), None)
-        found = entries[key, stream] = build()
-        if len(entries) > _CACHE_SIZE:
-            _free(entries.pop(next(iter(entries))))
+    pair = (key, stream)
+    found = entries.pop(pair, None)
+    if found is not None:
+        entries[pair] = found  # the most recently used last
+        return found
+    if _cuda.is_capturing(stream):
+        found = next((made for made_pair, made in entries.items() if made_pair[0] == key), None)
+        if found is not None:
+            keep_captured(found)
+        return found
+    found = entries[pair] = build()
+    if len(entries) > _CACHE_SIZE:
+        del entries[next(iter(entries))]  # dropped, not freed: an autograd graph may still hold it
     return found
 
 
-def _free(found) -> None:
-    for gemm in getattr(found, "gemms", ()):
-        if gemm is not None:
-            gemm.free()
+def keep_captured(found) -> None:
+    """Keep ``found`` for the thread's life: a CUDA graph ran it, and a replay reads its workspace."""
+    kept = _local.captured
+    if all(found is not step for step in kept):
+        kept.append(found)
 
 
 def clear() -> None:
-    """Free this thread's bound steps (stream-ordered), those retired after a search included."""
-    local = _local
-    for found in (*local.entries.values(), *local.retired):
-        _free(found)
-    local.entries, local.retired = {}, []
+    """Forget this thread's bound steps but those a CUDA graph captured (their plans are freed when no
+    autograd graph holds them any more)."""
+    _local.entries = {}

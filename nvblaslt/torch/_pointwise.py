@@ -43,6 +43,9 @@ DTYPES = {torch.float16, torch.bfloat16, torch.float32}  # float64 goes to _gemm
 _raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+_capturing: Callable[[], bool] | None = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
 def _current_stream(device: int) -> int:
     """torch's current stream on ``device`` (a bound step runs only where torch has the raw getter)."""
     return cast(Callable[[int], int], _raw_stream)(device)
@@ -54,7 +57,7 @@ class Step:
     channels-last (N, C, H, W) image, or a row-major (M, C) matrix (a linear layer's input)."""
 
     __slots__ = ("gemms", "out_shape", "out_strides", "x_strides", "aux_shape", "aux_strides", "aux_dtype",
-                 "transposed", "rows", "stream", "built")  # stream: the one its plans were made on
+                 "transposed", "rows", "stream", "built", "captured")  # stream: the one its plans were made on
 
     def __init__(self, x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool,
                  stream: int) -> None:
@@ -85,10 +88,20 @@ class Step:
         # forward; dW = dZᵀ X with and without BGRADB; dX = dZ W (None: not made yet, or cannot be bound)
         self.gemms: list[_bound.BoundGemm | None] = [forward, None, None, None]
         self.built = [True, False, False, False]
+        self.captured = False  # a CUDA graph ran it: kept for the thread's life (_bound.keep_captured)
+
+    def mark_captured(self) -> None:
+        """A CUDA graph ran this step: kept for the thread's life (``_bound.keep_captured``)."""
+        if not self.captured:
+            self.captured = True
+            _bound.keep_captured(self)
 
     def backward_gemm(self, index: int, x: Tensor, weight: Tensor, dz: Tensor) -> _bound.BoundGemm | None:
         """The backward's GEMM ``index`` (1: dW, 2: dW with db, 3: dX), made on first use from this call's
-        tensors; None where it cannot be bound, or a graph is being captured (planning allocates)."""
+        tensors; None where it cannot be bound, a graph is being captured (planning allocates), or an
+        ``autotune()`` context would search it (``_gemms``' path does)."""
+        if tuning():
+            return None
         if not self.built[index]:
             if _cuda.is_capturing(_current_stream(x.get_device())):
                 return None
@@ -129,19 +142,20 @@ def _setup_context(ctx, inputs, output) -> None:
     out, aux = output
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(aux) if aux is not None else None
-    ctx.save_for_backward(x, weight, out if activation == "relu" else None)
-    ctx.aux, ctx.activation, ctx.has_bias, ctx.step = aux, activation, bias is not None, step
+    ctx.save_for_backward(x, weight, out if activation == "relu" else None, aux)
+    ctx.activation, ctx.has_bias, ctx.step = activation, bias is not None, step
 
 
-def _derivative(grad: Tensor, ctx, out: Tensor | None) -> Tensor:
+def _derivative(grad: Tensor, ctx, out: Tensor | None, aux: Tensor | None) -> Tensor:
     """dZ = dY ⊙ act′, channels-last: from the output for ReLU, the kept pre-activation for GELU."""
     activation = ctx.activation
     if activation == "relu":
         dz = torch.ops.aten.threshold_backward(grad, out, 0)
     elif activation == "gelu":
         n, o, h, w = ctx.step.out_shape
-        ld = ctx.aux.shape[0]
-        pre = ctx.aux.as_strided((n, o, h, w), (h * w * ld, 1, w * ld, ld))
+        kept = cast(Tensor, aux)  # a GELU forward under autograd keeps its pre-activation
+        ld = kept.shape[0]
+        pre = kept.as_strided((n, o, h, w), (h * w * ld, 1, w * ld, ld))
         dz = torch.ops.aten.gelu_backward(grad, pre, approximate="tanh")
     else:
         return grad
@@ -149,11 +163,12 @@ def _derivative(grad: Tensor, ctx, out: Tensor | None) -> Tensor:
         dz.contiguous(memory_format=torch.channels_last)
 
 
-def _as_op(ctx, grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor | None, bias_grad: bool) -> tuple:
+def _as_op(ctx, grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor | None, aux: Tensor | None,
+           bias_grad: bool) -> tuple:
     """The backward as ``nvblaslt::conv2d_backward`` computes it (its ``matmul()`` calls)."""
     needs = ctx.needs_input_grad
-    aux = ctx.aux if ctx.aux is not None else unused(x)
-    dx, dw, db = torch.ops.nvblaslt.conv2d_backward(grad_out, x, weight, out, aux, ctx.activation, bias_grad,
+    dx, dw, db = torch.ops.nvblaslt.conv2d_backward(grad_out, x, weight, out, aux if aux is not None else unused(x),
+                                                    ctx.activation, bias_grad,
                                                     [1, 1], [0, 0], [1, 1], needs[0], needs[1])
     return dx if needs[0] else None, dw if needs[1] else None, db if bias_grad else None, None, None, None, None
 
@@ -161,19 +176,21 @@ def _as_op(ctx, grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor | None,
 def _backward(ctx, grad_out: Tensor | None, grad_aux=None):
     if grad_out is None:
         return (None,) * 7
-    x, weight, out = ctx.saved_tensors
+    x, weight, out, aux = ctx.saved_tensors
     needs = ctx.needs_input_grad
     bias_grad = ctx.has_bias and needs[2]
     if torch.is_grad_enabled():  # create_graph: the op's backward, which says it has no derivative of its own
-        return _as_op(ctx, grad_out, x, weight, out, bias_grad)
+        return _as_op(ctx, grad_out, x, weight, out, aux, bias_grad)
     step = ctx.step
     grad = grad_out if grad_out.is_contiguous(memory_format=torch.channels_last) else \
         grad_out.contiguous(memory_format=torch.channels_last)
-    dz = _derivative(grad, ctx, out)
+    dz = _derivative(grad, ctx, out, aux)
+    if dz.data_ptr() & 255:  # a gradient at an offset (a slice of a cat): the plans assume 256-byte alignment
+        return _as_op(ctx, grad_out, x, weight, out, aux, bias_grad)
     weight_gemm = step.backward_gemm(2 if bias_grad else 1, x, weight, dz) if needs[1] else None
     input_gemm = step.backward_gemm(3, x, weight, dz) if needs[0] else None
     if (needs[1] and weight_gemm is None) or (needs[0] and input_gemm is None):
-        return _as_op(ctx, grad_out, x, weight, out, bias_grad)
+        return _as_op(ctx, grad_out, x, weight, out, aux, bias_grad)
     stream = _current_stream(x.get_device())  # autograd runs it on the forward's stream (a capture's, in one)
     dx = dw = db = None
     if weight_gemm is not None:
@@ -241,6 +258,8 @@ def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
     step = _bound.step(key, stream, lambda: Step(x, weight, bias, activation, keep_aux, stream))
     if step is None or step.gemms[0] is None:
         return None
+    if not step.captured and _capturing is not None and _capturing():
+        step.mark_captured()  # a replay reads its workspace: never dropped
     return step, stream
 
 

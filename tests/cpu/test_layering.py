@@ -119,7 +119,7 @@ ALLOWED_WRITES: dict[str, dict[str, str]] = {
                                                "the bench's bare-call closures keep their ctypes arguments alive"),
     "nvblaslt/jax/_bridge.py": {"self.plan.split_form = …": "the JAX bridge drops a plan's split bias-gradient "
                                 "form (one XLA call runs one cublasLtMatmul); the jax helper's to move to a method"},
-    "nvblaslt/torch/_bound.py": dict.fromkeys(["local.entries = …", "local.generation = …", "local.retired = …"],
+    "nvblaslt/torch/_bound.py": dict.fromkeys(["local.entries = …", "local.generation = …"],
                                               "a threading.local of torch/_bound's own, reached through a helper"),
     "nvblaslt/torch/_conv_ops.py": dict.fromkeys(["ctx.activation = …", "ctx.geometry = …", "ctx.has_bias = …"],
                                                  _AUTOGRAD_CTX),
@@ -127,7 +127,7 @@ ALLOWED_WRITES: dict[str, dict[str, str]] = {
                                   "it has just made (a public attribute of theirs)"},
     "nvblaslt/torch/_ops.py": dict.fromkeys(["ctx.activation = …", "ctx.has_bias = …", "ctx.linked = …",
                                              "ctx.prev_activation = …", "ctx.prev_has_bias = …"], _AUTOGRAD_CTX),
-    "nvblaslt/torch/_pointwise.py": dict.fromkeys(["ctx.activation = …", "ctx.aux = …", "ctx.has_bias = …",
+    "nvblaslt/torch/_pointwise.py": dict.fromkeys(["ctx.activation = …", "ctx.has_bias = …",
                                                    "ctx.step = …"], _AUTOGRAD_CTX),
 }
 
