@@ -17,10 +17,9 @@ import nvblaslt  # noqa: E402
 from nvblaslt import (NvblasltArgumentError, NvblasltError, NvblasltTypeError,  # noqa: E402
                       NvblasltUnsupportedError, NvblasltValueError)
 
-try:
-    nvblaslt.library()
-except nvblaslt.LibraryNotFoundError:
-    pytest.skip("no libcublasLt: shapes are planned with the library's own rules", allow_module_level=True)
+from tests import skips  # noqa: E402
+
+skips.without_library()
 
 import nvblaslt.jax as nj  # noqa: E402
 from nvblaslt.jax import _bridge  # noqa: E402

@@ -16,13 +16,11 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 nnx = pytest.importorskip("flax.nnx")
 
-import nvblaslt  # noqa: E402
 from nvblaslt import NvblasltTypeError, NvblasltValueError  # noqa: E402
 
-try:
-    nvblaslt.library()
-except nvblaslt.LibraryNotFoundError:
-    pytest.skip("no libcublasLt: shapes are planned with the library's own rules", allow_module_level=True)
+from tests import skips  # noqa: E402
+
+skips.without_library()
 
 import nvblaslt.jax as nj  # noqa: E402
 from nvblaslt.jax.nn import FusedDense, FusedMLP, MoEExperts  # noqa: E402

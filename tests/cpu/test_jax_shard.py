@@ -12,13 +12,11 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-import nvblaslt  # noqa: E402
 from nvblaslt import NvblasltTypeError, NvblasltValueError  # noqa: E402
 
-try:
-    nvblaslt.library()
-except nvblaslt.LibraryNotFoundError:
-    pytest.skip("no libcublasLt: shapes are planned with the library's own rules", allow_module_level=True)
+from tests import skips  # noqa: E402
+
+skips.without_library()
 
 from jax.sharding import AbstractMesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
