@@ -85,6 +85,11 @@ def _no_op_path(*args):
     raise AssertionError("the backward took the custom op's path, not its bound GEMMs")
 
 
+def steps_for(shape, dtype) -> list:
+    """This thread's cached steps for inputs of ``shape`` and ``dtype``."""
+    return [step for (key, _), step in _bound._local.entries.items() if key[:2] == (shape, dtype)]
+
+
 def bound_forward(shape, dtype, bias: bool) -> bool:
     """Whether this thread has a step for inputs of ``shape`` and ``dtype`` whose forward GEMM is bound."""
     return any(key[:2] == (shape, dtype) and key[4] == (not bias) and step.gemms[0] is not None
@@ -170,10 +175,11 @@ def test_gpu_a_stored_search_choice_rebuilds_the_steps(monkeypatch):
     x = images(4, 24, 4, 4, torch.float16)
     grad = torch.randn(4, 32, 4, 4, device="cuda", dtype=torch.float16).contiguous(memory_format=CL)
     run(fused, x, grad)
-    retired = len(_bound._local.retired)
+    before = steps_for(x.shape, torch.float16)
     monkeypatch.setattr(_tuning_cache, "generation", _tuning_cache.generation + 1)
     assert_like_float64(conv, fused, "relu", x, grad)
-    assert len(_bound._local.retired) > retired  # made again (the old plans kept: a graph may hold them)
+    after = steps_for(x.shape, torch.float16)
+    assert before and after and all(step is not old for step in after for old in before)  # made again
 
 
 def test_gpu_double_backward_is_refused_by_name():
