@@ -117,7 +117,7 @@ def step(key: Hashable, stream: int, build: Callable[[], Any]):
             keep_captured(found)
         return found
     found = entries[pair] = build()
-    if len(entries) > _CACHE_SIZE:
+    while len(entries) > _CACHE_SIZE:
         del entries[next(iter(entries))]  # dropped, not freed: an autograd graph may still hold it
     return found
 
