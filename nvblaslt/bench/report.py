@@ -120,6 +120,11 @@ def summary_lines(results: dict) -> list[str]:
                       "arrays, synchronize)"]
         lines += [f"  {name:34s} {row['seconds'] * 1000:8.0f} ms" for name, row in results["import"].items()
                   if isinstance(row, dict)]
+        bytecode = results.get("import_bytecode", {})
+        if bytecode:
+            lines.append("  bytecode compiled first, as pip install does: " +
+                         ", ".join(f"{name} {'yes' if done else 'no (source compiled in each process)'}"
+                                   for name, done in bytecode.items()))
     for section, error in results.get("errors", {}).items():
         lines.append(f"!! section {section} failed: {error}")
     return lines
