@@ -86,7 +86,8 @@ SHAPES = {
     "tiny": [Shape("pointwise 8→16 @6²", 2, 8, 16, 6), Shape("3×3 8→8 @6²", 2, 8, 8, 6, 3, 1, 1)],
 }
 ROWS = {"eager": "torch conv2d + bias + ReLU, eager", "compile": "torch.compile of it",
-        "fused": "FusedConv2d eager", "im2col": "im2col + col2im alone",
+        "fused": "FusedConv2d eager", "fuse_sample": "fuse(…, sample=x)'s choice, eager",
+        "im2col": "im2col + col2im alone",
         "eager_graph": "the eager step captured in a CUDA graph", "fused_graph": "FusedConv2d's step, CUDA graph"}
 
 
@@ -131,6 +132,7 @@ def _copies(torch, x, shape: Shape):
 
 
 def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bool) -> dict[str, Any]:
+    from nvblaslt.torch import fuse
     from nvblaslt.torch._conv import FusedConv2d
 
     nn = torch.nn
@@ -156,6 +158,10 @@ def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bo
     if compile_rows:
         cases.append(("compile", training_step(torch.compile(reference, dynamic=False), x, grad)))
     cases.append(("fused", training_step(fused, x, grad)))
+    # what fuse() keeps when it measures both on this input, synchronized per step
+    chosen = fuse(nn.Sequential(conv, nn.ReLU()), convolutions=True, sample=x.detach())
+    cases.append(("fuse_sample", training_step(chosen, x, grad)))
+    fuse_converted = isinstance(chosen[0], FusedConv2d)
     if device.type == "cuda" and options.graphs:  # the whole step replayed: no host time in either
         for name, model in (("eager_graph", reference), ("fused_graph", fused)):
             graph, _ = captured(torch, training_step(model, x, grad))
@@ -182,6 +188,8 @@ def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bo
         times = {name: value for (name, _), value in zip(cases, medians)}
         by_timing[timing] = {"ms": times, "host_ms": {name: value for (name, _), value in zip(cases, host)},
                              "x_eager": times["fused"] / times["eager"]}
+        if "fuse_sample" in times:
+            by_timing[timing]["x_fuse_sample"] = times["fuse_sample"] / times["eager"]
         if "fused_graph" in times:
             by_timing[timing]["x_graph"] = times["fused_graph"] / times["eager_graph"]
     first = by_timing[timing_modes(options.timing)[0]]  # the headline: sync per step unless asked otherwise
@@ -192,6 +200,8 @@ def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bo
                            "by_timing": by_timing, "check": check, "warmup_s": warm_s, "x_eager": first["x_eager"]}
     if "x_graph" in first:
         row["x_graph"] = first["x_graph"]
+    if "x_fuse_sample" in first:
+        row["x_fuse_sample"], row["fuse_converted"] = first["x_fuse_sample"], fuse_converted
     if compile_error:
         row["compile_error"] = compile_error
     if "compile" in ms:
@@ -232,6 +242,14 @@ def summary(rows: list[dict], timing: str | None = None) -> list[str]:
         if graphs and timing is None:
             lines.append(f"{family}, each step replayed from a CUDA graph: FusedConv2d ≤ 1.0× cuDNN's graph on "
                          f"{sum(v <= 1.0 for v in graphs)}/{len(graphs)} shapes (geometric mean {_gmean(graphs):.3f}×)")
+    measured = [r for r in rows if "x_fuse_sample" in r]
+    if measured and timing is None:
+        worst = max(measured, key=lambda r: r["x_fuse_sample"])
+        lines.append(f"fuse(…, sample=x): converted {sum(r['fuse_converted'] for r in measured)}/{len(measured)} "
+                     f"layers; the model it returns ≤ 1.0× eager on {sum(r['x_fuse_sample'] <= 1.0 for r in measured)}"
+                     f"/{len(measured)} shapes, ≤ 1.02× on {sum(r['x_fuse_sample'] <= 1.02 for r in measured)}, worst "
+                     f"{worst['x_fuse_sample']:.3f}× ({worst['label']}, "
+                     f"{'converted' if worst['fuse_converted'] else 'left unfused'})")
     pointwise = [r["x_eager"] for r in rows if r["family"] == "pointwise"]
     if pointwise and timing is None:
         verdict = "pays" if _gmean(pointwise) <= 1.0 else "does not pay"
@@ -315,7 +333,7 @@ def main(args=None) -> dict:
           f"{'.'.join(map(str, version)) if version else '-'}, Python {platform.python_version()}")
     header = (f"{'shape':42s} {'eager':>8s} {'compile':>8s} {'fused':>8s} {'×eager':>7s} {'×compile':>8s} "
               f"{'im2col':>7s} {'host ms e/f':>12s} {'grad diff':>9s}"
-              + "".join(f" {'×eager ' + mode:>12s}" for mode in modes[1:]) + f" {'graph ×':>8s}")
+              + "".join(f" {'×eager ' + mode:>12s}" for mode in modes[1:]) + f" {'graph ×':>8s} {'fuse(x) ×':>11s}")
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -326,13 +344,16 @@ def main(args=None) -> dict:
         print(f"{row['label']:42s} {ms['eager']:8.3f} {compile_ms} {ms['fused']:8.3f} {row['x_eager']:7.3f} "
               f"{x_compile} {share} {host['eager']:5.2f}/{host['fused']:<6.2f} {row['check']:9.1e}"
               + "".join(f" {row['by_timing'][mode]['x_eager']:12.3f}" for mode in modes[1:])
-              + (f" {row['x_graph']:8.3f}" if "x_graph" in row else f" {'—':>8s}"))
+              + (f" {row['x_graph']:8.3f}" if "x_graph" in row else f" {'—':>8s}")
+              + (f" {row['x_fuse_sample']:9.3f} {'F' if row['fuse_converted'] else 'U'}" if "x_fuse_sample" in row
+                 else f" {'—':>11s}"))
     print("columns: eager = " + ROWS["eager"] + "; compile = " + ROWS["compile"] + "; fused = " + ROWS["fused"]
           + " (RELU_BIAS; ReLU backward from y; BGRADB; dx GEMM; k×k through im2col/col2im); im2col = share of "
           "the fused step spent in " + ROWS["im2col"] + "; host ms = the host's time to issue a step, eager/fused; "
           "grad diff = fused vs eager gradients (relative)"
           + "".join(f"; ×eager {mode} = the same ratio timed as {TIMINGS[mode]}" for mode in modes[1:])
-          + "; graph × = " + ROWS["fused_graph"] + " over " + ROWS["eager_graph"] + " (replays: no host time)")
+          + "; graph × = " + ROWS["fused_graph"] + " over " + ROWS["eager_graph"] + " (replays: no host time)"
+          + "; fuse(x) × = " + ROWS["fuse_sample"] + " over eager, F: it fused the layer, U: left it unfused")
     skipped = [r["label"] for r in rows if "compile" not in r["ms"] and "compile_error" not in r]
     if skipped and not options.no_compile:
         print(f"no torch.compile row for {len(skipped)} shape(s): the compile budget ({options.compile_budget:.0f} s "

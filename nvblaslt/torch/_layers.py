@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from .. import NvblasltTypeError, NvblasltValueError
 from ._conv import FusedConv2d, pays_to_fuse
 from ._functional import EXACT_GELU_HINT, activation_name, linear, linked_layer
+from ._fuse_timing import candidates_in, paying
 from ._tuning import check_backward, check_switch, invariant
 
 
@@ -298,7 +299,7 @@ def _activation_of(module: nn.Module, where: str) -> str | None:
 
 
 def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = False,
-         batch_invariant: bool = False) -> nn.Module:
+         batch_invariant: bool = False, sample: Any = None) -> nn.Module:
     """Fused layers in place of ``nn.Linear`` (+ ``nn.ReLU`` / ``nn.GELU(approximate="tanh")``).
 
     An ``nn.Sequential`` becomes a ``FusedSequential``: each Linear followed by an activation becomes
@@ -319,6 +320,12 @@ def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = Fals
     batch_invariant : bool, default False
         Set ``batch_invariant`` on every ``FusedLinear`` of the result (made now or already there):
         each one's output rows are then bitwise the same whatever the batch size.
+    sample : torch.Tensor or tuple, optional
+        An input of ``module`` (a tuple: its arguments), with ``convolutions=True``: the model runs once
+        on it, and each candidate convolution is timed on its own input both ways, each step
+        synchronized, as a loop that waits for every step runs (forward and backward when ``module`` is
+        training, the forward when evaluating). It is converted only where the fused step is measured no
+        slower; the times are logged at INFO. Without it, every candidate is converted.
 
     Returns
     -------
@@ -331,7 +338,8 @@ def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = Fals
     NvblasltTypeError
         ``module`` is not an ``nn.Module``, or ``convolutions`` or ``batch_invariant`` not a bool.
     NvblasltValueError
-        An exact GELU (``nn.GELU()``) follows a Linear, or ``backward`` is unknown.
+        An exact GELU (``nn.GELU()``) follows a Linear, ``backward`` is unknown, or a ``sample`` is given
+        without ``convolutions=True`` (it decides only convolutions).
 
     Examples
     --------
@@ -358,7 +366,15 @@ def fuse(module: nn.Module, *, backward: str = "auto", convolutions: bool = Fals
     if not isinstance(convolutions, bool):
         raise NvblasltTypeError(f"convolutions: expected a bool, got {convolutions!r}")
     invariant_layers = check_switch(batch_invariant)
-    fused = _fuse(module, check_backward(backward), "module", convolutions)
+    backward = check_backward(backward)
+    chosen = None  # the convolutions to convert: None, every candidate
+    if sample is not None:
+        if not convolutions:
+            raise NvblasltValueError("sample: it decides which convolutions to fuse; pass convolutions=True "
+                                     "with it, or leave it out")
+        candidates = list(candidates_in(module, pays_to_fuse, _activation_of))
+        chosen = paying(module, sample, candidates, FusedConv2d.from_conv)
+    fused = _fuse(module, backward, "module", convolutions, chosen)
     if invariant_layers:
         for layer in fused.modules():
             if isinstance(layer, FusedLinear):
@@ -373,7 +389,8 @@ def _slots(sequential: nn.Sequential) -> list[tuple[str, nn.Module]]:
             if name and "." not in name]
 
 
-def _fuse(module: nn.Module, backward: str, where: str, convolutions: bool = False) -> nn.Module:
+def _fuse(module: nn.Module, backward: str, where: str, convolutions: bool = False,
+          chosen: set[int] | None = None) -> nn.Module:
     if isinstance(module, (FusedLinear, FusedSequential, FusedConv2d)):
         return module
     if isinstance(module, nn.Linear):
@@ -394,16 +411,17 @@ def _fuse(module: nn.Module, backward: str, where: str, convolutions: bool = Fal
                     converted[next_name] = nn.Identity()
                     index += 1
             elif convolutions and pays_to_fuse(child) and index + 1 < len(items) and (
-                    activation := _activation_of(items[index + 1][1], f"{where}[{items[index + 1][0]}]")):
+                    activation := _activation_of(items[index + 1][1], f"{where}[{items[index + 1][0]}]")) and (
+                    chosen is None or id(child) in chosen):
                 converted[name] = FusedConv2d.from_conv(cast(nn.Conv2d, child), activation)
                 converted[items[index + 1][0]] = nn.Identity()
                 index += 1
             else:
-                converted[name] = _fuse(child, backward, f"{where}[{name}]", convolutions)
+                converted[name] = _fuse(child, backward, f"{where}[{name}]", convolutions, chosen)
             index += 1
         fused = FusedSequential(converted, backward=backward)
         fused.train(module.training)
         return fused
     for name, child in list(module.named_children()):
-        setattr(module, name, _fuse(child, backward, f"{where}.{name}", convolutions))
+        setattr(module, name, _fuse(child, backward, f"{where}.{name}", convolutions, chosen))
     return module

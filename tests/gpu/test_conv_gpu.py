@@ -290,3 +290,32 @@ def test_gpu_bad_input_is_refused_before_any_gemm(recorded):
     assert recorded == []
     layer(x.contiguous(memory_format=CL)).sum().backward()  # the conversion the error names
     assert layer.weight.grad is not None
+
+
+def test_gpu_fuse_with_a_sample_times_each_candidate_and_keeps_the_models_results(caplog):
+    """fuse(…, sample=x) on the GPU: one decision logged per pointwise candidate, made from its own input
+    (the second layer sees the first's output), and the returned model, fused or not, trains as eager does."""
+    import logging
+
+    from nvblaslt.torch import fuse
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(16, 48, 1), nn.ReLU(), nn.Conv2d(48, 16, 1), nn.GELU(approximate="tanh"),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()).cuda().to(memory_format=CL)
+    x = torch.randn(8, 16, 12, 12, device="cuda").contiguous(memory_format=CL)
+    reference = copy.deepcopy(model).double()
+    with caplog.at_level(logging.INFO, logger="nvblaslt"):
+        fused = fuse(model, convolutions=True, sample=x)
+    decisions = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fuse: ")]
+    assert len(decisions) == 2, decisions  # the two pointwise layers; the 3×3 is no candidate
+    assert "(8, 16, 12, 12)" in decisions[0] and "(8, 48, 12, 12)" in decisions[1]
+    for decision, index in zip(decisions, (0, 2)):
+        assert isinstance(fused[index], FusedConv2d) == decision.endswith(": fused")
+    assert all(p.grad is None for p in model.parameters())  # timing left the model's gradients alone
+    xg, xd = x.clone().requires_grad_(), x.double().requires_grad_()
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # an unfused layer runs cuDNN in fp32
+        fused(xg).square().sum().backward()
+        reference(xd).square().sum().backward()
+    assert rel(xg.grad, xd.grad) < 1e-4
+    for got, want in zip(model.parameters(), reference.parameters()):
+        assert torch.isfinite(got.grad).all() and rel(got.grad, want.grad) < 1e-4
