@@ -101,6 +101,25 @@ def step(key: Hashable, stream: int, build: Callable[[], Any]):
     another stream with the same key, kept from then on (``keep_captured``); None where there is none.
     Where a search has stored a new choice since the steps were made, they are made again (not during a
     capture)."""
+    found = find(key, stream)
+    if found is not None:
+        return found
+    entries, pair = _local.entries, (key, stream)
+    if _cuda.is_capturing(stream):
+        found = next((made for made_pair, made in entries.items() if made_pair[0] == key), None)
+        if found is not None:
+            keep_captured(found)
+        return found
+    found = entries[pair] = build()
+    while len(entries) > _CACHE_SIZE:
+        del entries[next(iter(entries))]  # dropped, not freed: an autograd graph may still hold it
+    return found
+
+
+def find(key: Hashable, stream: int):
+    """This thread's step for ``key`` on ``stream`` (the most recently used from now on), or None where
+    there is none. Where a search has stored a new choice since the steps were made, they are all
+    forgotten first (not during a capture), to be made again."""
     local = _local
     if local.generation != _tuning_cache.generation and not _cuda.is_capturing(stream):
         local.entries = {}  # dropped, not freed: see the module's docstring
@@ -110,15 +129,6 @@ def step(key: Hashable, stream: int, build: Callable[[], Any]):
     found = entries.pop(pair, None)
     if found is not None:
         entries[pair] = found  # the most recently used last
-        return found
-    if _cuda.is_capturing(stream):
-        found = next((made for made_pair, made in entries.items() if made_pair[0] == key), None)
-        if found is not None:
-            keep_captured(found)
-        return found
-    found = entries[pair] = build()
-    while len(entries) > _CACHE_SIZE:
-        del entries[next(iter(entries))]  # dropped, not freed: an autograd graph may still hold it
     return found
 
 
