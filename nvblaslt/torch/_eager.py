@@ -19,22 +19,30 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-_PLAIN = (torch.Tensor, nn.Parameter)
+PLAIN = (torch.Tensor, nn.Parameter)  # tensor types whose calls may skip the op
+
+
+_is_tracing: Callable[[], bool] = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
+
+
+def plain_eager() -> bool:
+    """``direct()``'s half that reads no tensor: eager mode, no torch dispatch or function mode, no
+    functorch transform, no ``torch.jit.trace``."""
+    if torch.compiler.is_compiling():  # first: dynamo folds it, and traces nothing below
+        return False
+    return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._are_functorch_transforms_active() or _is_tracing())
 
 
 def direct(*tensors: Tensor | None) -> bool:
-    """Whether a call on these tensors may skip the op: eager mode, no torch dispatch or function mode,
-    no functorch transform, no ``torch.jit.trace``, and every tensor a plain ``Tensor`` or
-    ``Parameter`` (no subclass) with data (not on the meta device)."""
-    if torch.compiler.is_compiling():  # first: dynamo folds it, and traces nothing below
-        return False
-    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() \
-            or torch._C._are_functorch_transforms_active() or torch.jit.is_tracing():
+    """Whether a call on these tensors may skip the op: ``plain_eager()``, and every tensor a plain
+    ``Tensor`` or ``Parameter`` (no subclass) with data (not on the meta device)."""
+    if not plain_eager():
         return False
     # meta tensors have no data: the ops' fake implementations give their shapes (a loop: a generator
     # costs a microsecond a call, a tenth of a decode step's host time)
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN or t.is_meta):
+        if t is not None and (type(t) not in PLAIN or t.is_meta):
             return False
     return True
 

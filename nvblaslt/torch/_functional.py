@@ -3,13 +3,17 @@ activation, cast as autocast would, check the arguments."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .. import NvblasltTypeError, NvblasltValueError
-from ._ops import layer
+from . import _ops
+from ._eager import PLAIN, direct, plain_eager
+from ._ops import eager_linear, layer
+from ._pointwise import first_linear_inference, linear_inference
 from ._tuning import chain_for, check_switch, invariant
 
 # ---- activations ------------------------------------------------------------------------------------
@@ -148,6 +152,25 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
         ...
     nvblaslt.NvblasltValueError: activation: 'gelu_erf' asks for exact (erf) GELU; ...
     """
+    key = grad = None
+    # The fast path: a plain eager call like one already checked (see _Checked) runs with no check its key proves
+    if batch_invariant is False and (activation is None or type(activation) is str) and type(x) in PLAIN \
+            and type(weight) in PLAIN and (bias is None or type(bias) in PLAIN) and plain_eager() \
+            and not (_any_autocast is None or _any_autocast()):
+        grad = _grad_enabled() and (x.requires_grad or weight.requires_grad or
+                                    (bias is not None and bias.requires_grad))
+        x_device = x.device
+        key = ("linear", activation, grad, x.shape, x.dtype, x_device, x.is_contiguous(), weight.shape, weight.dtype,
+               weight.device, weight.is_contiguous(),
+               None if bias is None else (bias.shape, bias.dtype, bias.device, bias.is_contiguous()))
+        if grad:
+            found = _checked.grad_calls.get(key)
+            if found is not None:
+                return _linear_recorded(x, weight, bias, *found)
+        else:
+            out = linear_inference(key, x, weight, bias, x_device)
+            if out is not None:
+                return out
     activation = activation_name(activation)
     _check_tensors(x, weight, bias)
     x, weight, bias = autocast_inputs(x, weight, bias)
@@ -155,7 +178,55 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     if check_switch(batch_invariant):
         with invariant(True):
             return _linear(x, weight, bias, activation)
+    if key is not None:  # every check passed: the fast path takes like calls from now on
+        out = _first_call(key, bool(grad), x, weight, bias, activation)
+        if out is not None:
+            return out
     return _linear(x, weight, bias, activation)
+
+
+_grad_enabled = torch._C.is_grad_enabled
+
+
+class _Checked(threading.local):
+    """The fast path's record of calls with a gradient that passed every check, by key: what of a call
+    decides its checks and its path (the raw ``activation``, whether autograd records it, each tensor's
+    shape, dtype, device and contiguity). What no key can prove is read on every call: the tensors'
+    types, eager mode, autocast, grad mode and ``requires_grad``. Calls without a gradient keep their key
+    with their bound step (``_pointwise.linear_inference``); these hold nothing but a few names."""
+
+    def __init__(self) -> None:
+        self.grad_calls: dict[tuple, tuple[str, tuple[int, ...] | None]] = {}
+
+
+_checked = _Checked()
+_GRAD_CALLS = 256  # the record starts over past this many: a loop over many shapes re-checks each once
+
+
+def _first_call(key: tuple, grad: bool, x: Tensor, weight: Tensor, bias: Tensor | None,
+                activation: str) -> Tensor | None:
+    """A checked call that the fast path may take from now on: run and kept under ``key`` (None: the
+    bound step cannot run it, and ``_linear`` runs it as before)."""
+    if grad:
+        if not direct(x, weight, bias):  # meta tensors: the op's fake implementation
+            return None
+        calls = _checked.grad_calls
+        if len(calls) >= _GRAD_CALLS:
+            calls.clear()
+        found = calls[key] = (activation, None if x.dim() == 2 else (*x.shape[:-1], weight.shape[0]))
+        return _linear_recorded(x, weight, bias, *found)
+    if not _ops.uses_cublaslt(x) or not x.is_contiguous():
+        return None
+    return first_linear_inference(key, x, weight, bias, activation)
+
+
+def _linear_recorded(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
+                     out_shape: tuple[int, ...] | None) -> Tensor:
+    """``_linear`` of a checked plain eager call that autograd records (``out_shape``: x's leading shape
+    and the output features, for an x that is not 2-D)."""
+    if out_shape is None:
+        return eager_linear(x.contiguous(), weight, bias, activation)
+    return eager_linear(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, activation).reshape(out_shape)
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:

@@ -151,6 +151,12 @@ _linear_op.register_autograd(_linear_autograd, setup_context=_setup_context)
 _Linear = autograd_function("Linear", _linear_impl, _setup_context, _linear_autograd)
 
 
+def eager_linear(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -> Tensor:
+    """``layer()``'s output for an unlinked call that autograd records and ``direct()`` lets skip the op:
+    for a caller that has checked what ``wants_grad()`` and ``direct()`` check."""
+    return _Linear.apply(x2, weight, bias, activation, activation == "gelu", None, "none", None, None)[0]
+
+
 def layer(x2: Tensor, weight: Tensor, bias: Tensor | None, activation: str, state: Any,
           chain: str | None = None) -> tuple[Tensor, Any]:
     """One layer on 2-D x; ``state`` is the previous layer's (activation, aux, link, link_bias) or None.

@@ -60,7 +60,7 @@ class Step:
                  "transposed", "rows", "stream", "built", "captured")  # stream: the one its plans were made on
 
     def __init__(self, x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool,
-                 stream: int) -> None:
+                 stream: int, out_shape: tuple[int, ...] | None = None) -> None:
         o = weight.shape[0]
         self.out_shape: tuple[int, ...]
         self.out_strides: tuple[int, ...]
@@ -73,6 +73,8 @@ class Step:
         else:
             m, c = x.shape
             self.out_shape, self.out_strides, self.x_strides = (m, o), (o, 1), (c, 1)
+            if out_shape is not None:  # a linear layer's N-D input: the output made in its final shape, row-major
+                self.out_shape, self.out_strides = out_shape, _row_major_strides(out_shape)
         self.rows, self.stream = m, stream
         self.aux_shape, self.aux_strides, bitmask = aux_layout(activation, keep_aux, m, o)
         self.aux_dtype = torch.int8 if bitmask else x.dtype
@@ -129,12 +131,24 @@ def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, ke
     else:
         aux = None
         vectors = (bias.data_ptr(),) if bias is not None else ()
+    _launch_forward(step, x.data_ptr(), weight.data_ptr(), out.data_ptr(), stream, vectors)
+    return out, aux
+
+
+def _launch_forward(step: Step, x: int, weight: int, out: int, stream: int, vectors: tuple[int, ...]) -> None:
     gemm = cast(_bound.BoundGemm, step.gemms[0])  # a step whose forward cannot be bound is never run
     if step.transposed:  # D = W Xᵀ
-        gemm(weight.data_ptr(), x.data_ptr(), out.data_ptr(), stream, *vectors)
+        gemm(weight, x, out, stream, *vectors)
     else:  # D = X Wᵀ
-        gemm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), stream)
-    return out, aux
+        gemm(x, weight, out, stream)
+
+
+def _row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, stride = [], 1
+    for extent in reversed(shape):
+        strides.append(stride)
+        stride *= max(extent, 1)
+    return tuple(reversed(strides))
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -237,13 +251,64 @@ def inference(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str) -
     return _forward(x, weight, bias, activation, False, step, stream)[0]
 
 
-def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
-                keep_aux: bool) -> tuple[Step, int] | None:
+def linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor | None,
+                     x_device: torch.device) -> Tensor | None:
+    """``linear()``'s fast path without a gradient: act(x Wᵀ + b) in x's leading shape, on the step
+    ``first_linear_inference`` kept under ``key`` (what of the call decides its path, checked on that
+    first call: shapes, dtypes, devices, contiguity, activation). What the key cannot prove is checked
+    here: x on CUDA (``x_device``, x's), the current stream and device, 256-byte aligned pointers, no ``autotune()`` or ``invariant()``
+    context, a graph capture. None where the step is not found or cannot run: the checked path."""
+    if x_device.type != "cuda" or _raw_stream is None or _active_context():
+        return None
+    device = cast(int, x_device.index)
+    if _several_devices() and torch.cuda.current_device() != device:
+        return None
+    stream = _current_stream(device)
+    step = _bound.find(key, stream)
+    if step is None:
+        return None
+    x_pointer, weight_pointer = x.data_ptr(), weight.data_ptr()
+    if bias is None:
+        vectors: tuple[int, ...] = ()
+        aligned = not (x_pointer | weight_pointer) & 255
+    else:
+        vectors = (bias.data_ptr(),)
+        aligned = not (x_pointer | weight_pointer | vectors[0]) & 255
+    if not aligned:
+        return None
+    if not step.captured and _capturing is not None and _capturing():
+        step.mark_captured()  # a replay reads its workspace: never dropped
+    out = x.new_empty_strided(step.out_shape, step.out_strides)
+    _launch_forward(step, x_pointer, weight_pointer, out.data_ptr(), stream, vectors)
+    return out
+
+
+def first_linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor | None,
+                           activation: str) -> Tensor | None:
+    """``linear_inference``'s first call for ``key``, on a contiguous CUDA x (…, C) and weight and bias
+    ``linear()`` has checked: its step made where it can run bound (see ``_bound_step``), kept under
+    ``key``, and run; None where it cannot run bound."""
+    x2 = x.view(-1, x.shape[-1])
+    out_shape = None if x.dim() == 2 else (*x.shape[:-1], weight.shape[0])
+    found = _bound_step(x2, weight, bias, activation, False, key, out_shape)
+    if found is None:
+        return None
+    step, stream = found
+    return _forward(x2, weight, bias, activation, False, step, stream)[0]
+
+
+def _active_context() -> bool:
+    """An ``autotune()`` or ``invariant()`` context is open: ``_gemms``' plans differ from a bound step's."""
+    return tuning() or invariant_options("rows") is not None
+
+
+def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool,
+                linear_key: tuple | None = None, out_shape: tuple[int, ...] | None = None) -> tuple[Step, int] | None:
     """(this layer shape's step, the current stream), or None where the plans would not be the ones
     ``_gemms`` runs (inside ``autotune()`` or ``invariant()``), or where a GEMM cannot run bound: an empty
     operand, another dtype, a weight or bias laid out otherwise, a pointer aligned to less than 256 bytes, another
     current device, a first call inside a graph capture."""
-    if x.dtype not in DTYPES or _raw_stream is None or tuning() or invariant_options("rows") is not None \
+    if x.dtype not in DTYPES or _raw_stream is None or _active_context() \
             or x.numel() == 0 or weight.numel() == 0:  # nothing to multiply: _gemms' torch ops
         return None
     if not weight.is_contiguous() or (bias is not None and bias.stride()[0] != 1 and bias.shape[0] > 1):
@@ -254,8 +319,9 @@ def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
     if _several_devices() and torch.cuda.current_device() != device:
         return None
     stream = _current_stream(device)
-    key = (x.shape, x.dtype, device, weight.shape[0], bias is None, activation, keep_aux)
-    step = _bound.step(key, stream, lambda: Step(x, weight, bias, activation, keep_aux, stream))
+    key = linear_key if linear_key is not None else \
+        (x.shape, x.dtype, device, weight.shape[0], bias is None, activation, keep_aux)
+    step = _bound.step(key, stream, lambda: Step(x, weight, bias, activation, keep_aux, stream, out_shape))
     if step is None or step.gemms[0] is None:
         return None
     if not step.captured and _capturing is not None and _capturing():
