@@ -24,69 +24,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import _autotune, _cuda, _dtypes, _memory, _search, _tuning_cache, _tuning_db, _tuning_record
+from . import _autotune, _cuda, _search, _tuning_cache, _tuning_db, _tuning_record
 from ._cuda import cudart
 from ._errors import NvblasltError, NvblasltTypeError, NvblasltValueError
 from ._logging import logger
+from ._tune_arrays import device_array
 from ._tune_suite import llm_suite
 
 MIN_PROBLEM_S = 1.0  # below this share of the budget a search cannot finish its duels: the run stops
 ITERATIONS = 5
-_FILL_ELEMENTS = 1 << 22  # random values made once per dtype, copied over each array
-
-
-# ---- arrays of nvblaslt's own, with random values -------------------------------------------------------
-def _pattern(dtype: _dtypes.DType) -> bytes:
-    """``_FILL_ELEMENTS`` random values of ``dtype`` as bytes (timings on zeros read fast: less power)."""
-    try:
-        import numpy
-    except ImportError:
-        return _pattern_without_numpy(dtype)
-    generator = numpy.random.default_rng(0)
-    if dtype.itemsize == 1:
-        mask = 0xB7 if dtype.name == "float8_e4m3fn" else 0xBB if dtype.name == "float8_e5m2" else 0xFF
-        return (generator.integers(0, 256, _FILL_ELEMENTS, dtype=numpy.uint8) & mask).tobytes()
-    values = generator.uniform(-1, 1, _FILL_ELEMENTS).astype(numpy.float32)
-    if dtype.name == "bfloat16":
-        return (values.view(numpy.uint32) >> 16).astype(numpy.uint16).tobytes()
-    return values.astype({2: numpy.float16, 4: numpy.float32, 8: numpy.float64}[dtype.itemsize]).tobytes()
-
-
-def _pattern_without_numpy(dtype: _dtypes.DType) -> bytes:
-    import random
-
-    generator = random.Random(0)
-    if dtype.itemsize == 1:  # fp8 (sign, a small exponent: no NaN or infinity), int8, a ReLU bitmask
-        mask = 0xB7 if dtype.name == "float8_e4m3fn" else 0xBB if dtype.name == "float8_e5m2" else 0xFF
-        return bytes(generator.getrandbits(8) & mask for _ in range(_FILL_ELEMENTS))
-    import array
-    import struct
-
-    values = array.array("f", (generator.uniform(-1, 1) for _ in range(_FILL_ELEMENTS)))
-    if dtype.itemsize >= 4:
-        return values.tobytes() if dtype.itemsize == 4 else array.array("d", values).tobytes()
-    if dtype.name == "bfloat16":
-        return array.array("H", (struct.unpack("I", struct.pack("f", v))[0] >> 16 for v in values)).tobytes()
-    return b"".join(struct.pack("e", v) for v in values)  # float16
-
-
-def _device_array(spec: dict, device: int, stream: int, patterns: dict) -> _memory.DeviceArray:
-    from ._strides import span_elements
-
-    dtype = _dtypes.BY_NAME[spec["dtype"]]
-    shape, strides = tuple(spec["shape"]), tuple(spec["strides"])
-    size = span_elements(shape, strides) * dtype.itemsize
-    buffer = _memory.DeviceBuffer(size, stream)
-    pattern = patterns.get(dtype.name)
-    if pattern is None:
-        pattern = patterns[dtype.name] = _pattern(dtype)
-    host = ctypes.create_string_buffer(pattern, len(pattern))
-    for offset in range(0, size, len(pattern)):
-        _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer + offset, ctypes.addressof(host),
-                                           min(len(pattern), size - offset),
-                                           cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
-    _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # host is freed on return
-    return _memory.DeviceArray(buffer, shape, strides, dtype, device, stream)
 
 
 @contextlib.contextmanager
@@ -124,9 +70,9 @@ def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip)
 
     with _cuda.on_device(device):
         stream = 0
-        arrays = {name: _device_array(spec[name], device, stream, patterns) for name in ("a", "b")}
-        c = _device_array(spec["c"], device, stream, patterns) if spec.get("c") else None
-        inputs = {key: _device_array(value, device, stream, patterns) for key, value in spec.get("inputs", {}).items()}
+        arrays = {name: device_array(spec[name], device, stream, patterns) for name in ("a", "b")}
+        c = device_array(spec["c"], device, stream, patterns) if spec.get("c") else None
+        inputs = {key: device_array(value, device, stream, patterns) for key, value in spec.get("inputs", {}).items()}
         fp8 = {name for name in ("a", "b") if spec[name]["dtype"].startswith("float8")}
         result_type = spec.get("options", {}).get("result_type", "")
         scales = {name: 1.0 for name in fp8 | ({"d"} if str(result_type).startswith("float8") else set())}
@@ -162,10 +108,10 @@ def _tune_grouped(spec: dict, budget_s: float, device: int, patterns: dict, skip
     require_grouped(library())  # NvblasltUnsupportedError: skipped, and said, by the caller
     with _cuda.on_device(device):
         stream = 0
-        a = _device_array(spec["a"], device, stream, patterns)
-        b = _device_array(spec["b"], device, stream, patterns)
+        a = device_array(spec["a"], device, stream, patterns)
+        b = device_array(spec["b"], device, stream, patterns)
         ends = (ctypes.c_int32 * len(spec["offs"]))(*spec["offs"])
-        offs = _device_array({"shape": [len(ends)], "strides": [1], "dtype": "int32"}, device, stream, patterns)
+        offs = device_array({"shape": [len(ends)], "strides": [1], "dtype": "int32"}, device, stream, patterns)
         _cuda.check(cudart.cudaMemcpy(offs.ptr, ctypes.addressof(ends), ctypes.sizeof(ends),
                                       cudart.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
         plan = GroupedMatmul(a, b, offs, stream=stream)

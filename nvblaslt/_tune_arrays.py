@@ -1,0 +1,65 @@
+"""Arrays of nvblaslt's own with random values, for ``nvblaslt tune``: its problems are planned and timed on
+them (timings on zeros read fast: less power). Every array of one dtype starts with the same values, so the
+first rows of two arrays of a shape's prefix hold the same data (``_invariant_tune`` compares rows across M)."""
+
+from __future__ import annotations
+
+import ctypes
+
+from . import _cuda, _dtypes, _memory
+from ._cuda import cudart
+
+_FILL_ELEMENTS = 1 << 22  # random values made once per dtype, copied over each array
+
+
+def pattern(dtype: _dtypes.DType) -> bytes:
+    """``_FILL_ELEMENTS`` random values of ``dtype`` as bytes (timings on zeros read fast: less power)."""
+    try:
+        import numpy
+    except ImportError:
+        return _pattern_without_numpy(dtype)
+    generator = numpy.random.default_rng(0)
+    if dtype.itemsize == 1:
+        mask = 0xB7 if dtype.name == "float8_e4m3fn" else 0xBB if dtype.name == "float8_e5m2" else 0xFF
+        return (generator.integers(0, 256, _FILL_ELEMENTS, dtype=numpy.uint8) & mask).tobytes()
+    values = generator.uniform(-1, 1, _FILL_ELEMENTS).astype(numpy.float32)
+    if dtype.name == "bfloat16":
+        return (values.view(numpy.uint32) >> 16).astype(numpy.uint16).tobytes()
+    return values.astype({2: numpy.float16, 4: numpy.float32, 8: numpy.float64}[dtype.itemsize]).tobytes()
+
+
+def _pattern_without_numpy(dtype: _dtypes.DType) -> bytes:
+    import random
+
+    generator = random.Random(0)
+    if dtype.itemsize == 1:  # fp8 (sign, a small exponent: no NaN or infinity), int8, a ReLU bitmask
+        mask = 0xB7 if dtype.name == "float8_e4m3fn" else 0xBB if dtype.name == "float8_e5m2" else 0xFF
+        return bytes(generator.getrandbits(8) & mask for _ in range(_FILL_ELEMENTS))
+    import array
+    import struct
+
+    values = array.array("f", (generator.uniform(-1, 1) for _ in range(_FILL_ELEMENTS)))
+    if dtype.itemsize >= 4:
+        return values.tobytes() if dtype.itemsize == 4 else array.array("d", values).tobytes()
+    if dtype.name == "bfloat16":
+        return array.array("H", (struct.unpack("I", struct.pack("f", v))[0] >> 16 for v in values)).tobytes()
+    return b"".join(struct.pack("e", v) for v in values)  # float16
+
+
+def device_array(spec: dict, device: int, stream: int, patterns: dict) -> _memory.DeviceArray:
+    from ._strides import span_elements
+
+    dtype = _dtypes.BY_NAME[spec["dtype"]]
+    shape, strides = tuple(spec["shape"]), tuple(spec["strides"])
+    size = span_elements(shape, strides) * dtype.itemsize
+    buffer = _memory.DeviceBuffer(size, stream)
+    pattern = patterns.get(dtype.name)
+    if pattern is None:
+        pattern = patterns[dtype.name] = pattern(dtype)
+    host = ctypes.create_string_buffer(pattern, len(pattern))
+    for offset in range(0, size, len(pattern)):
+        _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer + offset, ctypes.addressof(host),
+                                           min(len(pattern), size - offset),
+                                           cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
+    _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # host is freed on return
+    return _memory.DeviceArray(buffer, shape, strides, dtype, device, stream)
