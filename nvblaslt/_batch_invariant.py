@@ -11,13 +11,19 @@ rows that, with split-K off (``SPLITK_NUM`` 1, no reduction scheme), cuBLASLt ac
 extent of ``CHECKED_AT`` (``FP8_CHECKED_AT`` for fp8). Each plan re-checks the pin for its own M, and
 refuses where cuBLASLt does not accept it: a different kernel would silently give different bits.
 
+A database's pin (``nvblaslt tune --batch-invariant`` measures one: ``_invariant_tune``) may split K into a
+count fixed for every M, with the COMPUTE_TYPE reduction (partial sums in the workspace, summed in a second
+step in a fixed order): row i's sums then do not depend on M either. Any other split-K pin is refused.
+
 "The varying extent" is, in cuBLASLt's column-major problem (``_problem``), D's rows (``m``) or
 columns (``n``): the caller's rows map to ``n`` when nvblaslt solves the transposed problem.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 from . import _tuning_cache, _tuning_db
 from ._descriptors import Algorithm, MatrixLayout, heuristics
@@ -95,53 +101,84 @@ def _reference_layouts(launch, extent: str, size: int) -> list[MatrixLayout]:
     return made
 
 
-def _without_split_k(launch, result):
-    """A copy of ``result``'s algorithm with split-K off."""
-    algo = launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(result.algorithm.algo)
-    algorithm = Algorithm(algo, launch.lib)
+def without_split_k(launch, algo):
+    """A copy of ``algo`` (a ``cublasLtMatmulAlgo_t``) with split-K off."""
+    copy = launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(algo)
+    algorithm = Algorithm(copy, launch.lib)
     algorithm.set("SPLITK_NUM", 1)
     algorithm.set("REDUCTION_SCHEME", 0)
-    return algo
+    return copy
 
 
-def _choose(launch, extent: str) -> bytes:
-    """The pin for ``launch``'s problem: the first of the heuristics' picks at ``REFERENCE`` rows that,
-    split-K off, cuBLASLt accepts at every extent of ``CHECKED_AT`` (fp8: ``FP8_CHECKED_AT``)."""
-    references = []
-    checked_at = FP8_CHECKED_AT if getattr(launch.problem, "fp8", False) else CHECKED_AT
+def split_fault(algorithm: Algorithm, api) -> str | None:
+    """Why ``algorithm`` cannot be a pin (its sums would depend on M), or None: split-K is allowed with a
+    fixed count and the COMPUTE_TYPE reduction only."""
+    if algorithm.get("SPLITK_NUM") <= 1:
+        return None
+    if algorithm.get("REDUCTION_SCHEME") == int(api.CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE):
+        return None
+    return "splits K without the COMPUTE_TYPE reduction, so its sums depend on the problem"
+
+
+@contextlib.contextmanager
+def reference_launches(launch, extent: str, sizes) -> Iterator[list]:
+    """Launches of ``launch``'s problem with the varying extent set to each of ``sizes``, for
+    ``cublasLtMatmulAlgoCheck`` alone (nothing runs on them): the launch's own descriptors over other
+    layouts, closed on exit, never through ``Launch.close``."""
+    references: list = []
     try:
-        for size in checked_at:
+        for size in sizes:
             layouts = _reference_layouts(launch, extent, size)
-            # the launch's own descriptors over other layouts; closed here, never through Launch.close
             references.append((layouts, type(launch)(launch.lib, launch.problem, launch.handle, launch.desc, layouts,
                                                      launch.preference, workspace_limit=launch.workspace_limit,
                                                      device=launch.device, alpha=None, beta=None)))
-        a, b, c, d = references[checked_at.index(REFERENCE)][0]
+        yield [reference for _, reference in references]
+    finally:
+        for layouts, _ in references:
+            for layout in layouts:
+                layout.close()
+
+
+def accepted(references, algo, workspace_limit: int) -> bool:
+    """Whether cuBLASLt accepts ``algo`` at every reference launch, within ``workspace_limit``."""
+    for reference in references:
+        checked = reference.check(algo)
+        if checked is None or checked.workspace_size > workspace_limit:
+            return False
+    return True
+
+
+def rule_pin(launch, extent: str) -> bytes:
+    """Today's rule, where no database has a pin: the first of the heuristics' picks at ``REFERENCE``
+    rows that, split-K off, cuBLASLt accepts at every extent of ``CHECKED_AT`` (fp8: ``FP8_CHECKED_AT``)."""
+    checked_at = FP8_CHECKED_AT if getattr(launch.problem, "fp8", False) else CHECKED_AT
+    with reference_launches(launch, extent, checked_at) as references:
+        a, b, c, d = references[checked_at.index(REFERENCE)].layouts
         try:
             offered = heuristics(launch.handle, launch.desc, a, b, c, d, launch.preference, count=CANDIDATES)
         except CublasLtError:
             offered = []
         for result in offered:
-            algo = _without_split_k(launch, result)
-            checked = [reference.check(algo) for _, reference in references]
-            if all(c is not None and c.workspace_size <= launch.workspace_limit for c in checked):
+            algo = without_split_k(launch, result.algorithm.algo)
+            if accepted(references, algo, launch.workspace_limit):
                 return bytes(algo)
-    finally:
-        for layouts, _ in references:
-            for layout in layouts:
-                layout.close()
     raise NvblasltUnsupportedError(f"options.batch_invariant: cuBLASLt offers no algorithm for "
                                    f"{launch.problem.describe()} that, without split-K, it accepts at "
                                    f"{extent.upper()} = {', '.join(map(str, checked_at))}; row-for-row identical "
                                    f"results cannot be guaranteed for this problem")
 
 
+def pinned_key(launch, which: str) -> tuple[str, dict]:
+    """(the pinned key, its description) of ``launch``'s problem, the caller's ``which`` extent varying."""
+    description = pinned_description(_tuning_cache.problem_description(launch), varying(launch.problem, which))
+    return _tuning_cache.problem_key(description), description
+
+
 def pinned(launch, which: str):
     """The HeuristicResult a batch-invariant ``launch`` runs (``which``: "rows" or "columns"), checked
     for its own M; NvblasltUnsupportedError where cuBLASLt refuses the pin for it."""
     extent = varying(launch.problem, which)
-    description = pinned_description(_tuning_cache.problem_description(launch), extent)
-    key = _tuning_cache.problem_key(description)
+    key, description = pinned_key(launch, which)
     entry = _tuning_db.lookup(description, key)
     source = "tuning database"
     if entry is not None and entry.get("kind") == "pinned":
@@ -151,15 +188,15 @@ def pinned(launch, which: str):
             known = _pins.get(key)
         source = "this process"
         if known is None:
-            chosen = _choose(launch, extent)
+            chosen = rule_pin(launch, extent)
             with _lock:
                 known = _pins.setdefault(key, chosen)  # another thread's pin, if it chose first
         raw = known
     algo = launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw)
-    if Algorithm(algo, launch.lib).get("SPLITK_NUM") > 1:
+    fault = split_fault(Algorithm(algo, launch.lib), launch.lib.api)
+    if fault is not None:
         raise NvblasltValueError(f"options.batch_invariant: the {source}'s pinned algorithm for "
-                                 f"{launch.problem.describe()} splits K, so its sums depend on the problem; "
-                                 f"re-tune the database")
+                                 f"{launch.problem.describe()} {fault}; re-tune the database")
     result = launch.check(algo)
     if result is None or result.workspace_size > launch.workspace_limit:
         size = launch.problem.m if extent == "m" else launch.problem.n
@@ -171,9 +208,10 @@ def pinned(launch, which: str):
     return result
 
 
-def pinned_entry(launch, which: str) -> tuple[str, dict]:
-    """(pinned key, a database entry) for the pin ``launch`` runs: what ``nvblaslt tune`` records."""
-    extent = varying(launch.problem, which)
-    description = pinned_description(_tuning_cache.problem_description(launch), extent)
+def pinned_entry(launch, which: str, result=None, **facts) -> tuple[str, dict]:
+    """(pinned key, a database entry) for ``result`` (a HeuristicResult; default the pin ``launch`` runs):
+    what ``nvblaslt tune`` records, with ``facts`` for people."""
+    key, description = pinned_key(launch, which)
     summary = _tuning_cache.problem_summary(description, launch.lib.api)
-    return _tuning_cache.problem_key(description), _tuning_db.entry_for(launch.algorithm, "pinned", problem=summary)
+    chosen = launch.algorithm if result is None else result
+    return key, _tuning_db.entry_for(chosen, "pinned", problem=summary, **facts)
