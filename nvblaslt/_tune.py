@@ -29,7 +29,7 @@ from ._cuda import cudart
 from ._errors import NvblasltError, NvblasltTypeError, NvblasltValueError
 from ._logging import logger
 from ._tune_arrays import device_array
-from ._tune_suite import llm_suite
+from ._tune_suite import invariant_suite, llm_suite
 
 MIN_PROBLEM_S = 1.0  # below this share of the budget a search cannot finish its duels: the run stops
 ITERATIONS = 5
@@ -68,6 +68,14 @@ def _first_pick_ms(timings, first) -> float:
 def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip) -> tuple[str, dict] | None:
     from ._plan import Matmul
 
+    which = (spec.get("options") or {}).get("batch_invariant")
+    if which:  # a measured pin (_invariant_tune), where it can vary the problem's tokens
+        from ._invariant_tune import measure
+
+        with _heuristics_only():
+            found = measure(spec, "rows" if which is True else which, budget_s, device, patterns, skip)
+        if found is not NotImplemented:
+            return found
     with _cuda.on_device(device):
         stream = 0
         arrays = {name: device_array(spec[name], device, stream, patterns) for name in ("a", "b")}
@@ -82,10 +90,11 @@ def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip)
             plan.plan(epilog=spec.get("epilog", "DEFAULT"), epilog_inputs=inputs or None)
             launch = plan.launch
             invariant = plan.options.batch_invariant
-            if invariant:
+            if invariant:  # today's pin: a problem the measured tuner cannot vary
                 from ._batch_invariant import pinned_entry
 
-                return pinned_entry(launch, invariant)
+                pin_key, entry = pinned_entry(launch, invariant)
+                return None if skip(pin_key) else (pin_key, entry)
             key = _tuning_cache.key_of(launch)
             if key is None or skip(key):
                 return None
@@ -131,15 +140,17 @@ def _tune_grouped(spec: dict, budget_s: float, device: int, patterns: dict, skip
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
-def _problems(problems, models, tokens, dtypes) -> list[dict]:
+def _problems(problems, models, tokens, dtypes, pairs=None, epilogs=None) -> list[dict]:
     if isinstance(problems, str) and problems == "llm":
         return llm_suite(models, tokens, dtypes)
+    if isinstance(problems, str) and problems == "llm-invariant":
+        return invariant_suite(models, pairs, epilogs)
     if isinstance(problems, (str, os.PathLike)):
         return _tuning_record.read_problems(problems)
     if isinstance(problems, (list, tuple)) and all(isinstance(p, dict) for p in problems):
         return list(problems)
-    raise NvblasltTypeError(f"problems: expected 'llm', a path of recorded problems, or a list of problem dicts, "
-                            f"got {type(problems).__name__}")
+    raise NvblasltTypeError(f"problems: expected 'llm', 'llm-invariant', a path of recorded problems, or a list of "
+                            f"problem dicts, got {type(problems).__name__}")
 
 
 def _name(spec: dict) -> str:
@@ -149,25 +160,43 @@ def _name(spec: dict) -> str:
     return f"{spec.get('epilog', spec['kind'])} {a} @ {b} {spec['a']['dtype']}"
 
 
+def _shown(entry: dict) -> str:
+    """An entry's outcome in a progress line."""
+    if "ratio" in entry:
+        return f"{entry['ratio']:.3f}× the first pick"
+    if "speed" in entry:  # a measured pin: its speed × the default per M, and today's pin's
+        def speeds(found: dict) -> str:
+            return " ".join(f"{m}:{r:.2f}" for m, r in found.items())
+        today = f"; today's pin {speeds(entry['today_speed'])}" if "today_speed" in entry else ""
+        return f"pinned {entry['source']}: × the default at M {speeds(entry['speed'])}{today}"
+    return entry["kind"]
+
+
 def _print_progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
 def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None, tokens=None, dtypes=None,
-         device: int = 0, progress: Callable[[str], None] | None = _print_progress) -> _tuning_db.TuningDatabase:
+         pairs=None, epilogs=None, device: int = 0,
+         progress: Callable[[str], None] | None = _print_progress) -> _tuning_db.TuningDatabase:
     """Tune a set of problems within a time budget into a tuning database (``nvblaslt tune``).
 
     Each problem is planned with the heuristics alone and searched by ``Matmul.autotune(search=True)``'s
     engine in its share of the budget; the database records the kernel that beat the heuristics' first
     pick in an interleaved duel (by 1.5 % at least, beyond the noise), or that the first pick stays.
-    Problems marked ``batch_invariant`` record their pinned algorithm. Needs a GPU.
+    Problems marked ``batch_invariant`` record a measured pin: of the heuristics' picks at M = 1 … 8192
+    and the search's, each with split-K 1, 2, 4 and 8 (a fixed count, the COMPUTE_TYPE reduction), the
+    one whose worst speed × the default plan over M (against 0.95 at M ≤ 64, 0.85 from 256) is highest,
+    among those whose rows are bitwise the same at M = 1, 7, 64, 300 and 8192. Needs a GPU.
 
     Parameters
     ----------
-    problems : "llm", str or os.PathLike, or list of dict, default "llm"
+    problems : "llm", "llm-invariant", str or os.PathLike, or list of dict, default "llm"
         The built-in LLM suite (Llama-3-8B/70B, Mixtral-8x7B, Qwen3-8B and Qwen3-30B-A3B layer shapes at
-        1 to 8192 tokens: forward bf16 and fp8, GELU_AUX_BIAS / DGELU / BGRADB, grouped experts), a file
-        ``NVBLASLT_RECORD`` wrote, or such problems as dicts.
+        1 to 8192 tokens: forward bf16 and fp8, GELU_AUX_BIAS / DGELU / BGRADB, grouped experts), its
+        batch-invariant form (every (N, K) of its dense layers with BIAS / RELU_BIAS / GELU_BIAS, bf16,
+        as ``nvblaslt.torch`` runs them with ``batch_invariant=True``), a file ``NVBLASLT_RECORD`` wrote,
+        or such problems as dicts.
     database : str or os.PathLike, optional
         Where the database is written, after each problem. An existing file is continued: its problems
         are not tuned again (its fingerprint must be this GPU's). None: kept in memory only.
@@ -177,6 +206,9 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
     models, tokens, dtypes : sequence, optional
         For the suite: model names (``llama3-8b``, ``llama3-70b``, ``mixtral-8x7b``, ``qwen3-8b``,
         ``qwen3-30b-a3b``), token counts, and ``"bf16"`` / ``"fp8"``; default all.
+    pairs, epilogs : sequence, optional
+        For ``"llm-invariant"``: (N, K) pairs (default the models' dense ones) and epilogs (default
+        BIAS, RELU_BIAS, GELU_BIAS; DEFAULT, RELU and GELU run as ``x @ Wᵀ``).
     device : int, default 0
         The GPU.
     progress : callable, optional
@@ -207,7 +239,7 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
     """
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
         raise NvblasltValueError(f"budget_s: expected a positive number of seconds, got {budget_s!r}")
-    specs = _problems(problems, models, tokens, dtypes)
+    specs = _problems(problems, models, tokens, dtypes, pairs, epilogs)
     from ._loader import library
 
     fingerprint = _tuning_db.fingerprint_of(_tuning_cache.gpu_identity(device), library().version_tuple,
@@ -245,8 +277,7 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
         counts[entry["kind"]] += 1
         if database is not None:
             result.write(database)
-        shown = f"{entry['ratio']:.3f}× the first pick" if "ratio" in entry else entry["kind"]
-        say(f"[{index + 1}/{len(specs)}] {_name(spec)}: {shown} ({time.perf_counter() - begun:.1f} s, "
+        say(f"[{index + 1}/{len(specs)}] {_name(spec)}: {_shown(entry)} ({time.perf_counter() - begun:.1f} s, "
             f"{budget_s - (time.perf_counter() - started):.0f} s left)")
     say(", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "nothing to tune")
     return result
@@ -255,6 +286,16 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
 # ---- the command ----------------------------------------------------------------------------------------------
 def _csv(kind):
     return lambda text: [kind(item) for item in text.split(",") if item]
+
+
+def _pair(text: str) -> tuple[int, int]:
+    import argparse
+
+    try:
+        n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N x K as 4096x14336, got {text!r}") from None
+    return n, k
 
 
 def _databases(paths) -> list[_tuning_db.TuningDatabase]:
@@ -280,11 +321,16 @@ def main(argv: list[str]) -> int:
         source = parser.add_mutually_exclusive_group()
         source.add_argument("--suite", choices=["llm"], default="llm", help="the built-in LLM suite (default)")
         source.add_argument("--problems", help="a file NVBLASLT_RECORD wrote")
+        source.add_argument("--batch-invariant", action="store_true",
+                            help="the suite's (N, K) pairs as batch-invariant problems: a measured pin for each")
         parser.add_argument("-o", "--output", help="the database to write (an existing one is continued)")
         parser.add_argument("--budget", type=float, default=600.0, help="seconds for the whole run (default 600)")
         parser.add_argument("--models", type=_csv(str), help="suite models, comma-separated")
         parser.add_argument("--tokens", type=_csv(int), help="suite token counts, comma-separated")
         parser.add_argument("--dtypes", type=_csv(str), help="suite dtypes: bf16,fp8")
+        parser.add_argument("--pairs", type=_csv(_pair), help="with --batch-invariant: N x K pairs, as 4096x14336,…")
+        parser.add_argument("--epilogs", type=_csv(str), help="with --batch-invariant: epilogs (default "
+                            "BIAS,RELU_BIAS,GELU_BIAS)")
         parser.add_argument("--device", type=int, default=0)
         parser.add_argument("--list", action="store_true", help="print the problems and stop (no GPU needed)")
     args = parser.parse_args(argv[1:] if command else argv)
@@ -307,13 +353,13 @@ def main(argv: list[str]) -> int:
                 ratio = f" {entry['ratio']:.3f}×" if "ratio" in entry else ""
                 print(f"  {entry['kind']:8}{ratio:>8}  {entry.get('problem', key)}")
             return 0
-        problems = args.problems or args.suite
+        problems = args.problems or ("llm-invariant" if args.batch_invariant else args.suite)
         if args.list:
-            for spec in _problems(problems, args.models, args.tokens, args.dtypes):
+            for spec in _problems(problems, args.models, args.tokens, args.dtypes, args.pairs, args.epilogs):
                 print(_name(spec))
             return 0
         tune(problems, args.output, budget_s=args.budget, models=args.models, tokens=args.tokens,
-             dtypes=args.dtypes, device=args.device)
+             dtypes=args.dtypes, pairs=args.pairs, epilogs=args.epilogs, device=args.device)
         if args.output:
             print(f"written: {args.output}")
         return 0

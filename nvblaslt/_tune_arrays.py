@@ -53,13 +53,13 @@ def device_array(spec: dict, device: int, stream: int, patterns: dict) -> _memor
     shape, strides = tuple(spec["shape"]), tuple(spec["strides"])
     size = span_elements(shape, strides) * dtype.itemsize
     buffer = _memory.DeviceBuffer(size, stream)
-    pattern = patterns.get(dtype.name)
-    if pattern is None:
-        pattern = patterns[dtype.name] = pattern(dtype)
-    host = ctypes.create_string_buffer(pattern, len(pattern))
-    for offset in range(0, size, len(pattern)):
+    values = patterns.get(dtype.name)
+    if values is None:
+        values = patterns[dtype.name] = pattern(dtype)
+    host = ctypes.create_string_buffer(values, len(values))
+    for offset in range(0, size, len(values)):
         _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer + offset, ctypes.addressof(host),
-                                           min(len(pattern), size - offset),
+                                           min(len(values), size - offset),
                                            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
     _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")  # host is freed on return
     return _memory.DeviceArray(buffer, shape, strides, dtype, device, stream)

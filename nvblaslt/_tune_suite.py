@@ -12,6 +12,10 @@ keep them):
 
 Mixture-of-experts layers add grouped GEMMs (``grouped_matmul``: tokens (ΣM, K) routed evenly over
 the experts, weights (G, N, K) as ``nn.Linear`` stores them), tuned where cuBLASLt has grouped GEMM.
+
+``invariant_suite`` is ``nvblaslt tune --batch-invariant``'s: every (N, K) pair of the dense layers with
+BIAS / RELU_BIAS / GELU_BIAS as ``nvblaslt.torch`` runs a layer with a bias and ``batch_invariant=True``
+(``W @ xᵀ``, the tokens D's columns), bf16; other epilogs run as ``x @ Wᵀ`` (the tokens D's rows).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TOKENS = (1, 16, 128, 1024, 8192)
+INVARIANT_EPILOGS = ("BIAS", "RELU_BIAS", "GELU_BIAS")
+INVARIANT_TOKENS = 1024  # any count: a pin is keyed with the tokens left out
 TRAINING_TOKENS = (1024, 8192)  # backward passes: training batches
 DTYPES = ("bf16", "fp8")
 FP8_MULTIPLE = 16
@@ -115,12 +121,7 @@ def _grouped(name: str, model: Model, fan_in: int, fan_out: int, tokens: int) ->
 
 def llm_suite(models=None, tokens=None, dtypes=None) -> list[dict]:
     """The suite's problems, for ``models`` (names of ``MODELS``), ``tokens`` and ``dtypes`` (default all)."""
-    chosen = list(MODELS) if models is None else list(models)
-    unknown = [m for m in chosen if m not in MODELS]
-    if unknown:
-        from ._errors import NvblasltValueError
-
-        raise NvblasltValueError(f"models: unknown {unknown}; known: {list(MODELS)}")
+    chosen = _models(models)
     token_counts = TOKENS if tokens is None else tuple(tokens)
     kinds = DTYPES if dtypes is None else tuple(dtypes)
     problems: list[dict] = []
@@ -138,3 +139,55 @@ def llm_suite(models=None, tokens=None, dtypes=None) -> list[dict]:
             elif "bf16" in kinds:
                 problems += _with_epilogs(f"{model_name}.mlp_up", model.hidden, model.intermediate, count)
     return problems
+
+
+def dense_pairs(models=None) -> list[tuple[int, int]]:
+    """Every (N, K) = (out features, in features) of ``models``' dense layers and MLP up projections."""
+    pairs: set[tuple[int, int]] = set()
+    for name in _models(models):
+        model = MODELS[name]
+        pairs.update((fan_out, fan_in) for fan_in, fan_out in linears(model).values())
+        if not model.experts:
+            pairs.add((model.intermediate, model.hidden))
+    return sorted(pairs)
+
+
+def invariant_suite(models=None, pairs=None, epilogs=None) -> list[dict]:
+    """``batch_invariant`` problems: each (N, K) of ``pairs`` (default ``dense_pairs(models)``) with each
+    epilog of ``epilogs`` (default ``INVARIANT_EPILOGS``), bf16."""
+    from ._errors import NvblasltValueError
+
+    chosen = dense_pairs(models) if pairs is None else [tuple(p) for p in pairs]
+    bad = [p for p in chosen if len(p) != 2 or not all(isinstance(v, int) and v > 0 for v in p)]
+    if bad:
+        raise NvblasltValueError(f"pairs: expected (N, K) pairs of positive ints, got {bad}")
+    kinds = INVARIANT_EPILOGS if epilogs is None else tuple(epilogs)
+    known = ("DEFAULT", "RELU", "GELU", *INVARIANT_EPILOGS)
+    unknown = [e for e in kinds if e not in known]
+    if unknown:
+        raise NvblasltValueError(f"epilogs: unknown {unknown}; batch-invariant problems take {list(known)}")
+    bf16, tokens = "bfloat16", INVARIANT_TOKENS
+    problems = []
+    for n, k in chosen:
+        for epilog in kinds:
+            name = f"batch-invariant N={n} K={k} {epilog} bf16"
+            if "BIAS" in epilog:  # W @ xᵀ: a bias per output feature, the tokens D's columns
+                problems.append({"kind": "matmul", "name": name, "a": _row_major(n, k, bf16),
+                                 "b": _transposed(tokens, k, bf16), "c": None, "epilog": epilog,
+                                 "inputs": {"bias": _array((n,), (1,), bf16)},
+                                 "options": _options(bf16, batch_invariant="columns")})
+            else:  # x @ Wᵀ: the tokens D's rows
+                problems.append({"kind": "matmul", "name": name, "a": _row_major(tokens, k, bf16),
+                                 "b": _transposed(n, k, bf16), "c": None, "epilog": epilog, "inputs": {},
+                                 "options": _options(bf16, batch_invariant="rows")})
+    return problems
+
+
+def _models(models) -> list[str]:
+    chosen = list(MODELS) if models is None else list(models)
+    unknown = [m for m in chosen if m not in MODELS]
+    if unknown:
+        from ._errors import NvblasltValueError
+
+        raise NvblasltValueError(f"models: unknown {unknown}; known: {list(MODELS)}")
+    return chosen

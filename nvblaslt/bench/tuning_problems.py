@@ -76,12 +76,7 @@ def signature(spec: dict) -> str:
 
 def suite_pairs() -> list[tuple[int, int]]:
     """Every (N, K) = (out features, in features) of the suite's dense layers and MLP up projections."""
-    pairs: set[tuple[int, int]] = set()
-    for model in _tune_suite.MODELS.values():
-        pairs.update((fan_out, fan_in) for fan_in, fan_out in _tune_suite.linears(model).values())
-        if not model.experts:
-            pairs.add((model.intermediate, model.hidden))
-    return sorted(pairs)
+    return _tune_suite.dense_pairs()
 
 
 def torch_baseline(spec: dict) -> str:

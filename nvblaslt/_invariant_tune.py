@@ -1,0 +1,269 @@
+"""``nvblaslt tune`` for a ``batch_invariant`` problem: a measured pin (GPU).
+
+The problem is planned with the heuristics alone at every M the choice needs (``_invariant_choice``:
+``SPEED_M`` and ``BITWISE_M``), on one set of arrays made for the largest M, each smaller M a view of its
+first tokens: the first rows of every plan read the same data. The candidates that cuBLASLt accepts at
+every extent of ``ACCEPTED_AT`` are screened in one round per M against the default plan (its first
+pick), the best ``FINALISTS`` and today's pin then timed in interleaved rounds within the problem's share
+of the budget, and the pin is the first down the max-min ranking whose first rows are bitwise the same at
+every M of ``BITWISE_M`` (those of M = 1 and M = 7 the reference). The database entry (``pinned``) keeps
+its speed × the default at each M beside today's pin's, and how the best candidate for each end alone
+fares, so that a reader sees whether one kernel serves both.
+
+Problems this cannot measure (batched, an operand whose tokens are not its outermost axis, C given, or an
+epilog input with the tokens in it) record today's pin, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+from . import _batch_invariant, _invariant_choice, _memory, _search
+from ._autotune import Contestant
+from ._cuda import check, cudart, on_device
+from ._descriptors import HeuristicResult
+from ._errors import NvblasltError
+from ._invariant_choice import BITWISE_M, DEFAULT, SPEED_M, Candidate
+from ._logging import logger
+from ._timing import Timer
+from ._tune_arrays import device_array
+
+ROUNDS = 9  # full rounds of the finalists, fewer where the budget is short
+MIN_ROUNDS = 3
+TODAY = "today's pin"
+_PLANNED_M = tuple(sorted({*SPEED_M, *BITWISE_M, _invariant_choice.REFERENCE}))
+
+
+def token_axes(spec: dict, which: str) -> tuple[str, int] | None:
+    """(the operand, its axis) that holds the tokens, or None where this tuner cannot vary them: both
+    operands must be matrices, no C, no epilog input of more than one axis, and the tokens the operand's
+    outermost axis (the largest stride), so that a prefix of tokens is a view with the same strides."""
+    if spec.get("c") or any(len(i["shape"]) != 1 for i in spec.get("inputs", {}).values()):
+        return None
+    name, axis = ("a", 0) if which == "rows" else ("b", 1)
+    operand = spec[name]
+    if len(spec["a"]["shape"]) != 2 or len(spec["b"]["shape"]) != 2:
+        return None
+    strides = operand["strides"]
+    return (name, axis) if strides[axis] >= strides[1 - axis] else None
+
+
+def split_tokens(raw: bytes, contiguous: bool, tokens: int, width: int, itemsize: int) -> list[bytes]:
+    """Each token's outputs from a 2-D copy ``raw`` of lines ``width`` bytes wide: a line per token where
+    ``contiguous``, else ``tokens`` elements of every line."""
+    if contiguous:
+        return [raw[t * width:(t + 1) * width] for t in range(tokens)]
+    lines = len(raw) // width
+    return [b"".join(raw[j * width + t * itemsize:j * width + (t + 1) * itemsize] for j in range(lines))
+            for t in range(tokens)]
+
+
+def first_tokens(pointer: int, layout: dict, extent: str, tokens: int, itemsize: int) -> list[bytes]:
+    """The outputs of D's first ``tokens`` tokens (its rows for extent "m", columns for "n"), from the GPU."""
+    column_major = layout.get("ORDER", 0) == 0
+    length, lines = (layout["ROWS"], layout["COLS"]) if column_major else (layout["COLS"], layout["ROWS"])
+    contiguous = column_major == (extent == "n")  # a token is one line along the leading dimension
+    width, height = (length * itemsize, tokens) if contiguous else (tokens * itemsize, lines)
+    host = ctypes.create_string_buffer(width * height)
+    check(cudart.cudaMemcpy2D(ctypes.addressof(host), width, pointer, layout["LD"] * itemsize, width, height,
+                              cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy2D")
+    return split_tokens(host.raw, contiguous, tokens, width, itemsize)
+
+
+class _Problem:
+    """One problem's plans at every M, with the default options (the heuristics' first pick)."""
+
+    def __init__(self, spec: dict, which: str, tokens: tuple[str, int], device: int, patterns: dict):
+        from ._plan import Matmul
+
+        self.plans: dict[int, Matmul] = {}
+        self.which = which
+        name, axis = tokens
+        largest = max(_PLANNED_M)
+        full = {**spec[name], "shape": [largest if i == axis else n for i, n in enumerate(spec[name]["shape"])]}
+        made = {name: device_array(full, device, 0, patterns)}
+        other = "b" if name == "a" else "a"
+        made[other] = device_array(spec[other], device, 0, patterns)
+        inputs = {key: device_array(value, device, 0, patterns) for key, value in spec.get("inputs", {}).items()}
+        options = {k: v for k, v in (spec.get("options") or {}).items() if k != "batch_invariant"}
+        fp8 = {n for n in ("a", "b") if spec[n]["dtype"].startswith("float8")}
+        scales = {n: 1.0 for n in fp8 | ({"d"} if str(options.get("result_type", "")).startswith("float8") else set())}
+        try:
+            for m in _PLANNED_M:
+                source = made[name]
+                shape = [m if i == axis else n for i, n in enumerate(source.shape)]
+                view = _memory.DeviceArray(source.buffer, shape, source.strides_elements, source.dtype, device, 0)
+                arrays = {name: view, other: made[other]}
+                plan = Matmul(arrays["a"], arrays["b"], options=options or None, quantization_scales=scales or None,
+                              stream=0)
+                self.plans[m] = plan
+                plan.plan(epilog=spec.get("epilog", "DEFAULT"), epilog_inputs=inputs or None)
+        except BaseException:
+            self.free()
+            raise
+        reference = self.plans[_invariant_choice.REFERENCE].launch
+        self.extent = _batch_invariant.varying(reference.problem, which)
+        self.itemsize = self.plans[1].problem.types.d.itemsize
+
+    @property
+    def reference(self):
+        return self.plans[_invariant_choice.REFERENCE].launch
+
+    def checked(self, m: int, algo: bytes) -> HeuristicResult | None:
+        launch = self.plans[m].launch
+        return launch.check(launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(algo))
+
+    def contestant(self, m: int, name: str, result: HeuristicResult) -> Contestant:
+        plan = self.plans[m]
+        return Contestant(name, lambda: plan.trial_run(0), lambda: plan.launch.select(result), result)
+
+    def outputs(self, m: int, result: HeuristicResult, tokens: int) -> list[bytes]:
+        """The first ``tokens`` tokens' outputs of the plan at ``m`` running ``result``."""
+        plan = self.plans[m]
+        plan.launch.ensure_workspace(result.workspace_size, 0)
+        plan.launch.select(result)
+        pointer = plan.trial_run(0)
+        layout = dict(zip(("ROWS", "COLS", "LD", "ORDER"), (plan.launch.layouts[3].get(a) for a in
+                                                              ("ROWS", "COLS", "LD", "ORDER"))))
+        return first_tokens(pointer, layout, self.extent, tokens, self.itemsize)
+
+    def free(self) -> None:
+        for plan in self.plans.values():
+            plan.free()
+        self.plans.clear()
+
+
+def _bases(problem: _Problem, today: bytes | None) -> list[tuple[str, bytes]]:
+    bases = [(TODAY, today)] if today is not None else []
+    for m in _invariant_choice.CANDIDATE_M:
+        bases += [(f"heuristics at M={m} #{i + 1}", r.as_bytes())
+                  for i, r in enumerate(problem.plans[m].algorithms[:_invariant_choice.HEURISTIC_PICKS])]
+    launch = problem.reference
+    try:
+        for index, result in enumerate(_search.candidates(launch, workspace_limit=launch.workspace_limit)):
+            if index >= _invariant_choice.SEARCHED:
+                break
+            bases.append((f"search at M={_invariant_choice.REFERENCE} #{index + 1}", result.as_bytes()))
+    except NvblasltError as error:  # the search is an extra: its failure leaves the heuristics' picks
+        logger.info("batch-invariant tune: search beyond the heuristics failed (%s)", error)
+    return bases
+
+
+def _accepted(problem: _Problem, found: list[Candidate]) -> list[Candidate]:
+    launch, api = problem.reference, problem.reference.lib.api
+    kept = []
+    with _batch_invariant.reference_launches(launch, problem.extent, _invariant_choice.ACCEPTED_AT) as references:
+        for candidate in found:
+            algo = api.cublasLtMatmulAlgo_t.from_buffer_copy(candidate.algo)
+            if _batch_invariant.accepted(references, algo, launch.workspace_limit):
+                kept.append(candidate)
+    return kept
+
+
+def _invariant(problem: _Problem, algo: bytes) -> bool:
+    """Whether D's first tokens at every M of ``BITWISE_M`` are bitwise those at M = 1 (token 0) and 7."""
+    reference: dict[int, list[bytes]] = {}
+    for m in BITWISE_M:
+        result = problem.checked(m, algo)
+        if result is None:
+            return False
+        found = problem.outputs(m, result, min(m, 7))
+        if m in (1, 7):
+            reference[m] = found
+        if found[0] != reference[1][0] or (m >= 7 and found[:7] != reference[7]):
+            return False
+    return True
+
+
+def measure(spec: dict, which: str, budget_s: float, device: int, patterns: dict, skip):
+    """(pinned key, database entry) of the measured pin for ``spec``, None where ``skip(key)``; or
+    NotImplemented where this tuner cannot vary the problem's tokens (the caller records today's pin)."""
+    tokens = token_axes(spec, which)
+    if tokens is None:
+        return NotImplemented
+    started = time.perf_counter()
+    deadline = started + budget_s
+    with on_device(device):
+        problem = _Problem(spec, which, tokens, device, patterns)
+        try:
+            return _measure(problem, which, started, deadline, skip)
+        finally:
+            problem.free()
+
+
+def _measure(problem: _Problem, which: str, started: float, deadline: float, skip):
+    launch = problem.reference
+    key, _ = _batch_invariant.pinned_key(launch, which)
+    if skip(key):
+        return None
+    try:
+        today = _batch_invariant.rule_pin(launch, problem.extent)
+    except NvblasltError:
+        today = None  # no pin without split-K: the measured candidates may still hold one
+    offered = _invariant_choice.candidates(launch.lib, _bases(problem, today))
+    kept = _accepted(problem, offered)
+    by_name = {c.name: c for c in kept}
+    if not kept:
+        raise _no_pin(launch, len(offered))
+    results: dict[int, dict[str, HeuristicResult]] = {m: {} for m in SPEED_M}
+    for candidate in list(kept):  # the plans' own launches (their operands' alignments) check again
+        checks = {m: problem.checked(m, candidate.algo) for m in SPEED_M}
+        if any(r is None for r in checks.values()):
+            kept.remove(candidate)
+            del by_name[candidate.name]
+            continue
+        for m, result in checks.items():
+            assert result is not None
+            results[m][candidate.name] = result
+    if not kept:
+        raise _no_pin(launch, len(offered))
+    for m, found in results.items():
+        problem.plans[m].launch.ensure_workspace(max(r.workspace_size for r in found.values()), 0)
+
+    def contestants_at(m: int, names) -> list[Contestant]:
+        plan = problem.plans[m]
+        made = [problem.contestant(m, DEFAULT, plan.algorithms[0])]
+        return made + [problem.contestant(m, n, results[m][n]) for n in names]
+
+    with Timer(device=launch.device, stream=0) as timer:
+        screen_begun = time.perf_counter()
+        screened = _invariant_choice.table(timer, contestants_at, list(by_name), 1)
+        per_sample = (time.perf_counter() - screen_begun) / (2 * (len(by_name) + 1))
+        names = _invariant_choice.finalists(screened, keep=[TODAY])
+        affordable = int(0.6 * (deadline - time.perf_counter()) / max(per_sample * (len(names) + 1), 1e-6))
+        rounds = max(MIN_ROUNDS, min(ROUNDS, affordable))
+        timed = _invariant_choice.table(timer, contestants_at, names, rounds)
+    checked: dict[str, bool] = {}
+
+    def invariant(name: str) -> bool:
+        checked[name] = _invariant(problem, by_name[name].algo)
+        return checked[name]
+
+    chosen = _invariant_choice.choose(timed, invariant)
+    if chosen is None:
+        raise _no_pin(launch, len(offered), f"; {len(checked)} timed ones changed row bits with M")
+    result = problem.checked(_invariant_choice.REFERENCE, by_name[chosen].algo)
+    assert result is not None  # accepted at every extent of ACCEPTED_AT, REFERENCE among them
+    facts = {"source": chosen, "worst_over_target": round(_invariant_choice.score(timed[chosen]), 4),
+             "speed": _rounded(timed[chosen]), "rounds": rounds, "candidates": len(offered), "accepted": len(kept),
+             "bits_differ": sorted(n for n, same in checked.items() if not same),
+             "seconds": round(time.perf_counter() - started, 1)}
+    if TODAY in timed:
+        facts["today_speed"] = _rounded(timed[TODAY])
+    for end, within in (("small", _invariant_choice.small), ("large", _invariant_choice.large)):
+        best = _invariant_choice.ranking(timed, within)[0]  # bits unchecked: what one end alone could reach
+        facts[f"best_{end}"] = {"source": best, "speed": _rounded(timed[best])}
+    return _batch_invariant.pinned_entry(launch, which, result, **facts)
+
+
+def _rounded(speeds: dict[int, float]) -> dict[str, float]:
+    return {str(m): round(r, 4) for m, r in sorted(speeds.items())}
+
+
+def _no_pin(launch, offered: int, why: str = "") -> NvblasltError:
+    from ._errors import NvblasltUnsupportedError
+
+    return NvblasltUnsupportedError(f"batch_invariant tune: none of {offered} candidates for "
+                                    f"{launch.problem.describe()} is accepted at every M of "
+                                    f"{_invariant_choice.ACCEPTED_AT} with the same bits{why}")
