@@ -9,8 +9,9 @@ Parts, in this order, each timed and written to ``--json`` as it ends:
               same kernel, or kernels within 1 % in these rounds)
   recall      a fresh process that loads database 1 (``NVBLASLT_TUNING``) plans every problem through
               ``Matmul``, ``matmul()`` and ``nvblaslt.torch``: how many plans ran exactly the database's choice
-  invariance  ``batch_invariant`` plans against the default ones at M = 1 … 8192 over the suite's (N, K)
-              pairs with BIAS / RELU_BIAS / GELU_BIAS (bf16), and the first rows compared bitwise
+  invariance  ``nvblaslt tune --batch-invariant`` of the suite's (N, K) pairs with BIAS / RELU_BIAS /
+              GELU_BIAS (bf16) unless ``--invariance-database`` names its file; then today's pin and the
+              measured pin against the default plan at M = 1 … 8192, and the first rows compared bitwise
 
 The problems are ``nvblaslt tune``'s LLM suite (``--quick``: a representative subset) without its grouped
 GEMMs, with BIAS / RELU_BIAS / GELU_BIAS forms of the MLP's up projection (the suite has GELU_AUX_BIAS).
@@ -46,7 +47,7 @@ TARGETS = {"agreement": 0.95, "geomean": 1.05, "worst": 0.99}
 AGREE_WITHIN = 0.01
 GROUPED_FROM = (13, 4)  # the cuBLASLt that has grouped GEMM
 TUNE_GRACE_S = 90.0  # past its budget a tune is stopped (its start-up, its last problem's duel)
-RESERVE_S = {"recall": 35.0, "invariance": 30.0}  # kept for the later parts while the duels run
+RESERVE_S = {"recall": 35.0, "invariance": 60.0}  # kept for the later parts while the duels run
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:
@@ -59,6 +60,11 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tune-budget", type=float, help="seconds of each tune (default a quarter of --seconds)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per duel (default 11 with --quick, else 21)")
     parser.add_argument("--invariance-rounds", type=int, help="rounds per M, invariance part (default 7, else 15)")
+    parser.add_argument("--invariance-pairs", type=_pairs, help="N x K pairs of the invariance part, as "
+                        "4096x14336,8192x1024 (default every (N, K) of the suite's dense layers)")
+    parser.add_argument("--invariance-database", type=Path, help="the measured pins, from nvblaslt tune "
+                        "--batch-invariant (default: the part tunes them first, into --out)")
+    parser.add_argument("--invariance-tune-budget", type=float, help="seconds of that tune (default 3 per problem)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)} "
                         "(duels and recall measure the tunes' databases)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/tuning"),
@@ -83,6 +89,13 @@ def arguments(argv: list[str]) -> argparse.Namespace:
         if not settings[name] > 0:
             parser.error(f"--{name.replace('_', '-')}: expected a positive number, got {settings[name]}")
     return argparse.Namespace(**settings)
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    try:
+        return [(int(n), int(k)) for n, k in (pair.lower().split("x") for pair in text.split(",") if pair)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N x K pairs as 4096x14336,8192x1024, got {text!r}") from None
 
 
 # ---- part 1: two fresh tunes ----------------------------------------------------------------------------------
@@ -337,13 +350,28 @@ def targets_lines(results: dict) -> list[str]:
     for kind, bound in (("small", f"M ≤ {invariance.SMALL_M}"), ("large", f"M ≥ {invariance.LARGE_M}")):
         lowest = speed.get(f"lowest_{kind}")
         shown = "" if lowest is None else f"lowest {lowest:.3f}× "
-        lines.append(f"  batch_invariant speed at {bound} ≥ {invariance.TARGETS[kind]}: {shown}"
+        today = speed.get("today", {}).get(f"lowest_{kind}")
+        shown += "" if today is None else f"(today's pin {today:.3f}×) "
+        lines.append(f"  batch_invariant (measured pin) speed at {bound} ≥ {invariance.TARGETS[kind]}: {shown}"
                      f"{verdict(lowest, invariance.TARGETS[kind])}")
     if speed:
         lines.append(f"  batch_invariant first rows bitwise the same: "
                      f"{'met' if not speed['bitwise_differs'] else 'MISSED'}")
     lines += [f"  {part} failed: {error}" for part, error in results.get("errors", {}).items()]
     return lines
+
+
+def run_invariance(args, ends: float, flush) -> dict:
+    """The measured pins (tuned here unless ``--invariance-database`` names them), then the section."""
+    pairs = args.invariance_pairs or invariance.suite_pairs()
+    database = str(args.invariance_database) if args.invariance_database else None
+    if database is None:
+        budget = args.invariance_tune_budget or 3.0 * len(pairs) * len(invariance.EPILOGS)
+        budget = min(budget, max(ends - time.perf_counter() - 60.0, 10.0))  # a minute kept for the timing
+        begun = time.perf_counter()
+        database = invariance.tune_database(pairs, args.out / "invariant.jsonl", budget)
+        print(f"[invariance tune: {time.perf_counter() - begun:.0f} s]", flush=True)
+    return invariance.section(pairs, args.invariance_rounds, ends - 5.0, flush, database)
 
 
 def run_parts(args, specs: list[dict], problem_file: Path, results: dict, ends: float) -> None:
@@ -367,7 +395,7 @@ def run_parts(args, specs: list[dict], problem_file: Path, results: dict, ends: 
                 print()
                 tuning_recall.report(results["recall"])
             else:
-                results["invariance"] = invariance.section(None, args.invariance_rounds, ends - 5.0, flush)
+                results["invariance"] = run_invariance(args, ends, flush)
                 results["invariance"]["summary"] = invariance.summarize(results["invariance"])
                 invariance.report(results["invariance"], results["invariance"]["summary"])
         except Exception as error:  # noqa: BLE001 - one failed part must not lose the others' figures
