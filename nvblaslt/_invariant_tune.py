@@ -89,6 +89,7 @@ class _Problem:
         options = {k: v for k, v in (spec.get("options") or {}).items() if k != "batch_invariant"}
         fp8 = {n for n in ("a", "b") if spec[n]["dtype"].startswith("float8")}
         scales = {n: 1.0 for n in fp8 | ({"d"} if str(options.get("result_type", "")).startswith("float8") else set())}
+        self.arrays = (made, inputs)  # alive as long as the plans that read them
         try:
             for m in _PLANNED_M:
                 source = made[name]

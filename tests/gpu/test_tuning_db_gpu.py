@@ -1,5 +1,6 @@
 """Issue 35 on the GPU: a tiny tune into a tuning database, recalled in a fresh process through
-``Matmul`` and ``nvblaslt.torch``; and batch invariance, bitwise, for every M = 1…300 (three (N, K) pairs)
+``Matmul`` and ``nvblaslt.torch``; a measured batch-invariant pin tuned, recalled at every M and bitwise
+checked; and batch invariance, bitwise, for every M = 1…300 (three (N, K) pairs)
 and for M = 1…8192 sampled around every power of two (each (N, K) pair of ``nvblaslt tune``'s LLM suite),
 with the bias / ReLU / GELU epilogs through ``matmul()`` and ``nvblaslt.torch.linear``. Quick by design
 (about a minute on an H100/H200); the speed of batch invariance is a bench figure
@@ -103,6 +104,38 @@ def test_a_tiny_tune_is_recalled_in_a_fresh_process_and_under_torch(tmp_path):
         assert tuned or algo == first_picks[name][0], f"{name}: runs neither a tuned pick nor the first pick"
     tuned_algos = {e["algo"] for e in entries if e["kind"] == "tuned"}
     assert tuned_algos <= {algo for algo, _ in recalled.values()}, "a tuned pick was not recalled"
+
+
+# ---- a measured batch-invariant pin ---------------------------------------------------------------------------
+def test_a_measured_pin_is_recorded_recalled_for_every_m_and_keeps_rows_bitwise_equal(tmp_path):
+    from nvblaslt import _invariant_choice, _tune_suite
+
+    n, k = 4096, 4096  # the issue's pair whose default kernel changes from M = 31
+    path = tmp_path / "pins.jsonl"
+    lines: list[str] = []
+    database = nvblaslt.tune(_tune_suite.invariant_suite(pairs=[(n, k)], epilogs=["RELU_BIAS"]), path, budget_s=20,
+                             progress=lines.append)
+    assert len(database) == 1, lines
+    (entry,) = database.entries.values()
+    # measured, not today's rule recorded: its speed × the default at every M, and the bits checked
+    assert entry["kind"] == "pinned" and set(entry["speed"]) == {str(m) for m in _invariant_choice.SPEED_M}, entry
+    assert entry["source"] not in entry["bits_differ"]
+    assert entry["config"]["SPLITK_NUM"] <= 1 or entry["config"]["REDUCTION_SCHEME"] == 2  # COMPUTE_TYPE
+    nvblaslt.load_tuning(path)
+    torch.manual_seed(1)
+    x = torch.randn(8192, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    columns = {"batch_invariant": "columns"}
+    for m in (1, 31, 300, 8192):  # every M recalls the database's pin
+        with nvblaslt.Matmul(w, x[:m].T, options=columns) as plan:
+            plan.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+            assert plan.algorithm.as_bytes().hex() == entry["algo"], m
+    reference = nvblaslt.matmul(w, x.T, epilog="RELU_BIAS", epilog_inputs={"bias": bias}, options=columns)
+    differ = [m for m in (*range(1, 130), 255, 256, 257, 300, 1000, 1024, 4095, 4096, 8191)
+              if not torch.equal(nvblaslt.matmul(w, x[:m].T, epilog="RELU_BIAS", epilog_inputs={"bias": bias},
+                                                 options=columns), reference[:, :m])]
+    assert not differ, f"the measured pin's token columns differ from those at M=8192 at M={differ}; {entry}"
 
 
 # ---- batch invariance ------------------------------------------------------------------------------------------
