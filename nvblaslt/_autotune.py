@@ -73,7 +73,7 @@ class Contestant:
 
 
 def _algorithm(plan: TunablePlan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
-    return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan.trial_run(stream),
+    return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan._trial_run(stream),
                       lambda: plan.launch.select(result), result)
 
 
@@ -88,7 +88,7 @@ def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int)
         plan.launch.ensure_workspace(candidate.workspace_size, stream)
         plan.launch.select(candidate)
         try:
-            plan.trial_run(stream)
+            plan._trial_run(stream)
         except CublasLtError as error:
             if error.status_name != "CUBLAS_STATUS_NOT_SUPPORTED" or (candidate is candidates[-1] and not kept):
                 raise  # another failure, or nothing offered runs
@@ -269,7 +269,7 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
     failed, last_report, started = 0, time.perf_counter(), time.perf_counter()
 
     def run() -> None:
-        plan.trial_run(stream)
+        plan._trial_run(stream)
     exhausted = False
     while not exhausted and time.perf_counter() < deadline:
         group: list[HeuristicResult] = []
@@ -312,7 +312,7 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
             again.append((candidate, first))
             continue
         reference = timer(incumbent.run, incumbent.prepare)
-        ms = timer(functools.partial(plan.trial_run, stream), functools.partial(plan.launch.select, candidate))
+        ms = timer(functools.partial(plan._trial_run, stream), functools.partial(plan.launch.select, candidate))
         again.append((candidate, ms / reference))
     return sorted(again + screened[len(close):], key=lambda pair: pair[1])
 
@@ -363,8 +363,8 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
     earlier search's split form was recalled) stays unless the other is faster beyond noise.
     Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen). A
     split form made here and not chosen is freed; a recalled one stays the plan's (it frees it on applying)."""
-    split = recalled_split or plan.make_split_form(iterations)
-    fused = Contestant("fused", lambda: plan.trial_run(stream))
+    split = recalled_split or plan._make_split_form(iterations)
+    fused = Contestant("fused", lambda: plan._trial_run(stream))
     two_calls = Contestant("split", lambda: split.trial_run(stream))
     incumbent, challenger = (two_calls, fused) if recalled_split is not None else (fused, two_calls)
     # the duel gets its minimum rounds even past the budget: a decision on fewer would be noise
@@ -408,13 +408,13 @@ def tuning_iterations(value: object) -> int:
 
 def autotune(plan: TunedPlan, *, iterations: int, search: bool, remember: bool, stream,
              budget_s: float = SEARCH_BUDGET_S) -> list[tuple[HeuristicResult, float]]:
-    """``tune``, then the plan applies what was chosen (``plan.apply_tuning``): ``Matmul.autotune``'s
+    """``tune``, then the plan applies what was chosen (``plan._apply_tuning``): ``Matmul.autotune``'s
     work. A batch-invariant plan runs the algorithm pinned for every M: it is timed, never searched.
     Returns ``[(algorithm, ms)]``, the selected one first, the rest fastest first."""
     if search and getattr(getattr(plan, "options", None), "batch_invariant", False):
         logger.info("search: skipped: a batch_invariant plan runs the algorithm pinned for every M")
         search = False
-    return plan.apply_tuning(tune(plan, iterations=iterations, search=search, remember=remember, stream=stream,
+    return plan._apply_tuning(tune(plan, iterations=iterations, search=search, remember=remember, stream=stream,
                                   budget_s=budget_s))
 
 

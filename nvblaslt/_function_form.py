@@ -297,13 +297,13 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
                 if plan is not None:
                     if alpha is not None or beta is not None or pointers != plan.fast_bound:
                         # the same arrays with the default scalars next time need no rebinding (0.7 µs)
-                        plan.rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta,
+                        plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta,
                                     keep=alpha is None and beta is None)
                     framework_stream = stream_on(layout[0][3])  # a's device
                     if plan.several_devices and _cuda.current_device() != plan.device:
                         with _cuda.on_device(plan.device):
-                            return plan.run(framework_stream, framework_stream, None)
-                    return plan.run(framework_stream, framework_stream, None)
+                            return plan._run(framework_stream, framework_stream, None)
+                    return plan._run(framework_stream, framework_stream, None)
     request = read_request(a, b, c, alpha=alpha, beta=beta, epilog=epilog, epilog_inputs=epilog_inputs,
                            qualifiers=qualifiers, quantization_scales=quantization_scales, options=options,
                            preferences=preferences, algorithm=algorithm, stream=stream, out=out,
@@ -322,11 +322,11 @@ def _checked_call(cache: PlanCache[Matmul], fast_key, request: MatmulRequest):
                 "stream: a CUDA graph is being captured on it, and planning allocates device memory, which "
                 "capture forbids; call matmul() once with operands like these before capturing (the cached plan "
                 "is then replayed), or capture Matmul.execute()")
-        plan = Matmul.planned_for(request, stacklevel=4)
+        plan = Matmul._planned_for(request, stacklevel=4)
         if key is not None:
             cache.add(key, plan)
     else:
-        plan.set_operands(request.a, request.b, request.c, request.inputs, *request.scalars)
+        plan._set_operands(request.a, request.b, request.c, request.inputs, *request.scalars)
     if fast_key is not None and key is not None and request.stream == request.framework_stream \
             and request.out is None:
         cache.add_alias(fast_key, key, plan)
@@ -334,7 +334,7 @@ def _checked_call(cache: PlanCache[Matmul], fast_key, request: MatmulRequest):
         result = plan.execute(stream=request.stream, out=request.out)
     finally:
         if key is not None:
-            plan.forget_arrays()  # a cached plan must not keep the caller's arrays alive
+            plan._forget_arrays()  # a cached plan must not keep the caller's arrays alive
         else:
             plan.free()  # stream-ordered: after the work just queued
     return result

@@ -44,11 +44,11 @@ class GroupedTrial:
     def algorithm(self) -> HeuristicResult | None:
         return self.launch.algorithm
 
-    def trial_run(self, stream: int) -> None:
+    def _trial_run(self, stream: int) -> None:
         """The selected algorithm once, derive kernel included, into the scratch result; a refusal raises."""
         self._plan.run(self._bound, out=self._scratch, stream=stream, check_offsets=False, trial=True)
 
-    def make_split_form(self, iterations: int):
+    def _make_split_form(self, iterations: int):
         raise NotImplementedError("a grouped plan has no bias-gradient epilog")
 
     def close(self) -> None:

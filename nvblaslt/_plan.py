@@ -5,7 +5,9 @@ The path of one plan, downward: the operands are read (``_operands``; host ones 
 prepares the epilog on it; ``_launch`` builds the descriptors and asks the heuristics (or the
 tuning cache, ``_tuning_cache``); ``_results`` makes the outputs. ``execute`` binds nothing new
 and launches. Beside that path: alpha, beta and the fp8 scales (``_scales``), ``out=``
-(``_outputs``), results copied back to the host (``_host``), tuning (``_autotune``).
+(``_outputs``), results copied back to the host (``_host``), tuning (``_autotune``); and the
+resets (``reset_operands``, ``reset_operands_unchecked``, ``release_operands``), which replace what
+the plan reads, all or nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, cast
 
-from . import _cuda, _dtypes, _epilogs, _host, _memory, _reading, _tuning_record
+from . import _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading, _tuning_record
 from ._cuda import cudart
 from ._descriptors import HeuristicResult, check_handle_device
 from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
@@ -30,7 +32,6 @@ from ._options import (MatmulOptions, MatmulPlanPreferences, as_options, check_h
                        with_shortcuts)
 from ._outputs import OutputChecker
 from ._problem import OP_N, OP_T, Operands, Problem, canonical
-from ._resets import OperandResets
 from ._results import Results
 from ._scales import Scalar, Scales
 from ._split_bgrad import SplitBiasGradient
@@ -65,7 +66,7 @@ class CheckedPlan(NamedTuple):
     algorithms: Sequence[Any] | None  # the caller's, or None: the heuristics are asked
 
 
-class Matmul(OperandResets, Generic[ResultT]):
+class Matmul(Generic[ResultT]):
     """A matrix multiplication ``D = epilog(alpha * a @ b + beta * c)``, planned once and executed
     as often as needed (nvmath-python's ``Matmul``).
 
@@ -210,6 +211,10 @@ class Matmul(OperandResets, Generic[ResultT]):
     nvblaslt.NvblasltValueError: options.blocking: The value specified for blocking must be either True or 'auto'. ...
     """
 
+    # The package's own modules (the function form, the split form, the tuner, the framework layers) call
+    # the underscored methods declared in ``_protocols.PlanInternals`` and ``TunedPlan``: the user's object
+    # shows nvmath-python's API and nvblaslt's documented additions alone.
+
     def __init__(self, a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike | None = None,
                  beta: ScalarLike | None = None, qualifiers: Any = None, quantization_scales: QuantizationScales = None,
                  options: Options = None, stream: Stream | None = None, compute_type: Any = None,
@@ -220,7 +225,7 @@ class Matmul(OperandResets, Generic[ResultT]):
                     quantization_scales=quantization_scales, stacklevel=3)
 
     @classmethod
-    def from_operands(cls, a, b, c, *, stream: int, options: MatmulOptions, alpha=None, beta=None,
+    def _from_operands(cls, a, b, c, *, stream: int, options: MatmulOptions, alpha=None, beta=None,
                       quantization_scales=None) -> Matmul:
         """A Matmul over operands already read (``_operands.Operand``): the split form's and the JAX
         bridge's way in; their options are warned about where they were made."""
@@ -230,7 +235,7 @@ class Matmul(OperandResets, Generic[ResultT]):
         return self
 
     @classmethod
-    def planned_for(cls, request: MatmulRequest, stacklevel: int) -> Matmul:
+    def _planned_for(cls, request: MatmulRequest, stacklevel: int) -> Matmul:
         """The function form's plan for one checked call (``_request.MatmulRequest``): its plan arguments
         are checked once, before any GPU work (host operands staged), ``out`` against the result's layout
         before the heuristics run, then it is planned; freed where any of that refuses. ``stacklevel``:
@@ -505,15 +510,15 @@ class Matmul(OperandResets, Generic[ResultT]):
         self._planned = True
         self._logger.debug("plan %s: %d algorithms, first %s", problem.describe(), len(found), found[0])
         if remembered.get("bias_gradient_form") == "split" and epilog in MASKING:
-            self.split_form = self.make_split_form(iterations=0)  # its masking plan recalls its own choice
+            self.split_form = self._make_split_form(iterations=0)  # its masking plan recalls its own choice
         _tuning_record.note(self, epilog, inputs)  # $NVBLASLT_RECORD: the problem, for `nvblaslt tune` later
         return found
 
-    def make_split_form(self, iterations: int) -> SplitBiasGradient:
+    def _make_split_form(self, iterations: int) -> SplitBiasGradient:
         """DRELU_BGRAD / DGELU_BGRAD as two plans: the masking epilog, then D's row sums (a GEMV).
         ``iterations`` > 0 autotunes the masking plan; 0 keeps what it planned (or recalled)."""
         self.fast_bound = None  # the function form's next call must bind the masking plan too
-        return SplitBiasGradient.build(Matmul.from_operands, self._operands, self._input_operands, self._prepared,
+        return SplitBiasGradient.build(Matmul._from_operands, self._operands, self._input_operands, self._prepared,
                                        self.launch, self.options, self.alpha.value, self.beta.value, self._framework,
                                        self.device, self.stream, iterations)
 
@@ -612,7 +617,7 @@ class Matmul(OperandResets, Generic[ResultT]):
             launch.keep(launch.algorithms, prune)
         return timings
 
-    def apply_tuning(self, result: TuningResult) -> list[tuple[HeuristicResult, float]]:
+    def _apply_tuning(self, result: TuningResult) -> list[tuple[HeuristicResult, float]]:
         """Run what ``autotune`` chose (``result``, a ``TuningResult``): its algorithm, the planned ones in
         timed order after it, its report, and after a search of a *_BGRAD plan its bias-gradient form.
         Returns the timings, the selected algorithm first."""
@@ -627,6 +632,14 @@ class Matmul(OperandResets, Generic[ResultT]):
             self.fast_bound = None  # the function form's next call binds the form that runs now
         self.tuning_report = result.report
         return result.timings
+
+    def _use_fused_form(self) -> None:
+        """Run the fused kernel again where a search chose the two-call bias-gradient form (the JAX
+        bridge's XLA call runs one cublasLtMatmul)."""
+        if self.split_form is not None:
+            self.split_form.free()
+            self.split_form = None
+            self.fast_bound = None
 
     def applicable_algorithm_ids(self, limit: int = 8) -> list[int]:
         """The ids of the algorithms cuBLASLt has for this plan's types (nvmath-python's method).
@@ -768,9 +781,9 @@ class Matmul(OperandResets, Generic[ResultT]):
         # The framework's stream only matters where its pool allocates (or on the per-thread default
         # stream); asking CuPy for it costs 0.3 µs, a tenth of execute(out=)'s own time.
         if out is None or self._results.outputs or self.split_form is not None or stream_h == 2:
-            result = self.run(stream_h, self._framework_stream(), out)
+            result = self._run(stream_h, self._framework_stream(), out)
         else:
-            result = self.run(stream_h, stream_h, out)  # nothing allocated: no pool to tell about the stream
+            result = self._run(stream_h, stream_h, out)  # nothing allocated: no pool to tell about the stream
         if self._blocking:  # host operands (copied back, which waits) or options.blocking=True
             if self._host:
                 c = self._operands["c"]
@@ -783,7 +796,7 @@ class Matmul(OperandResets, Generic[ResultT]):
             self._planned = False  # the next execute needs plan() again, as in nvmath-python
         return result
 
-    def run(self, stream_h: int, framework_stream: int, out):
+    def _run(self, stream_h: int, framework_stream: int, out):
         """Make the outputs and launch on ``stream_h``: the hot path, no checks left."""
         with self._lock:  # one launch at a time: the descriptor's output pointers are set per call
             if stream_h != self._last_stream:
@@ -809,7 +822,7 @@ class Matmul(OperandResets, Generic[ResultT]):
                 aux = {k: self._framework.hand_back(v) for k, v in aux.items()}
         return d if aux is None else (d, aux)
 
-    def trial_run(self, stream_h: int) -> int:
+    def _trial_run(self, stream_h: int) -> int:
         """One launch of the selected algorithm with D and every epilog output in the plan's scratch
         memory, never in the caller's arrays (an in-place c is read, not written): the launches that
         autotune and the search time. Raises on a refusal. Returns where D was written."""
@@ -833,16 +846,253 @@ class Matmul(OperandResets, Generic[ResultT]):
                 owned.used_on(stream_h)
 
     # ---- operands ----------------------------------------------------------------------------------
-    def set_operands(self, a, b, c, inputs: dict, alpha, beta) -> None:
+    def reset_operands(self, a: Array | None = None, b: Array | None = None, c: Array | None = None, *,
+                       alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
+                       epilog_inputs: dict[str, Any] | None = None, quantization_scales: QuantizationScales = None,
+                       stream: Stream | None = None) -> None:
+        """Point the plan at new operands, or give it new alpha, beta, epilog inputs or scales.
+
+        nvmath-python's ``reset_operands``: the plan, its algorithms and its workspace stay, and
+        the next ``execute()`` reads the new arrays. Each new GPU array is compared with the one
+        it replaces; a new host array is copied into the plan's device copy of that operand. The
+        reset is all or nothing: everything given is read and checked before the plan changes, so
+        a refused reset leaves the plan as it was.
+
+        Parameters
+        ----------
+        a, b, c : array, optional
+            New operands; None keeps the current one. Each must be of the same package and memory
+            space as the one it replaces, with the same shape, strides, dtype, device and lazy
+            conjugation, and a pointer aligned at least as well (the algorithms were chosen for
+            that alignment). A host operand needs the same shape and dtype only (it is copied).
+            After ``release_operands()``, every operand the plan had must be given. GPU arrays are
+            read in place at each ``execute()``: keep them alive while the plan uses them.
+        alpha : number or one-element array, optional
+            A new alpha, checked against the plan's scale type.
+        beta : number or one-element array, optional
+            A new beta; only for a plan with ``c``.
+        epilog_inputs : dict, optional
+            New arrays for any of the inputs the planned epilog reads (``"bias"``, ``"relu_aux"``,
+            ``"gelu_aux"``), each laid out as the one it replaces (dtype, leading dimension,
+            batch stride, alignment at least as good); and ``"aux_quantization_scale"``, a new
+            scale for an fp8 GELU aux. Needs ``plan()`` first.
+        quantization_scales : MatmulQuantizationScales or dict, optional
+            New fp8 scales for any of the keys the plan has (``"a"``, ``"b"``, ``"c"``, ``"d"``):
+            numbers, or float32 GPU arrays of shape () or (1,).
+        stream : int or stream object, optional
+            The stream the new arrays are read on and host operands copied on, ordered after the
+            work the plan queued last; default the plan's stream. The plan's stream is unchanged.
+
+        Raises
+        ------
+        NvblasltStateError
+            The plan was freed.
+        NvblasltValueError
+            A new operand differs from the one it replaces (shape, strides, dtype, device,
+            conjugation) or is less aligned; ``c`` or ``beta`` for a plan without ``c``; operands
+            missing after ``release_operands()``; epilog inputs before ``plan()``, unknown to the
+            epilog, or laid out otherwise; scales for keys the plan has none of, or invalid values.
+        NvblasltTypeError
+            A new operand of another package or memory space, a new epilog input of another
+            package, or a value that is not a number (alpha, beta, scales).
+        NvblasltArgumentError
+            A new epilog input in the other memory space than the plan's operands.
+        CudaError
+            Copying a host operand to the GPU failed.
+
+        See Also
+        --------
+        reset_operands_unchecked : the same without comparing new GPU arrays.
+        release_operands : drops the references to the operands.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            with Matmul(x, w) as mm:
+                mm.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+                for batch in batches:                  # arrays shaped and laid out as x
+                    mm.reset_operands(a=batch)
+                    y = mm.execute()
+                mm.reset_operands(alpha=0.5, epilog_inputs={"bias": other_bias})
+        """
+        self._reset(dict(a=a, b=b, c=c), alpha, beta, epilog_inputs, quantization_scales, stream, True)
+
+    def reset_operands_unchecked(self, a: Array | None = None, b: Array | None = None, c: Array | None = None, *,
+                                 alpha: ScalarLike | None = None, beta: ScalarLike | None = None,
+                                 epilog_inputs: dict[str, Any] | None = None,
+                                 quantization_scales: QuantizationScales = None, stream: Stream | None = None) -> None:
+        """``reset_operands`` without comparing the new GPU operands with the old (nvblaslt's addition).
+
+        For hot loops whose caller guarantees that each new GPU array ``a``, ``b``, ``c`` is like
+        the one it replaces: same package, memory space, shape, strides, dtype, device and
+        lazy conjugation, and a pointer aligned at least as well. Those comparisons are skipped;
+        the array is only read for its pointer. Host operands (copied into the plan's device
+        copies), a host array given to a GPU plan (refused), epilog inputs, alpha, beta and scales
+        are checked as by ``reset_operands``.
+
+        Parameters
+        ----------
+        a, b, c : array, optional
+            New operands, each like the one it replaces (unchecked for GPU operands); None keeps
+            the current one. After ``release_operands()``, every operand the plan had must be
+            given.
+        alpha, beta : number or one-element array, optional
+            New scalars, as for ``reset_operands``.
+        epilog_inputs : dict, optional
+            New epilog inputs or fp8 aux scale, checked as by ``reset_operands``.
+        quantization_scales : MatmulQuantizationScales or dict, optional
+            New fp8 scales, checked as by ``reset_operands``.
+        stream : int or stream object, optional
+            As for ``reset_operands``.
+
+        Raises
+        ------
+        NvblasltStateError
+            The plan was freed.
+        NvblasltValueError, NvblasltTypeError
+            As ``reset_operands`` raises them, less the comparisons of new GPU operands; an
+            object that is no array.
+
+        Warnings
+        --------
+        A GPU operand that is not like the one it replaces is not detected: the next
+        ``execute()`` reads (and writes) memory as the plan's layout says, which gives wrong
+        results or faults. Use ``reset_operands`` unless the arrays are known to match.
+
+        See Also
+        --------
+        reset_operands : the checked form.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            buffers = [cupy.empty_like(x) for _ in range(2)]   # like x: same layout and alignment
+            for i, batch in enumerate(batches):
+                buffers[i % 2][...] = batch
+                mm.reset_operands_unchecked(a=buffers[i % 2])
+                y = mm.execute()
+        """
+        self._reset(dict(a=a, b=b, c=c), alpha, beta, epilog_inputs, quantization_scales, stream, False)
+
+    def _reset(self, new: dict, alpha, beta, epilog_inputs, quantization_scales, stream, checked: bool) -> None:
+        self._check_alive()
+        stream_h = self.stream if stream is None else stream_handle(stream)
+        with _cuda.on_device(self.device):
+            self._take_reset(new, alpha, beta, epilog_inputs, quantization_scales, stream_h, checked)
+
+    def _take_reset(self, new: dict, alpha, beta, epilog_inputs, quantization_scales, stream_h: int,
+                    checked: bool) -> None:
+        # Everything is read and checked first; the plan changes only once nothing can refuse, so a refused
+        # reset leaves it pointing at the operands it had.
+        operands = _reading.read_reset(new, self._operands, self._host_operands, self._released, self._framework,
+                                       self._host, stream_h, checked)
+        given, aux_scale = _epilogs.split_aux_scale(epilog_inputs)
+        if (given or aux_scale is not None) and not self._planned:
+            raise NvblasltValueError("epilog_inputs: call plan() before resetting epilog inputs")
+        dropped = sorted(key for key in self._input_operands if f"epilog_inputs['{key}']" in (self._released or ())
+                         and key not in given)
+        if dropped:  # their pointers are still bound: the arrays they point to may be gone
+            raise NvblasltValueError(f"epilog_inputs: release_operands() dropped the epilog inputs {dropped} too; give "
+                                     f"them again with the operands")
+        inputs = _reading.read_reset_inputs(given, self._planned, self.epilog, self._prepared.inputs,
+                                            self._input_operands, self.problem, self._host, stream_h) \
+            if given else {}
+        scales = self._scales.check(quantization_scales, self.stream, on_reset=True) \
+            if quantization_scales is not None else {}
+        if aux_scale is not None:
+            scales.update(self._scales.check_aux(aux_scale, self.stream))
+        if beta is not None and self._operands["c"] is None:
+            raise NvblasltValueError("beta: the plan has no c for beta to scale")
+        for value, argument in ((alpha, "alpha"), (beta, "beta")):
+            if value is not None:
+                Scalar(self.operands.types.scale, argument).set(value)  # refuses what the plan's own would
+        if self.split_form is not None:  # its masking plan checks the same things, then takes them
+            self.split_form.masked.reset_operands(**new, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
+                                                  stream=stream_h)
+        # Commit. Copies into device memory a queued kernel may still read wait for the last stream's work.
+        if self._last_stream != stream_h and not _cuda.is_capturing(stream_h):
+            _memory.wait_for(self._last_stream, stream_h)
+        self._released = None
+        for name, op in operands.items():
+            if op.host:  # into the device copy's layout
+                old = self._operands[name]
+                self._host_operands[name] = op
+                _host.refresh(op, old.ptr, old.strides, stream_h)
+                op = _operands.Operand(op.obj, old.ptr, op.shape, old.strides, op.dtype, self.device, op.readonly,
+                                       op.kind)
+            self._operands[name] = op
+        for key, (op, entry) in inputs.items():
+            if entry is None:  # a host input: into its device copy's layout
+                staged = self._input_operands[key]
+                _host.refresh(op, staged.ptr, staged.strides, stream_h)
+                continue
+            self._prepared.inputs[key] = entry
+            self._input_operands[key] = op
+            self._input_setters[key](entry.ptr)
+        if scales:  # new values replace the old for the keys given (numbers or arrays alike)
+            if self._last_stream != self.stream:
+                _memory.wait_for(self._last_stream, self.stream)
+            self._scales.write(scales, self.stream)
+            if self._planned:
+                for attribute, pointer in self._scales.descriptor_pointers(self.problem).items():
+                    self.launch.desc.set(attribute, pointer)
+                if "aux" in scales:
+                    self.launch.desc.set("EPILOGUE_AUX_SCALE_POINTER", self._scales.pointer("aux"))
+        if alpha is not None:
+            self.alpha.set(alpha)
+        if beta is not None:
+            self.beta.set(beta)
+        self.fast_bound = None
+        if self._planned:
+            self._out_checker.forget()  # a new operand may overlap an out= checked before
+            self._bind()
+
+    def release_operands(self) -> None:
+        """Drop the plan's references to the caller's arrays (nvmath-python's ``release_operands``).
+
+        The operands, their host originals, the epilog inputs and any scale arrays are no longer
+        kept alive by the plan, so their memory can be freed while the plan (descriptors,
+        algorithms, workspace) stays. ``execute()`` and ``autotune()`` then raise
+        ``NvblasltStateError`` until ``reset_operands()`` (or ``reset_operands_unchecked()``)
+        gives every operand the plan had (``a``, ``b`` and ``c`` if it has one) again.
+
+        Raises
+        ------
+        NvblasltStateError
+            The plan was freed.
+
+        Notes
+        -----
+        Only ``a``, ``b`` and ``c`` must be given again: the epilog inputs and scale arrays the
+        plan was given stay bound by address. If their memory is freed after this call, give new
+        ones with ``reset_operands(epilog_inputs=…, quantization_scales=…)`` before executing.
+
+        Examples
+        --------
+        .. code-block:: python
+
+            mm.release_operands()                      # x and w may be freed now
+            del x, w
+            mm.reset_operands(a=new_x, b=new_w)        # every operand again
+            y = mm.execute()
+        """
+        self._check_alive()
+        self._forget_arrays()
+        self._released = {name for name, op in self._operands.items() if op is not None}
+        self._released.update(f"epilog_inputs['{key}']" for key in self._input_operands)
+
+    def _set_operands(self, a, b, c, inputs: dict, alpha, beta) -> None:
         """The function form's checked path on a cache hit: the key already matched every check."""
         self._operands["a"], self._operands["b"], self._operands["c"] = a, b, c
         self._out_checker.forget()  # a new a, b or c may overlap an out= checked before
         if self.split_form is not None:
-            self.split_form.masked.set_operands(a, b, c, inputs, alpha, beta)
-        self.rebind([a.ptr, b.ptr, c.ptr if c is not None else None, *(op.ptr for op in inputs.values())],
+            self.split_form.masked._set_operands(a, b, c, inputs, alpha, beta)
+        self._rebind([a.ptr, b.ptr, c.ptr if c is not None else None, *(op.ptr for op in inputs.values())],
                     tuple(inputs), alpha, beta)
 
-    def rebind(self, pointers: list, input_names: tuple, alpha, beta, *, keep: bool = False) -> None:
+    def _rebind(self, pointers: list, input_names: tuple, alpha, beta, *, keep: bool = False) -> None:
         """The function form's fast path: new pointers for a, b, c, then the named epilog inputs. ``keep``:
         remember ``pointers`` as bound (``fast_bound``: the same arrays next time need no rebinding)."""
         self.fast_bound = None  # until this binding is complete
@@ -866,7 +1116,7 @@ class Matmul(OperandResets, Generic[ResultT]):
             self.alpha.set(alpha)
             self.beta.set(beta)
         if self.split_form is not None:  # the two-call form runs instead: its masking plan takes the operands
-            self.split_form.masked.rebind(pointers, input_names, alpha, beta)
+            self.split_form.masked._rebind(pointers, input_names, alpha, beta)
         self.fast_bound = pointers if keep else None
 
     def _bind(self) -> None:
@@ -878,7 +1128,7 @@ class Matmul(OperandResets, Generic[ResultT]):
                          c.ptr if c is not None else None)
         self.fast_bound = None
 
-    def forget_arrays(self) -> None:
+    def _forget_arrays(self) -> None:
         """Drop every reference to the caller's arrays (pointers and layouts stay): the operands as
         read, their host originals, the epilog inputs, and the first operands the problem was read from."""
         held = [*self._operands.values(), *self._host_operands.values(), *self._input_operands.values(),
@@ -888,7 +1138,7 @@ class Matmul(OperandResets, Generic[ResultT]):
                 op.obj = None
         self._scales.forget_arrays()
         if self.split_form is not None:
-            self.split_form.masked.forget_arrays()
+            self.split_form.masked._forget_arrays()
 
     # ---- lifetime ----------------------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -938,7 +1188,7 @@ class Matmul(OperandResets, Generic[ResultT]):
                 for owned in (self._scales.buffer, *self._staged.values()):
                     if owned is not None:
                         owned.release()
-                self.forget_arrays()
+                self._forget_arrays()
                 self._planned = False
                 self._freed = True
 

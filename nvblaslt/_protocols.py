@@ -5,7 +5,10 @@ the same surface instead of duck typing.
 ``PlannedLaunch`` is what ``_launch.Launch`` offers the tuner, the search and the tuning cache;
 ``TunablePlan`` is what ``_autotune.tune`` drives: a ``Matmul``, or a grouped plan through
 ``_grouped_tuning.GroupedTrial``; ``TunedPlan`` also applies what tuning chose (``Matmul``), as
-``_autotune.autotune`` has it do.
+``_autotune.autotune`` has it do. ``PlanInternals`` is the rest of what the package calls on a
+``Matmul`` below its public API. The plans' own methods among these are underscored: declared here,
+they are the package's internal interface, which the layering guard (``tests/cpu/test_layering.py``)
+allows any module of the package to call and no user reads on ``dir(Matmul)``.
 """
 
 from __future__ import annotations
@@ -73,9 +76,9 @@ class TunablePlan(Protocol):
     @property
     def split_form(self) -> Any: ...
 
-    def trial_run(self, stream: int) -> object: ...
+    def _trial_run(self, stream: int) -> object: ...
 
-    def make_split_form(self, iterations: int) -> Any: ...
+    def _make_split_form(self, iterations: int) -> Any: ...
 
 
 @runtime_checkable
@@ -83,7 +86,33 @@ class TunedPlan(TunablePlan, Protocol):
     """A plan that applies what tuning chose: selects it, orders its algorithms, takes the report and
     the bias-gradient form; returns the timings."""
 
-    def apply_tuning(self, result: TuningResult) -> list[tuple[HeuristicResult, float]]: ...
+    def _apply_tuning(self, result: TuningResult) -> list[tuple[HeuristicResult, float]]: ...
 
 
-__all__ = ["PlannedLaunch", "TunablePlan", "TunedPlan"]
+@runtime_checkable
+class PlanInternals(Protocol):
+    """What the package's own modules call on a ``Matmul`` beside its public API: the function form
+    (``_run``, ``_rebind``, ``_set_operands``, ``_forget_arrays``), the split form and the framework
+    layers. Underscored, so that the user's object shows nvmath-python's API alone; declared here, so
+    that mypy reads the callers against it and the layering guard lets the package, and only through
+    these names, reach them."""
+
+    def _run(self, stream_h: int, framework_stream: int, out: Any) -> Any: ...
+
+    def _rebind(self, pointers: list, input_names: tuple, alpha: Any, beta: Any, *, keep: bool = False) -> None: ...
+
+    def _set_operands(self, a: Any, b: Any, c: Any, inputs: dict, alpha: Any, beta: Any) -> None: ...
+
+    def _forget_arrays(self) -> None: ...
+
+    def _use_fused_form(self) -> None: ...
+
+    @classmethod
+    def _from_operands(cls, a: Any, b: Any, c: Any, *, stream: int, options: Any, alpha: Any = None,
+                       beta: Any = None, quantization_scales: Any = None) -> Any: ...
+
+    @classmethod
+    def _planned_for(cls, request: Any, stacklevel: int) -> Any: ...
+
+
+__all__ = ["PlanInternals", "PlannedLaunch", "TunablePlan", "TunedPlan"]

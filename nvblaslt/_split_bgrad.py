@@ -33,7 +33,7 @@ class SplitBiasGradient:
     def build(cls, new_plan, operands: dict, inputs: dict, prepared, launch, options, alpha, beta, framework,
               device: int, stream: int, iterations: int) -> SplitBiasGradient:
         """The two plans for a fused plan with these operands and epilog ``prepared`` on ``launch``'s
-        problem; ``new_plan`` is ``Matmul.from_operands``. ``iterations`` > 0 autotunes the masking plan."""
+        problem; ``new_plan`` is ``Matmul._from_operands``. ``iterations`` > 0 autotunes the masking plan."""
         problem = launch.problem
         a, b, c = (operands[k] for k in "abc")
         options = dataclasses.replace(options, result_amax=False, logger=None)
@@ -62,14 +62,14 @@ class SplitBiasGradient:
         return cls(masked, row_sums, output.key, ones)
 
     def run(self, stream_h: int, framework_stream: int, out):
-        d = self.masked.run(stream_h, framework_stream, out)
+        d = self.masked._run(stream_h, framework_stream, out)
         self.row_sums.launch.a_pointer.value = self.masked.launch.d_argument.value  # D of the masking call
-        return d, {self.key: self.row_sums.run(stream_h, framework_stream, None)}
+        return d, {self.key: self.row_sums._run(stream_h, framework_stream, None)}
 
     def trial_run(self, stream_h: int) -> int:
-        """Both calls into the plans' scratch memory (see ``Matmul.trial_run``)."""
-        self.row_sums.launch.a_pointer.value = self.masked.trial_run(stream_h)
-        return self.row_sums.trial_run(stream_h)
+        """Both calls into the plans' scratch memory (see ``Matmul._trial_run``)."""
+        self.row_sums.launch.a_pointer.value = self.masked._trial_run(stream_h)
+        return self.row_sums._trial_run(stream_h)
 
     def free(self) -> None:
         self.masked.free()

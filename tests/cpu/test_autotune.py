@@ -196,7 +196,7 @@ class LaunchAlgorithms:
 
 
 class StandInPlan(LaunchAlgorithms):
-    """What autotune uses of a Matmul, by its public names (``_protocols.TunedPlan``); ``speeds`` maps an
+    """What autotune uses of a Matmul, by the names ``_protocols.TunedPlan`` declares; ``speeds`` maps an
     algorithm id (or "split") to its true ms."""
 
     def __init__(self, heuristic_ids, speeds, epilog=MatmulEpilog.RELU_BIAS):
@@ -205,14 +205,14 @@ class StandInPlan(LaunchAlgorithms):
         self.ran, self.split_form, self.device, self.stream = None, None, 0, 0
         self.tuning_report, self.bias_gradient_form = None, None
 
-    def trial_run(self, stream):
+    def _trial_run(self, stream):
         self.ran = self.launch.algorithm.algorithm.id
 
-    def make_split_form(self, iterations):
+    def _make_split_form(self, iterations):
         return FakeSplit(self, iterations)
 
-    def apply_tuning(self, result):
-        """As Matmul.apply_tuning: the choice, the timed order, the form, the report."""
+    def _apply_tuning(self, result):
+        """As Matmul._apply_tuning: the choice, the timed order, the form, the report."""
         self.launch.select(result.chosen)
         self.launch.keep(result.ordered(self.launch.algorithms), None)
         if result.bias_gradient_form is not None:
@@ -229,9 +229,12 @@ def test_the_stand_ins_and_the_real_plans_meet_the_declared_protocols():
 
     plan = StandInPlan([1], {1: 1.0})
     assert isinstance(plan, _protocols.TunedPlan) and isinstance(plan.launch, _protocols.PlannedLaunch)
-    for cls, protocol in ((Matmul, _protocols.TunedPlan), (_grouped_tuning.GroupedTrial, _protocols.TunablePlan),
+    for cls, protocol in ((Matmul, _protocols.TunedPlan), (Matmul, _protocols.PlanInternals),
+                          (_grouped_tuning.GroupedTrial, _protocols.TunablePlan),
                           (_launch.Launch, _protocols.PlannedLaunch)):
-        members = [name for name in dir(protocol) if not name.startswith("_")]
+        members = [name for name in dir(protocol) if not name.startswith("__") and not name.startswith("_abc")
+                   and name not in ("_is_protocol", "_is_runtime_protocol")]
+        assert protocol is _protocols.PlannedLaunch or "_trial_run" in members or "_run" in members
         instance_attributes = {"launch", "device", "stream", "tuning_report", "split_form", "workspace_limit",
                                "algorithms", "algorithm", "epilog"}
         missing = [name for name in members if not hasattr(cls, name) and name not in instance_attributes]
@@ -303,13 +306,13 @@ def test_search_keeps_to_its_budget(simulated, monkeypatch):
     make, _ = simulated
     speeds = {1: 1.0, 2: 1.05, **{i: 1.03 for i in range(100, 100_100)}}  # simulated ms close to the clock's
     plan = make([1, 2], speeds, pool_ids=range(100, 100_100))
-    original = plan.trial_run
+    original = plan._trial_run
     clock = [1000.0]
 
     def slow_run(*args):  # each "kernel" takes a millisecond of the clock the search reads
         clock[0] += 0.001
         original(*args)
-    plan.trial_run = slow_run
+    plan._trial_run = slow_run
     monkeypatch.setattr(_autotune.time, "perf_counter", lambda: clock[0])
     _autotune.autotune(plan, iterations=3, search=True, remember=False, stream=None, budget_s=1.0)
     assert clock[0] - 1000.0 < 1.5  # the budget, and at most one round past it
@@ -353,7 +356,7 @@ def test_each_candidate_has_its_workspace_before_its_trial_run():
         def __init__(self):
             self.launch = launch
 
-        def trial_run(self, stream):
+        def _trial_run(self, stream):
             selected = launch.algorithm
             seen.append((selected.algorithm.id, launch.workspace >= selected.workspace_size))
 

@@ -171,7 +171,7 @@ def test_type_rules():
 
 def epilog_attributes(epilog, a, b, inputs):
     """The attributes the plan sets on a real MatmulDesc for ``epilog`` (no GPU needed)."""
-    mm = Matmul.from_operands(_operands.read(a, "a", 0), _operands.read(b, "b", 0), None, stream=0,
+    mm = Matmul._from_operands(_operands.read(a, "a", 0), _operands.read(b, "b", 0), None, stream=0,
                               options=nvblaslt.MatmulOptions())
     p = canonical(mm.operands, epilog)
     prepared = prepare_epilog(epilog, p, inputs)

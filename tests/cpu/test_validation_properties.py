@@ -51,7 +51,7 @@ def _plan_without_gpu(a, b, c, epilog, inputs, alpha, beta, compute_type):
     that needs a device: reading, problem checks, epilog-input checks."""
     read = lambda x, n: _operands.read(x, n, 0) if x is not None else None  # noqa: E731
     a_op, b_op = _operands.read(a, "a", 0), _operands.read(b, "b", 0)
-    plan = Matmul.from_operands(a_op, b_op, read(c, "c"), stream=0, alpha=alpha, beta=beta,
+    plan = Matmul._from_operands(a_op, b_op, read(c, "c"), stream=0, alpha=alpha, beta=beta,
                                 options=MatmulOptions(compute_type=compute_type))
     epilog = as_epilog(epilog)
     plan.problem = canonical(plan.operands, epilog)

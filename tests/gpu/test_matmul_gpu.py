@@ -447,7 +447,7 @@ def test_the_split_bias_gradient_form_takes_each_calls_operands():
     g1, g2, aux, _, _ = _drelu_bgrad_problem()
     matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
     (plan,) = {p for p in _function_form._local.plans.values() if p.epilog.name == "DRELU_BGRAD"}
-    plan.split_form = plan.make_split_form(iterations=0)  # what a remembered search makes of the plan
+    plan.split_form = plan._make_split_form(iterations=0)  # what a remembered search makes of the plan
     for _ in range(2):  # the checked path's cache hit, then the fast path
         g1, g2, aux, expected, decided = _drelu_bgrad_problem()
         d, out = matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
@@ -457,7 +457,7 @@ def test_the_split_bias_gradient_form_takes_each_calls_operands():
     g1, g2, aux, expected, decided = _drelu_bgrad_problem()
     with Matmul(g1, g2) as mm:
         mm.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
-        mm.split_form = mm.make_split_form(iterations=0)
+        mm.split_form = mm._make_split_form(iterations=0)
         g1b, g2b, auxb, expected, decided = _drelu_bgrad_problem()
         mm.reset_operands(g1b, g2b, epilog_inputs={"relu_aux": auxb["relu_aux"]})
         d, _ = mm.execute()
@@ -478,7 +478,7 @@ def test_a_split_form_attached_after_fast_calls_runs_on_the_next_calls_arrays():
     for _ in range(2):  # the fast path binds h's arrays, then finds them bound
         matmul(h1, h2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": haux["relu_aux"]})
     (plan,) = {p for p in _function_form._local.plans.values() if p.epilog.name == "DRELU_BGRAD"}
-    plan.split_form = plan.make_split_form(iterations=0)
+    plan.split_form = plan._make_split_form(iterations=0)
     d, out = matmul(h1, h2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": haux["relu_aux"]})
     got = host(d)
     assert rel_error(np.where(decided, got, expected), expected) < 1e-5
@@ -742,7 +742,7 @@ def test_autotune_search_picks_fused_or_split_bias_gradient_and_both_are_right(e
         mm.autotune(iterations=2, search=True, remember=False)
         assert mm.bias_gradient_form[0] in ("fused", "split")
         d, outputs = mm.execute()
-        split = mm.make_split_form(1)  # the two-call form, whatever autotune chose
+        split = mm._make_split_form(1)  # the two-call form, whatever autotune chose
         d2, outputs2 = split.run(mm.stream, mm.stream, None)
         torch.cuda.synchronize()
         for got_d, got in ((d, outputs), (d2, outputs2)):
