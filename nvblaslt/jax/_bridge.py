@@ -171,18 +171,16 @@ class _Entry:
         ops = {name: layout.operand(name, pointer, device) for (name, layout), pointer in zip(layouts, pointers)}
         inputs = {key: layout.operand(f"epilog_inputs['{key}']", pointer, device)
                   for (key, layout), pointer in zip(spec.inputs, pointers[len(layouts):])}
-        self.plan = Matmul.from_operands(ops["a"], ops["b"], ops.get("c"), stream=stream,
-                                         options=spec.matmul_options(), alpha=spec.alpha, beta=spec.beta,
-                                         quantization_scales=dict(spec.scales) or None)
+        self.plan = Matmul._from_operands(ops["a"], ops["b"], ops.get("c"), stream=stream,
+                                          options=spec.matmul_options(), alpha=spec.alpha, beta=spec.beta,
+                                          quantization_scales=dict(spec.scales) or None)
         self.plan.plan(epilog=spec.epilog, epilog_inputs=inputs or None,
                        preferences=dict(spec.preferences) or None)
         tuning = _tuning.active()
         self.generation = tuning.generation if tuning is not None else 0
         if tuning is not None:  # timed into scratch memory on XLA's stream: XLA's buffers are left as they are
             self.plan.autotune(iterations=tuning.iterations, search=tuning.search, stream=stream)
-        if self.plan.split_form is not None:  # a searched two-call form allocates its outputs: run the fused one
-            self.plan.split_form.free()
-            self.plan.split_form = None
+        self.plan._use_fused_form()  # a searched two-call form allocates its outputs: run the fused one
         self.device = device
         self.captured = False  # a command buffer replays it: it is never freed
         self.names = tuple(key for key, _ in spec.inputs)
@@ -194,7 +192,7 @@ class _Entry:
 
     def run(self, pointers: list, out_pointers: list, stream: int) -> None:
         given = pointers if self.has_c else [pointers[0], pointers[1], None, *pointers[2:]]
-        self.plan.rebind(given, self.names, self.alpha, self.beta)
+        self.plan._rebind(given, self.names, self.alpha, self.beta)
         targets = [p if _alignment(p) >= _ALIGN else self._scratch(i, stream) for i, p in enumerate(out_pointers)]
         for set_pointer, target in zip(self.setters, targets[1:]):
             set_pointer(target)
