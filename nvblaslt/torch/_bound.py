@@ -75,7 +75,7 @@ def bind(a, b, epilog: MatmulEpilog, inputs: dict | None, stream: int, result: t
         if plan.split_form is not None or (tuple(problem.result_shape), tuple(problem.result_strides)) != result:
             plan.free()
             return None
-        plan.forget_arrays()  # the plan keeps no tensor of the caller's alive
+        plan._forget_arrays()  # the plan keeps no tensor of the caller's alive
     except BaseException:
         plan.free()
         raise
