@@ -117,14 +117,14 @@ class _Problem:
 
     def contestant(self, m: int, name: str, result: HeuristicResult) -> Contestant:
         plan = self.plans[m]
-        return Contestant(name, lambda: plan.trial_run(0), lambda: plan.launch.select(result), result)
+        return Contestant(name, lambda: plan._trial_run(0), lambda: plan.launch.select(result), result)
 
     def outputs(self, m: int, result: HeuristicResult, tokens: int) -> list[bytes]:
         """The first ``tokens`` tokens' outputs of the plan at ``m`` running ``result``."""
         plan = self.plans[m]
         plan.launch.ensure_workspace(result.workspace_size, 0)
         plan.launch.select(result)
-        pointer = plan.trial_run(0)
+        pointer = plan._trial_run(0)
         layout = dict(zip(("ROWS", "COLS", "LD", "ORDER"), (plan.launch.layouts[3].get(a) for a in
                                                               ("ROWS", "COLS", "LD", "ORDER"))))
         return first_tokens(pointer, layout, self.extent, tokens, self.itemsize)
