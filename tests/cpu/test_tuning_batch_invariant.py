@@ -5,6 +5,7 @@ the test."""
 
 from __future__ import annotations
 
+import random
 import types
 
 import pytest
@@ -16,6 +17,7 @@ from nvblaslt._launch import Launch
 from nvblaslt._tuning_db import TuningDatabase
 from tests.cpu.test_autotune import StandInPlan
 from tests.cpu.test_tuning_cache import GPU
+from tests.fakes import simulated_timer
 
 DRIVER = 13000
 
@@ -153,27 +155,10 @@ def test_a_database_pin_wins_and_one_that_splits_k_is_refused(lib, monkeypatch, 
 def test_autotune_times_only_the_pin_of_a_batch_invariant_plan(monkeypatch):
     plan = StandInPlan([7], {7: 1.0})
     plan.options = nvblaslt.MatmulOptions(batch_invariant=True)
-    monkeypatch.setattr(_autotune, "Timer", lambda device, stream: _NoTimer())
+    monkeypatch.setattr(_autotune, "Timer", simulated_timer(lambda: 1.0, random.Random(0), noise=0.0, drift=0.0))
     monkeypatch.setattr(_search, "candidates", lambda *a, **k: pytest.fail("searched"))
     timings = _autotune.autotune(plan, iterations=2, search=True, remember=True, stream=None)
     assert [r.algorithm.id for r, _ in timings] == [7] and not plan.tuning_report.searched
-
-
-class _NoTimer:
-    def __call__(self, run, prepare=None):
-        if prepare is not None:
-            prepare()
-        run()
-        return 1.0
-
-    def synchronize(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
 
 
 def test_options_take_the_switch_and_refuse_other_values():
