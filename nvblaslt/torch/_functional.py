@@ -154,8 +154,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     """
     key = grad = None
     # The fast path: a plain eager call like one already checked (see _Checked) runs with no check its key proves
-    if batch_invariant is False and (activation is None or type(activation) is str) and type(x) in PLAIN \
-            and type(weight) in PLAIN and (bias is None or type(bias) in PLAIN) and plain_eager() \
+    if batch_invariant is False and plain_eager() and (activation is None or type(activation) is str) \
+            and type(x) in PLAIN and type(weight) in PLAIN and (bias is None or type(bias) in PLAIN) \
             and not (_any_autocast is None or _any_autocast()):
         grad = _grad_enabled() and (x.requires_grad or weight.requires_grad or
                                     (bias is not None and bias.requires_grad))

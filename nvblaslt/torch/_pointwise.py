@@ -139,7 +139,8 @@ def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, ke
 
 
 def _launch_forward(step: Step, x: int, weight: int, out: int, stream: int, vectors: tuple[int, ...]) -> None:
-    gemm: _bound.BoundGemm = step.gemms[0]  # type: ignore[assignment]  # a step whose forward cannot be bound is never run
+    # a step whose forward cannot be bound is never run
+    gemm: _bound.BoundGemm = step.gemms[0]  # type: ignore[assignment]
     if step.transposed:  # D = W Xᵀ
         gemm(weight, x, out, stream, *vectors)
     else:  # D = X Wᵀ
@@ -259,8 +260,9 @@ def linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor | None,
     """``linear()``'s fast path without a gradient: act(x Wᵀ + b) in x's leading shape, on the step
     ``first_linear_inference`` kept under ``key`` (what of the call decides its path, checked on that
     first call: shapes, dtypes, devices, contiguity, activation). What the key cannot prove is checked
-    here: x on CUDA (``x_device``, x's), the current stream and device, 256-byte aligned pointers, no ``autotune()`` or ``invariant()``
-    context, a graph capture. None where the step is not found or cannot run: the checked path."""
+    here: x on CUDA (``x_device``, x's), the current stream and device, 256-byte aligned pointers, no
+    ``autotune()`` or ``invariant()`` context, a graph capture. None where the step is not found or cannot
+    run: the checked path."""
     if x_device.type != "cuda" or _raw_stream is None or _active_context():
         return None
     device: int = x_device.index  # a CUDA device has an index
