@@ -9,16 +9,16 @@ rules at trace time, plans are made on the first run and kept. Imported only by 
 
 Modules, each calling only those below it: ``_dense`` (layer stacks) → ``_matmul`` (the public function and its gradient) →
 ``_gemm`` (checks, the static spec, caller layouts) → ``_bridge`` (the primitive, its lowering,
-vmap rule and launch, per GPU) → ``_planning`` (shapes from nvblaslt's rules, no GPU) and ``_tuning``
+vmap rule and launch, per GPU; ``_ragged`` → ``_ragged_launch`` for ``ragged_dot``) → ``_planning`` (shapes from nvblaslt's rules, no GPU) and ``_tuning``
 (``autotune()``, ``command_buffers()`` and the Python-entry count). ``nvblaslt.jax.nn`` (flax layers) is imported only on request.
 """
 
 from __future__ import annotations
 
-from ._bridge import clear_plans
 from ._dense import dense
 from ._matmul import matmul
 from ._ragged import ragged_dot
+from ._ragged_launch import clear_plans
 from ._tuning import autotune, command_buffers, python_entries
 
 __all__ = ["autotune", "clear_plans", "command_buffers", "dense", "matmul", "python_entries", "ragged_dot"]

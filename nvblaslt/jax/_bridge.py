@@ -284,16 +284,7 @@ def _planned(spec: Spec, outputs, device: int, stream: int, pointers: list, alig
 
 
 def clear_plans() -> None:
-    """Free this thread's bridge plans (the next run of each GEMM plans again).
-
-    XLA runs the callbacks in its own threads: call it where the GEMMs ran, or leave the plans to the
-    process's end. Plans a command buffer captured are kept (its replays still read them).
-
-    Examples
-    --------
-    >>> import nvblaslt.jax
-    >>> nvblaslt.jax.clear_plans()
-    """
+    """Free this thread's bridge plans but those a command buffer captured (``nvblaslt.jax.clear_plans``)."""
     plans = getattr(_local, "plans", {})
     freed = {id(entry) for entry in plans.values() if not entry.captured}
     for entry in plans.values():

@@ -1,75 +1,43 @@
-"""``ragged_dot``: ``jax.lax.ragged_dot`` on cuBLASLt's grouped GEMM (``nvblaslt.grouped_matmul``).
+"""``ragged_dot``: ``jax.lax.ragged_dot`` on cuBLASLt's grouped GEMM (``nvblaslt.GroupedMatmul``).
 
 lhs (m, k) split into groups of rows by ``group_sizes``, rhs (g, k, n): out[rows of group i] =
 lhs[rows] @ rhs[i]; rows past the groups' total are zero. Its gradient is two more grouped GEMMs:
 dlhs = dout @ rhsᵀ per group (the same form, rhs read transposed), drhs = the 2-D × 2-D form split
 along K, lhsᵀ @ dout (empty groups give zeros). Transposed operands are strided views of XLA's
-buffers (``DeviceArray`` over a borrowed pointer): no copy. Offsets stay on the GPU.
+buffers: no copy. The offsets are a ``cumsum`` in XLA and stay on the GPU; each GEMM is one XLA call
+(``_ragged_launch``), which XLA may capture in a command buffer where traced inside
+``command_buffers()``.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
-from .. import DeviceArray, _cuda, _grouped_version
-from .._memory import DeviceBuffer
+from .. import _grouped_version
 from .._errors import NvblasltTypeError, NvblasltValueError
 from .._loader import library
-from .._strides import c_strides
 from . import _tuning
-from ._bridge import device_of, vary_alike
+from ._bridge import vary_alike
 from ._planning import dtype_of
-
-class _Borrowed:
-    """XLA's memory, lent for one call: a ``DeviceArray`` over it frees nothing."""
-
-    __slots__ = ("pointer",)
-
-    def __init__(self, pointer: int):
-        self.pointer = pointer
-
-    def used_on(self, stream: int) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
+from ._ragged_launch import Form, launch
 
 
-def _view(buffer, transposed: bool, stream: int, device: int):
-    interface = buffer.__cuda_array_interface__
-    shape = tuple(buffer.shape)
-    strides = c_strides(shape)
-    if transposed:
-        shape = (*shape[:-2], shape[-1], shape[-2])
-        strides = (*strides[:-2], strides[-1], strides[-2])
-    return DeviceArray(cast(DeviceBuffer, _Borrowed(interface["data"][0])), shape, strides,
-                       dtype_of(buffer.dtype, "buffer"), device, stream)
+def _on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
 
 
-def _grouped_call(transposes: tuple, out_dtype: str, ctx, out, a, b, offs) -> None:
-    from .. import grouped_matmul  # grouped GEMM's modules load on first use
-
-    stream = int(ctx.stream)
-    device = device_of(stream, out.__cuda_array_interface__["data"][0])  # the GPU XLA runs this call on
-    _tuning.count_entry(device)
-    with _cuda.on_device(device):  # a no-op with one GPU, or where XLA made that GPU current
-        grouped_matmul(_view(a, transposes[0], stream, device), _view(b, transposes[1], stream, device),
-                       _view(offs, False, stream, device), out_dtype=out_dtype, out=_view(out, False, stream, device),
-                       stream=stream)
-
-
-def _grouped(a, b, offs, shape, out_dtype, transposes=(False, False)):
-    if jax.default_backend() != "gpu":
-        raise NvblasltValueError(f"lhs, rhs: JAX's backend is {jax.default_backend()}, but nvblaslt.jax.ragged_dot "
-                                 f"runs cuBLASLt on CUDA GPUs only")
+def _grouped(a, b, offs, shape, out_dtype, capturable: bool, transposes=(False, False), zero_tail=True):
+    """One grouped GEMM as an XLA call: ``zero_tail`` for a result split by rows (its rows past the
+    groups' total zeroed in the same call); ``capturable`` lets a command buffer capture it."""
+    form = Form((tuple(a.shape), tuple(b.shape), tuple(offs.shape), tuple(shape)), a.dtype.name,
+                jnp.dtype(out_dtype).name, tuple(transposes), zero_tail)
     result = jax.ShapeDtypeStruct(shape, jnp.dtype(out_dtype))
-    out = buffer_callback(partial(_grouped_call, transposes, out_dtype), result)(a, b, offs)
+    out = buffer_callback(partial(launch, form), result, command_buffer_compatible=capturable)(a, b, offs)
     return vary_alike((out, a, b, offs))[0]  # under shard_map, a per-shard result (buffer_callback types it as shared)
 
 
@@ -134,32 +102,38 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     out_dtype = jnp.dtype(preferred_element_type or lhs.dtype).name
     if out_dtype not in (lhs.dtype.name, "float32"):
         raise NvblasltTypeError(f"preferred_element_type: expected {lhs.dtype.name} or float32, got {out_dtype}")
-    return _ragged(out_dtype, *vary_alike((lhs, rhs, group_sizes)))  # under shard_map, typed alike
+    if not _on_gpu():  # checked here, not in the custom VJP, whose traces JAX keeps
+        raise NvblasltValueError(f"lhs, rhs: JAX's backend is {jax.default_backend()}, but nvblaslt.jax.ragged_dot "
+                                 f"runs cuBLASLt on CUDA GPUs only")
+    static = (out_dtype, _tuning.capturable())  # in the custom VJP's key: a trace inside command_buffers() differs
+    return _ragged(static, *vary_alike((lhs, rhs, group_sizes)))  # under shard_map, typed alike
 
 
-def _offsets_and_mask(group_sizes, m: int):
-    offs = jnp.cumsum(group_sizes.astype(jnp.int32)).astype(jnp.int32)
-    return offs, (jnp.arange(m) < offs[-1])[:, None]
+def _offsets(group_sizes):
+    return jnp.cumsum(group_sizes.astype(jnp.int32)).astype(jnp.int32)
 
 
+# Rows past the groups' total: the forward's and dlhs's are zeroed by the call that writes them (no pass
+# of XLA's over the result); dout's there are never read, since only rows inside a group take part.
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ragged(out_dtype, lhs, rhs, group_sizes):
-    offs, inside = _offsets_and_mask(group_sizes, lhs.shape[0])
-    out = _grouped(lhs, rhs, offs, (lhs.shape[0], rhs.shape[2]), out_dtype)
-    return jnp.where(inside, out, jnp.zeros_like(out))
+def _ragged(static, lhs, rhs, group_sizes):
+    return _ragged_fwd(static, lhs, rhs, group_sizes)[0]
 
 
-def _ragged_fwd(out_dtype, lhs, rhs, group_sizes):
-    return _ragged(out_dtype, lhs, rhs, group_sizes), (lhs, rhs, group_sizes)
+def _ragged_fwd(static, lhs, rhs, group_sizes):
+    out_dtype, capturable = static
+    offs = _offsets(group_sizes)
+    out = _grouped(lhs, rhs, offs, (lhs.shape[0], rhs.shape[2]), out_dtype, capturable)
+    return out, (lhs, rhs, group_sizes, offs)
 
 
-def _ragged_bwd(out_dtype, residuals, dout):
-    lhs, rhs, group_sizes = residuals
-    offs, inside = _offsets_and_mask(group_sizes, lhs.shape[0])
-    dout = jnp.where(inside, dout, jnp.zeros_like(dout)).astype(lhs.dtype)
-    dlhs = _grouped(dout, rhs, offs, lhs.shape, lhs.dtype.name, transposes=(False, True))
-    dlhs = jnp.where(inside, dlhs, jnp.zeros_like(dlhs))
-    drhs = _grouped(lhs, dout, offs, rhs.shape, rhs.dtype.name, transposes=(True, False))
+def _ragged_bwd(static, residuals, dout):
+    _, capturable = static
+    lhs, rhs, group_sizes, offs = residuals
+    dout = dout.astype(lhs.dtype)
+    dlhs = _grouped(dout, rhs, offs, lhs.shape, lhs.dtype.name, capturable, transposes=(False, True))
+    drhs = _grouped(lhs, dout, offs, rhs.shape, rhs.dtype.name, capturable, transposes=(True, False),
+                    zero_tail=False)  # split along K: every group's result is written (empty ones as zeros)
     return dlhs, drhs, np.zeros(group_sizes.shape, jax.dtypes.float0)
 
 

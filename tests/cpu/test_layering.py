@@ -153,6 +153,8 @@ ALLOWED_PRIVATE_MODULE_IMPORTS: dict[tuple[str, str], str] = {
                                           "helper's to import from nvblaslt",
     ("nvblaslt.jax", "nvblaslt._frameworks"): "PROTOCOL: the adapter for arrays known only by their pointers",
     ("nvblaslt.jax", "nvblaslt._grouped_version"): "require_grouped: ragged_dot refuses an old cuBLASLt at trace",
+    ("nvblaslt.jax", "nvblaslt._jit"): "kernel: ragged_dot's call zeroes the rows past the groups' total on the GPU "
+                                       "(the group sizes never reach the host, so XLA may capture the call)",
     ("nvblaslt.jax", "nvblaslt._loader"): "library(): the loaded cuBLASLt, which tracing asks what it supports",
     ("nvblaslt.jax", "nvblaslt._memory"): "DeviceBuffer: the grouped GEMM's scratch, made outside XLA's buffers",
     ("nvblaslt.jax", "nvblaslt._operands"): "Operand: JAX's abstract arrays described as the core reads arrays",
