@@ -227,7 +227,7 @@ class Matmul(Generic[ResultT]):
 
     @classmethod
     def _from_operands(cls, a, b, c, *, stream: int, options: MatmulOptions, alpha=None, beta=None,
-                      quantization_scales=None) -> Matmul:
+                       quantization_scales=None) -> Matmul:
         """A Matmul over operands already read (``_operands.Operand``): the split form's and the JAX
         bridge's way in; their options are warned about where they were made."""
         self = cls.__new__(cls)
