@@ -10,7 +10,9 @@ the last, jitted, with one ``block_until_ready`` per step (host time paid). Rows
 - the GEMM-only floor: the same ``jnp.dot``\\ s with no bias and no activation;
 - where the gap goes (``--no-ablation`` leaves them out): ``nvblaslt.jax.dense`` with no bias and no
   activation (the same GEMMs as the floor, through the bridge and nvblaslt's plans), with the bias but
-  no activation (adds BIAS and BGRADA), and with ``backward="epilog"`` (DRELU_BGRAD / DGELU_BGRAD).
+  no activation (adds BIAS and BGRADA), with ``backward="epilog"`` (DRELU_BGRAD / DGELU_BGRAD), and with
+  the backward "auto" does not pick (ReLU: DRELU in the GEMM, "bgradb"; GELU: XLA's elementwise derivative
+  from the kept pre-activation, "unfused"), which splits GELU's cost between its forward and DGELU.
 - ``nvblaslt.jax.dense`` traced inside ``nvblaslt.jax.command_buffers()`` (``--no-command-buffers``
   leaves it out): its GEMMs marked ``command_buffer_compatible``, so that XLA may capture them into
   its command buffers (CUDA graphs) and replay them without entering Python. Whether it does is
@@ -99,6 +101,7 @@ def _activations(count: int, activation: str) -> tuple:
 
 
 CAPTURED = "nvblaslt.jax.dense, command buffers"
+OTHER_BACKWARD = {"relu": "bgradb", "gelu": "unfused"}  # beside "auto" (relu: unfused, gelu: bgradb)
 
 
 class Captured:
@@ -155,6 +158,9 @@ def steps(jax, activation: str, count: int, ablation: bool, command_buffers: boo
         rows["nvblaslt.jax.dense, bias, no activation"] = (grads(fused(("none",) * count, True)), True, True)
         rows["nvblaslt.jax.dense, backward='epilog'"] = (grads(fused(_activations(count, activation), True, "epilog")),
                                                          True, True)
+        other = OTHER_BACKWARD[activation]  # the activation's backward "auto" does not run: DGELU's cost, isolated
+        rows[f"nvblaslt.jax.dense, backward='{other}'"] = (grads(fused(_activations(count, activation), True, other)),
+                                                          True, True)
     if command_buffers:  # a fresh function per trace: JAX keeps a function's trace
         rows[CAPTURED] = (Captured(lambda: grads(fused(_activations(count, activation), True))), True, True)
     return rows

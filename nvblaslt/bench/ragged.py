@@ -19,7 +19,8 @@ import random
 import statistics
 import sys
 import time
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from .common import progress
 
@@ -94,7 +95,7 @@ def measure(shape: Shape, rounds: int, calls: int, command_buffers: bool = True)
             return pullback(ct)
         return jax.jit(step)
 
-    cases = {
+    cases: dict[str, Callable[..., Any]] = {
         "XLA ragged_dot fwd": (lambda f=forward(jax.lax.ragged_dot): f(lhs, rhs, groups)),
         "nvblaslt ragged_dot fwd": (lambda f=forward(nj.ragged_dot): f(lhs, rhs, groups)),
         "XLA ragged_dot fwd+bwd": (lambda f=both(jax.lax.ragged_dot): f(lhs, rhs, groups, cotangent)),

@@ -171,3 +171,54 @@ def test_ragged_dot():
                     argnums=(0, 1))(lhs, rhs)
     for g, r in zip(got, want):
         close(g, f64(r), "bfloat16")
+
+
+def _needs_grouped():
+    if nvblaslt.library().version < 130400:
+        pytest.skip("grouped GEMM needs cuBLASLt 13.4 or newer (NVBLASLT_LIBRARY)")
+
+
+def test_ragged_dot_rows_past_the_total_are_zeros_over_a_dirty_buffer():
+    """The tail kernel, not XLA, zeroes the rows past the groups' total: a buffer XLA reuses holds old values."""
+    _needs_grouped()
+    lhs, rhs = rand(256, 64, dtype="bfloat16"), rand(3, 64, 40, dtype="bfloat16")
+    sizes = jnp.array([50, 0, 77], jnp.int32)  # 129 rows past the total
+    step = jax.jit(lambda l, r, s: nj.ragged_dot(l * 1.0, r, s))
+    for _ in range(3):  # XLA's buffers, written by earlier steps with other sizes
+        step(lhs, rhs, jnp.array([100, 100, 56], jnp.int32)).block_until_ready()
+    got = f64(step(lhs, rhs, sizes))
+    assert (got[127:] == 0).all()
+    close(got, f64(jax.lax.ragged_dot(lhs.astype(jnp.float32), rhs.astype(jnp.float32), sizes)), "bfloat16")
+
+
+def test_ragged_dot_under_command_buffers_matches_op_by_op_and_counts_its_entries():
+    """Three MoE-like layers, forward and backward, traced inside command_buffers(): the replayed step equals
+    the op-by-op step bit for bit; the Python entries per step are printed (0 once XLA replays them)."""
+    _needs_grouped()
+    x, w = rand(512, 64, dtype="bfloat16"), rand(4, 64, 64, dtype="bfloat16") * 0.1
+    sizes = jnp.array([100, 0, 250, 140], jnp.int32)  # 22 rows past the total
+
+    def loss(x, w):
+        for _ in range(3):  # enough capturable operations for XLA to make a command buffer
+            x = nj.ragged_dot(x, w, sizes)
+        return (x.astype(jnp.float32) ** 2).sum()
+
+    grads = jax.grad(loss, argnums=(0, 1))
+    plain = jax.jit(grads)
+    want = plain(x, w)
+    before = nj.python_entries()
+    jax.block_until_ready(plain(x, w))
+    op_by_op = nj.python_entries() - before
+    with nj.command_buffers():
+        captured = jax.jit(lambda x, w: grads(x, w))
+        got = captured(x, w)
+    for _ in range(3):  # run op by op, recorded, replayed
+        got = jax.block_until_ready(captured(x, w))
+    before = nj.python_entries()
+    for _ in range(3):
+        got = jax.block_until_ready(captured(x, w))
+    per_step = (nj.python_entries() - before) / 3
+    print(f"ragged_dot python entries per step: {per_step:g} inside command_buffers(), {op_by_op} op by op")
+    assert op_by_op == 9 and per_step in (0, op_by_op)
+    for g, r in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g.astype(jnp.float32)), np.asarray(r.astype(jnp.float32)))
