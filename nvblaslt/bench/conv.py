@@ -161,7 +161,7 @@ def _measure_shape(torch, shape: Shape, options, device, dtype, compile_rows: bo
     # what fuse() keeps when it measures both on this input, synchronized per step
     chosen = fuse(nn.Sequential(conv, nn.ReLU()), convolutions=True, sample=x.detach())
     cases.append(("fuse_sample", training_step(chosen, x, grad)))
-    fuse_converted = isinstance(chosen[0], FusedConv2d)
+    fuse_converted = any(isinstance(m, FusedConv2d) for m in chosen.modules())
     if device.type == "cuda" and options.graphs:  # the whole step replayed: no host time in either
         for name, model in (("eager_graph", reference), ("fused_graph", fused)):
             graph, _ = captured(torch, training_step(model, x, grad))
