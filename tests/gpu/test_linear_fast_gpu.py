@@ -90,10 +90,12 @@ def test_gpu_a_captured_call_replays_and_keeps_its_step():
     with torch.no_grad(), torch.cuda.stream(side):
         linear(static_x, weight, bias, "relu")  # warm-up on a side stream, as make_graphed_callables does
     torch.cuda.current_stream().wait_stream(side)
+    kept = len(_bound._local.captured)
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
         static_out = linear(static_x, weight, bias, "relu")
-    assert _bound._local.captured  # kept for the thread's life: a replay reads its workspace
+    assert len(_bound._local.captured) == kept + 1  # kept for the thread's life: a replay reads its workspace
+    _bound.clear()  # and a replay still runs after the cache lets go
     for seed in range(2):
         torch.manual_seed(seed + 10)
         static_x.copy_(torch.randn_like(static_x))
