@@ -91,9 +91,16 @@ def steps_for(shape, dtype) -> list:
 
 
 def bound_forward(shape, dtype, bias: bool) -> bool:
-    """Whether this thread has a step for inputs of ``shape`` and ``dtype`` whose forward GEMM is bound."""
-    return any(key[:2] == (shape, dtype) and key[4] == (not bias) and step.gemms[0] is not None
-               for (key, _), step in _bound._local.entries.items())
+    """Whether this thread has a step for inputs of ``shape`` and ``dtype`` whose forward GEMM is bound: a
+    convolution's step (keyed by x's shape and dtype first), or linear()'s (keyed by its call, "linear" first)."""
+    for (key, _), step in _bound._local.entries.items():
+        if isinstance(key[0], str) and key[0] == "linear":  # ("linear", activation, grad, shape, dtype, …, bias)
+            found = key[3:5] == (shape, dtype) and (key[-1] is not None) == bias
+        else:
+            found = key[:2] == (shape, dtype) and key[4] == (not bias)
+        if found and step.gemms[0] is not None:
+            return True
+    return False
 
 
 class _Mask(nn.Module):

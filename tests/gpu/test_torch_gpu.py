@@ -57,7 +57,16 @@ def _record_relu_decisions(monkeypatch) -> list:
             decisions.append(unpack_relu_mask(passed[1], out.shape[1]).T if passed is not None else out > 0)
         return out, passed
 
+    eager_linear = _functional.eager_linear  # linear()'s fast path under autograd: a standalone layer's forward
+
+    def recording_eager(x2, weight, bias, activation):
+        out = eager_linear(x2, weight, bias, activation)
+        if activation == "relu":
+            decisions.append(out > 0)
+        return out
+
     monkeypatch.setattr(_functional, "layer", recording)
+    monkeypatch.setattr(_functional, "eager_linear", recording_eager)
     return decisions
 
 
