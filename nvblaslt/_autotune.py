@@ -74,7 +74,7 @@ class Contestant:
 
 def _algorithm(plan: TunablePlan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
     return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan._trial_run(stream),
-                      lambda: plan.launch.select(result), result)
+                      lambda: plan._launch.select(result), result)
 
 
 def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int) -> list[HeuristicResult]:
@@ -85,8 +85,8 @@ def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int)
     for candidate in candidates:
         # a grouped plan holds the workspace of its selected algorithm only; cuBLASLt answers a launch with
         # less than the algorithm needs with INVALID_VALUE (seen on cuBLASLt 13.8.2, H200)
-        plan.launch.ensure_workspace(candidate.workspace_size, stream)
-        plan.launch.select(candidate)
+        plan._launch.ensure_workspace(candidate.workspace_size, stream)
+        plan._launch.select(candidate)
         try:
             plan._trial_run(stream)
         except CublasLtError as error:
@@ -97,7 +97,7 @@ def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int)
             continue
         kept.append(candidate)
     if refused:
-        plan.launch.leave_out(refused)
+        plan._launch.leave_out(refused)
     return kept
 
 
@@ -283,11 +283,11 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
                 break
         if not group:
             break
-        plan.launch.ensure_workspace(max(c.workspace_size for c in group), stream)
+        plan._launch.ensure_workspace(max(c.workspace_size for c in group), stream)
         reference = timer(incumbent.run, incumbent.prepare)
         for candidate in group:
             try:
-                ms = timer(run, functools.partial(plan.launch.select, candidate))
+                ms = timer(run, functools.partial(plan._launch.select, candidate))
             except CublasLtError as error:  # accepted by the check, refused at launch
                 logger.debug("search: %s failed to run (%s)", _tuning_cache.describe_algorithm(candidate), error)
                 failed += 1
@@ -312,7 +312,7 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
             again.append((candidate, first))
             continue
         reference = timer(incumbent.run, incumbent.prepare)
-        ms = timer(functools.partial(plan._trial_run, stream), functools.partial(plan.launch.select, candidate))
+        ms = timer(functools.partial(plan._trial_run, stream), functools.partial(plan._launch.select, candidate))
         again.append((candidate, ms / reference))
     return sorted(again + screened[len(close):], key=lambda pair: pair[1])
 
@@ -329,7 +329,7 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     logger.info("search: incumbent %s at %.4f ms (autotune's pick of %d); screening until %.1f s", incumbent.name,
                 incumbent_ms, len(heuristic), screen_deadline - started)
     enumeration_started = time.perf_counter()
-    pool = _search.candidates(plan.launch, workspace_limit=plan.launch.workspace_limit, incumbent=incumbent_result)
+    pool = _search.candidates(plan._launch, workspace_limit=plan._launch.workspace_limit, incumbent=incumbent_result)
     screened, failed, exhausted = _screen(plan, timer, incumbent, pool, stream, screen_deadline)
     logger.info("search: screened %d candidates (%d failed to run) in %.1f s%s", len(screened), failed,
                 time.perf_counter() - enumeration_started,
@@ -387,7 +387,7 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
 
 def _form_reserve(plan, iterations: int, call_ms: float, remaining: float) -> float:
     """Seconds to keep for the bias-gradient form: autotuning the masking plan and a short duel."""
-    if plan.epilog not in MASKING:
+    if plan._epilog not in MASKING:
         return 0.0
     calls = len(plan.algorithms) * (iterations + 1) + 2 * (MIN_ROUNDS + 1)
     return min(0.4 * remaining, 1.25 * calls * call_ms / 1000)
@@ -411,7 +411,7 @@ def autotune(plan: TunedPlan, *, iterations: int, search: bool, remember: bool, 
     """``tune``, then the plan applies what was chosen (``plan._apply_tuning``): ``Matmul.autotune``'s
     work. A batch-invariant plan runs the algorithm pinned for every M: it is timed, never searched.
     Returns ``[(algorithm, ms)]``, the selected one first, the rest fastest first."""
-    if search and getattr(getattr(plan, "options", None), "batch_invariant", False):
+    if search and getattr(plan._options, "batch_invariant", False):
         logger.info("search: skipped: a batch_invariant plan runs the algorithm pinned for every M")
         search = False
     return plan._apply_tuning(tune(plan, iterations=iterations, search=search, remember=remember, stream=stream,
@@ -425,11 +425,11 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
     a challenger faster beyond the measured noise; for DRELU_BGRAD/DGELU_BGRAD choose the fused or
     split form the same way; with ``remember``, store the choice on disk for later plans.
 
-    The trial launches select algorithms on ``plan.launch`` (and leave out those cuBLASLt refuses at
+    The trial launches select algorithms on ``plan._launch`` (and leave out those cuBLASLt refuses at
     launch); nothing else of the plan changes. Returns a ``TuningResult`` for the plan to apply."""
     started = time.perf_counter()
     stream_h = stream_handle(stream) if stream is not None else plan.stream
-    recalled_split = plan.split_form  # a split form recalled from the tuning cache: the incumbent form
+    recalled_split = plan._split_form  # a split form recalled from the tuning cache: the incumbent form
     with Timer(plan.device, stream_h) as timer:
         candidates = list(plan.algorithms)
         previous = plan.tuning_report
@@ -455,9 +455,9 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
         form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter())
         chosen, chosen_ms, facts = _choose_algorithm(plan, timer, heuristic, stream_h, started,
                                                      deadline - form_reserve)
-        plan.launch.select(chosen)  # the fused form duels with the chosen algorithm
+        plan._launch.select(chosen)  # the fused form duels with the chosen algorithm
         form = split = None
-        if plan.epilog in MASKING:
+        if plan._epilog in MASKING:
             form, split = _choose_bias_gradient_form(plan, timer, iterations, stream_h, recalled_split, deadline,
                                                      chosen_ms)
     report = _report(chosen, chosen_ms, heuristic, facts, form, time.perf_counter() - started)
@@ -466,10 +466,10 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
         facts_to_store = {"confidence": round(report.confidence, 4), "switched": report.switched}
         if form is not None:
             facts_to_store["bias_gradient_form"] = form[0]
-        _tuning_cache.remember(plan.launch, chosen, chosen_ms, **facts_to_store)
+        _tuning_cache.remember(plan._launch, chosen, chosen_ms, **facts_to_store)
         if split is not None and form is not None:  # so that a later plan rebuilds it without timing
             masked = split.masked
-            _tuning_cache.remember(masked.launch, masked.algorithm, form[1])
+            _tuning_cache.remember(masked._launch, masked.algorithm, form[1])
     return TuningResult(_timings(chosen, chosen_ms, heuristic, facts), report, form, split)
 
 

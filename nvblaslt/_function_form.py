@@ -295,12 +295,12 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
                 except Exception:  # noqa: BLE001 - an unhashable or odd argument: the checked path says what is wrong
                     plan = fast_key = None
                 if plan is not None:
-                    if alpha is not None or beta is not None or pointers != plan.fast_bound:
+                    if alpha is not None or beta is not None or pointers != plan._fast_bound:
                         # the same arrays with the default scalars next time need no rebinding (0.7 µs)
                         plan._rebind(pointers, names, 1.0 if alpha is None else alpha, 0.0 if c is None else beta,
                                      keep=alpha is None and beta is None)
                     framework_stream = stream_on(layout[0][3])  # a's device
-                    if plan.several_devices and _cuda.current_device() != plan.device:
+                    if plan._several_devices and _cuda.current_device() != plan.device:
                         with _cuda.on_device(plan.device):
                             return plan._run(framework_stream, framework_stream, None)
                     return plan._run(framework_stream, framework_stream, None)

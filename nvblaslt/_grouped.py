@@ -172,7 +172,7 @@ class GroupedMatmul:
             desc, layouts, preference = self._descriptors()
             # beta is 0: C is D's layout and D's pointers
             self._d_array = self.arrays.pointer_array(2)
-            self.launch = Launch.given(self.lib, Handle.for_device(self.device), desc, layouts, preference,
+            self._launch = Launch.given(self.lib, Handle.for_device(self.device), desc, layouts, preference,
                                        workspace_limit=workspace_bytes, device=self.device,
                                        pointers=(self.arrays.pointer_array(0), self.arrays.pointer_array(1),
                                                  self._d_array), description=self._describe())
@@ -181,32 +181,32 @@ class GroupedMatmul:
     @property
     def algorithms(self) -> list[HeuristicResult]:
         """The planned algorithms, best first (autotune's timed order once it has run)."""
-        return self.launch.algorithms
+        return self._launch.algorithms
 
     @property
     def algorithm(self) -> HeuristicResult | None:
         """The algorithm ``execute`` runs; None before ``plan()`` and after ``free()``."""
-        return None if self._freed else self.launch.algorithm
+        return None if self._freed else self._launch.algorithm
 
     @property
     def workspace(self):
-        return self.launch.workspace
+        return self._launch.workspace
 
     @property
     def desc(self) -> MatmulDesc:
-        return self.launch.desc
+        return self._launch.desc
 
     @property
     def layouts(self) -> list:
-        return self.launch.layouts
+        return self._launch.layouts
 
     @property
     def preference(self) -> MatmulPreference:
-        return self.launch.preference
+        return self._launch.preference
 
     @property
     def handle(self):
-        return self.launch.handle
+        return self._launch.handle
 
     def _descriptors(self):
         problem, api, arrays = self.problem, self.lib.api, self.arrays
@@ -250,9 +250,9 @@ class GroupedMatmul:
         CublasLtError
             ``CUBLAS_STATUS_NOT_SUPPORTED``: cuBLASLt has no grouped algorithm for the problem on this GPU.
         """
-        found = self.launch.heuristics(limit)
+        found = self._launch.heuristics(limit)
         if found and algorithm is None:
-            tuned, _ = _tuning_cache.recall(self.launch)  # what an earlier autotune() chose for this problem
+            tuned, _ = _tuning_cache.recall(self._launch)  # what an earlier autotune() chose for this problem
             if tuned is not None:
                 found = [tuned, *(r for r in found if r.as_bytes() != tuned.as_bytes())]
         if not found:
@@ -260,7 +260,7 @@ class GroupedMatmul:
             raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, self.lib.status_name(status),
                                 self.lib.status_string(status),
                                 f"cuBLASLt has no grouped algorithm for {self._describe()} on this GPU")
-        self.launch.offer(found)
+        self._launch.offer(found)
         self._freed = False
         self.tuning_report = None  # of the algorithms planned before
         self.select(algorithm if algorithm is not None else found[0])
@@ -295,12 +295,12 @@ class GroupedMatmul:
         self.ensure_workspace(own.workspace_size)
         if own is not self.algorithm:
             self.tuning_report = None  # it describes another algorithm's choice
-        self.launch.select(own)
+        self._launch.select(own)
 
     def ensure_workspace(self, nbytes: int, stream: int | None = None) -> None:
         """A workspace of at least ``nbytes``, made on ``stream`` (default the plan's last one) if larger
         than the one held; a failed allocation leaves the plan whole, on the old one."""
-        self.launch.ensure_workspace(nbytes, self._last_stream if stream is None else stream)
+        self._launch.ensure_workspace(nbytes, self._last_stream if stream is None else stream)
 
     @property
     def workspace_limit(self) -> int:
@@ -309,7 +309,7 @@ class GroupedMatmul:
 
     def check(self, algo: Any) -> HeuristicResult | None:
         """``algo`` (a ``cublasLtMatmulAlgo_t``) as cuBLASLt accepts it for this plan, or None."""
-        checked = self.launch.check(algo)
+        checked = self._launch.check(algo)
         if checked is None:
             return None
         key = checked.as_bytes()
@@ -374,7 +374,7 @@ class GroupedMatmul:
         """Run what ``autotune`` chose (a ``TuningResult``): its algorithm, then the planned ones cuBLASLt
         ran in timed order (a searched winner joins them, the other candidates screened do not), and its
         report. Returns the timings, the selected algorithm first."""
-        launch = self.launch
+        launch = self._launch
         launch.select(result.chosen)
         launch.keep(result.ordered(launch.algorithms), None)
         self.tuning_report = result.report
@@ -517,14 +517,14 @@ class GroupedMatmul:
                 raise NvblasltStateError("check_offsets: waits for the GPU, which a CUDA graph being captured "
                                          "on the stream forbids; check outside the capture")
             self.captured = True
-            self.launch.hold_replaced_workspaces()
+            self._launch.hold_replaced_workspaces()
         if stream != self._last_stream:
             if not capturing:  # a capture may not wait on work outside it; replays run in stream order
                 _memory.wait_for(self._last_stream, stream)  # arrays and workspace: one stream at a time
             self._last_stream = stream
         self.arrays.derive(offs_pointer, offs_64, problem.total, bases, (problem.a.ld, problem.b.ld, problem.d.ld),
                            stream, check=check)
-        launch = self.launch
+        launch = self._launch
         if trial:
             launch.try_run(self._d_array, stream)
         else:
@@ -537,7 +537,7 @@ class GroupedMatmul:
     def free(self) -> None:
         """Release the workspace and arrays, stream-ordered after the work queued so far. A CUDA graph
         that captured this plan must not be replayed after it (``grouped_matmul`` keeps such plans)."""
-        self.launch.release_workspace()
+        self._launch.release_workspace()
         self.arrays.release()
         self._freed = True
 

@@ -23,11 +23,11 @@ class GroupedTrial:
     """A grouped plan as ``_autotune`` drives it (a ``TunablePlan``): runs on the plan's last operands into
     scratch memory. Grouped plans have no epilog, so no bias-gradient form to choose."""
 
-    epilog = MatmulEpilog.DEFAULT
-    split_form = None
+    _epilog = MatmulEpilog.DEFAULT
+    _split_form = None
 
     def __init__(self, plan, bound, stream: int):
-        self.launch: Launch = plan.launch
+        self._launch: Launch = plan._launch
         self.device, self.stream = plan.device, stream
         # autotune()'s report, which the plan drops once it runs another algorithm: a search starts from its pick
         self.tuning_report: TuningReport | None = plan.tuning_report
@@ -38,11 +38,11 @@ class GroupedTrial:
 
     @property
     def algorithms(self) -> list[HeuristicResult]:
-        return self.launch.algorithms
+        return self._launch.algorithms
 
     @property
     def algorithm(self) -> HeuristicResult | None:
-        return self.launch.algorithm
+        return self._launch.algorithm
 
     def _trial_run(self, stream: int) -> None:
         """The selected algorithm once, derive kernel included, into the scratch result; a refusal raises."""
@@ -73,7 +73,7 @@ def autotune(plan, bound, stream: int, *, iterations: int, search: bool, remembe
     if _cuda.is_capturing(stream):
         raise NvblasltStateError("autotune: waits for the GPU, which a CUDA graph being captured forbids")
     trial = GroupedTrial(plan, bound, stream)
-    launch = trial.launch
+    launch = trial._launch
     planned, selected = list(launch.algorithms), launch.algorithm
     try:
         with _cuda.on_device(plan.device):
@@ -89,5 +89,5 @@ def autotune(plan, bound, stream: int, *, iterations: int, search: bool, remembe
     if remember:
         report = result.report
         facts = {"confidence": round(report.confidence, 4), "switched": report.switched} if search else {}
-        _tuning_cache.remember(trial.launch, result.chosen, result.timings[0][1], **facts)
+        _tuning_cache.remember(trial._launch, result.chosen, result.timings[0][1], **facts)
     return result

@@ -103,29 +103,29 @@ class _Problem:
         except BaseException:
             self.free()
             raise
-        reference = self.plans[_invariant_choice.REFERENCE].launch
+        reference = self.plans[_invariant_choice.REFERENCE]._launch
         self.extent = _batch_invariant.varying(reference.problem, which)
-        self.itemsize = self.plans[1].problem.types.d.itemsize
+        self.itemsize = self.plans[1]._problem.types.d.itemsize
 
     @property
     def reference(self):
-        return self.plans[_invariant_choice.REFERENCE].launch
+        return self.plans[_invariant_choice.REFERENCE]._launch
 
     def checked(self, m: int, algo: bytes) -> HeuristicResult | None:
-        launch = self.plans[m].launch
+        launch = self.plans[m]._launch
         return launch.check(launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(algo))
 
     def contestant(self, m: int, name: str, result: HeuristicResult) -> Contestant:
         plan = self.plans[m]
-        return Contestant(name, lambda: plan._trial_run(0), lambda: plan.launch.select(result), result)
+        return Contestant(name, lambda: plan._trial_run(0), lambda: plan._launch.select(result), result)
 
     def outputs(self, m: int, result: HeuristicResult, tokens: int) -> list[bytes]:
         """The first ``tokens`` tokens' outputs of the plan at ``m`` running ``result``."""
         plan = self.plans[m]
-        plan.launch.ensure_workspace(result.workspace_size, 0)
-        plan.launch.select(result)
+        plan._launch.ensure_workspace(result.workspace_size, 0)
+        plan._launch.select(result)
         pointer = plan._trial_run(0)
-        layout = dict(zip(("ROWS", "COLS", "LD", "ORDER"), (plan.launch.layouts[3].get(a) for a in
+        layout = dict(zip(("ROWS", "COLS", "LD", "ORDER"), (plan._launch.layouts[3].get(a) for a in
                                                               ("ROWS", "COLS", "LD", "ORDER"))))
         return first_tokens(pointer, layout, self.extent, tokens, self.itemsize)
 
@@ -220,7 +220,7 @@ def _measure(problem: _Problem, which: str, started: float, deadline: float, ski
     if not kept:
         raise _no_pin(launch, len(offered))
     for m, found in results.items():
-        problem.plans[m].launch.ensure_workspace(max(r.workspace_size for r in found.values()), 0)
+        problem.plans[m]._launch.ensure_workspace(max(r.workspace_size for r in found.values()), 0)
 
     def contestants_at(m: int, names) -> list[Contestant]:
         plan = problem.plans[m]

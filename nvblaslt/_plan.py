@@ -129,6 +129,9 @@ class Matmul(Generic[ResultT]):
         The GPU the plan runs on.
     stream : int
         The plan's stream, as a ``cudaStream_t``.
+    bias_gradient_form : tuple or None
+        Set by ``autotune(search=True)`` on a ``DRELU_BGRAD`` / ``DGELU_BGRAD`` plan: ``(form, its ms,
+        the other form's ms)``, form ``"fused"`` or ``"split"``.
 
     Raises
     ------
@@ -261,15 +264,16 @@ class Matmul(Generic[ResultT]):
     def _setup(self, ops, has_c: bool, framework: Framework, stream, options, *, alpha, beta, qualifiers,
                quantization_scales, plan_arguments: tuple | None = None,
                stacklevel: int | None = None) -> CheckedPlan | None:
-        self.options, self._logger, self._lib, self._framework = options, options.logger or logger, library(), framework
+        self._options, self._logger, self._lib = options, options.logger or logger, library()
+        self._framework = framework
         self._lock = threading.Lock()
         self._released: set[str] | None = None
         self._planned = self._freed = False
-        self.launch: Launch = None  # type: ignore[assignment]  # made by plan()
-        self.split_form: SplitBiasGradient | None = None  # the two-call form, when tuning found it faster
+        self._launch: Launch = None  # type: ignore[assignment]  # made by plan()
+        self._split_form: SplitBiasGradient | None = None  # the two-call form, when tuning found it faster
         self.tuning_report: TuningReport | None = None  # what the last autotune() chose, over what, how sure
         self.bias_gradient_form: tuple | None = None  # after a search of a *_BGRAD plan: (form, ms, other ms)
-        self.fast_bound: list | None = None  # the function form's pointers bound now (default scalars), if any
+        self._fast_bound: list | None = None  # the function form's pointers bound now (default scalars), if any
         self._staged: dict[str, _memory.DeviceBuffer] = {}
         self._host_operands: dict = {}
         self._input_operands: dict = {}  # epilog inputs as read (host ones: their device copies)
@@ -301,16 +305,16 @@ class Matmul(Generic[ResultT]):
                                      ".resolve_conj() first")
         conjugate = conjugate_flags(qualifiers)  # a lazy-conjugate view flips its operand's flag, as in nvmath
         conjugate = (conjugate[0] != a.conjugated, conjugate[1] != b.conjugated)
-        self.operands = Operands(self._lib.api, a, b, c, compute_type=options.compute_type,
+        self._problem_operands = Operands(self._lib.api, a, b, c, compute_type=options.compute_type,
                                  scale_type=options.scale_type, result_type=options.result_type,
                                  inplace=options.inplace, conjugate=conjugate)
         self._operands = {"a": a, "b": b, "c": c}
-        types = self.operands.types
+        types = self._problem_operands.types
         if has_c and beta is None:
             raise NvblasltValueError("beta: A value for beta must be provided if operand C is provided")
         if beta is not None and not has_c:
             raise NvblasltValueError("beta: given without c; pass c (the matrix beta scales) or drop beta")
-        self.alpha, self.beta = Scalar(types.scale, "alpha"), Scalar(types.scale, "beta")
+        self._alpha, self._beta = Scalar(types.scale, "alpha"), Scalar(types.scale, "beta")
         if options.inplace and options.result_type is not None and stacklevel is not None:
             # nvmath-python ignores it too, and logs a warning: said here as for options.fast_accumulation
             warnings.warn(f"options.result_type: ignored in place, where the result is c itself (so "
@@ -321,15 +325,16 @@ class Matmul(Generic[ResultT]):
         self._scales = Scales(types, self.device, self._host, has_c)
         scales = self._scales.check(quantization_scales, stream)
         if plan_arguments is None:
-            canonical(self.operands, MatmulEpilog.DEFAULT)  # an operand no epilog can read (fp8 order) is refused now
+            # an operand no epilog can read (fp8 order) is refused now
+            canonical(self._problem_operands, MatmulEpilog.DEFAULT)
             checked = None
         else:  # the function form's plan to come: its arguments checked now, once (its problem refuses the same)
             checked = self._checked_plan_arguments(*plan_arguments)
         # a GPU scalar is copied back (which waits): after every check that needs nothing of it
-        self.alpha.set(1.0 if alpha is None else alpha)
-        self.beta.set(0.0 if beta is None else beta)
+        self._alpha.set(1.0 if alpha is None else alpha)
+        self._beta.set(0.0 if beta is None else beta)
         # Every check that needs no GPU has run: now the GPU work, host copies and scales included.
-        self.several_devices = _cuda.several_devices()
+        self._several_devices = _cuda.several_devices()
         with _cuda.on_device(self.device):
             if self._host:
                 for name, op in zip("abc", host_ops):
@@ -345,12 +350,12 @@ class Matmul(Generic[ResultT]):
         """The planned algorithms, best first: ``plan()``'s list, in ``autotune()``'s timed order
         once it has run (less what ``prune`` dropped); ``[]`` before ``plan()``. The first is
         selected unless ``execute(algorithm=…)`` chose another."""
-        return self.launch.algorithms if self.launch is not None else []
+        return self._launch.algorithms if self._launch is not None else []
 
     @property
     def algorithm(self) -> HeuristicResult | None:  # the selected one
         """The algorithm ``execute()`` runs (a ``HeuristicResult``); None before ``plan()``."""
-        return self.launch.algorithm if self.launch is not None else None
+        return self._launch.algorithm if self._launch is not None else None
 
     def plan(self, *, epilog: EpilogLike = None, epilog_inputs: dict[str, Any] | None = None,
              preferences: Preferences = None, algorithms: Sequence[Any] | None = None,
@@ -452,7 +457,7 @@ class Matmul(Generic[ResultT]):
         if algorithms is None:  # the heuristics will be asked: a limit they refuse is refused now
             check_heuristics_limit(prefs, lib)
         # 1. the canonical problem; 2. the epilog prepared on it
-        problem = canonical(self.operands, epilog)
+        problem = canonical(self._problem_operands, epilog)
         given, aux_scale = _epilogs.split_aux_scale(epilog_inputs)
         aux_dtype = _epilogs.aux_output_type(SPECS[epilog], problem.types, prefs.epilog, aux_scale,
                                              cuda_type_names(lib.api))
@@ -480,11 +485,11 @@ class Matmul(Generic[ResultT]):
         launch = None
         try:
             launch, found, remembered = Launch.planned(
-                lib, problem, prepared, options=self.options, preferences=prefs, scales=self._scales,
-                operands=self._operands, aux_scale=aux_scale is not None, device=self.device, alpha=self.alpha,
-                beta=self.beta, algorithms=algorithms, stream=self._last_stream)
+                lib, problem, prepared, options=self._options, preferences=prefs, scales=self._scales,
+                operands=self._operands, aux_scale=aux_scale is not None, device=self.device, alpha=self._alpha,
+                beta=self._beta, algorithms=algorithms, stream=self._last_stream)
             results = Results(launch, problem, prepared, framework=self._framework, host=self._host,
-                              device=self.device, result_amax=bool(self.options.result_amax))
+                              device=self.device, result_amax=bool(self._options.result_amax))
         except BaseException:
             if launch is not None:
                 launch.close()
@@ -497,9 +502,9 @@ class Matmul(Generic[ResultT]):
             self._scales.write({"aux": aux_scale}, self.stream)
         self._planned = False  # until the new plan is whole: execute() must not launch with what is released here
         self._release_plan()
-        self.problem, self.epilog, self.launch, self._prepared = problem, epilog, launch, prepared
+        self._problem, self._epilog, self._launch, self._prepared = problem, epilog, launch, prepared
         self._results = results
-        self._input_operands, self.allocate_result = inputs, results.allocate_d
+        self._input_operands, self._allocate_result = inputs, results.allocate_d
         self._staged.update((key, buffer) for key, (_, buffer) in staged.items())
         self._framework_stream = (PROTOCOL if self._host else self._framework).stream_getter(self.device)
         self._out_checker = OutputChecker(self._framework, self._host, problem, self.device, self._operands,
@@ -511,17 +516,17 @@ class Matmul(Generic[ResultT]):
         self._planned = True
         self._logger.debug("plan %s: %d algorithms, first %s", problem.describe(), len(found), found[0])
         if remembered.get("bias_gradient_form") == "split" and epilog in MASKING:
-            self.split_form = self._make_split_form(iterations=0)  # its masking plan recalls its own choice
+            self._split_form = self._make_split_form(iterations=0)  # its masking plan recalls its own choice
         _tuning_record.note(self, epilog, inputs)  # $NVBLASLT_RECORD: the problem, for `nvblaslt tune` later
         return found
 
     def _make_split_form(self, iterations: int) -> SplitBiasGradient:
         """DRELU_BGRAD / DGELU_BGRAD as two plans: the masking epilog, then D's row sums (a GEMV).
         ``iterations`` > 0 autotunes the masking plan; 0 keeps what it planned (or recalled)."""
-        self.fast_bound = None  # the function form's next call must bind the masking plan too
+        self._fast_bound = None  # the function form's next call must bind the masking plan too
         return SplitBiasGradient.build(Matmul._from_operands, self._operands, self._input_operands, self._prepared,
-                                       self.launch, self.options, self.alpha.value, self.beta.value, self._framework,
-                                       self.device, self.stream, iterations)
+                                       self._launch, self._options, self._alpha.value, self._beta.value,
+                                       self._framework, self.device, self.stream, iterations)
 
     def autotune(self, *, iterations: int = 5, prune: int | None = None, search: bool = False,
                  remember: bool = True, stream: Stream | None = None) -> list[tuple[HeuristicResult, float]]:
@@ -603,7 +608,7 @@ class Matmul(Generic[ResultT]):
         self._check_planned()
         from . import _autotune  # here, not at import: planning and executing never need timing or the search
 
-        launch = self.launch
+        launch = self._launch
         selected = launch.algorithm
         with _cuda.on_device(self.device):
             stream_h = stream_handle(stream) if stream is not None else self.stream
@@ -622,25 +627,25 @@ class Matmul(Generic[ResultT]):
         """Run what ``autotune`` chose (``result``, a ``TuningResult``): its algorithm, the planned ones in
         timed order after it, its report, and after a search of a *_BGRAD plan its bias-gradient form.
         Returns the timings, the selected algorithm first."""
-        launch = self.launch
+        launch = self._launch
         launch.select(result.chosen)
         launch.keep(result.ordered(launch.algorithms), None)
         if result.bias_gradient_form is not None:  # a searched *_BGRAD plan: the form chosen replaces the one held
-            held, self.split_form = self.split_form, result.split_form
+            held, self._split_form = self._split_form, result.split_form
             if held is not None and held is not result.split_form:
                 held.free()
             self.bias_gradient_form = result.bias_gradient_form
-            self.fast_bound = None  # the function form's next call binds the form that runs now
+            self._fast_bound = None  # the function form's next call binds the form that runs now
         self.tuning_report = result.report
         return result.timings
 
     def _use_fused_form(self) -> None:
         """Run the fused kernel again where a search chose the two-call bias-gradient form (the JAX
         bridge's XLA call runs one cublasLtMatmul)."""
-        if self.split_form is not None:
-            self.split_form.free()
-            self.split_form = None
-            self.fast_bound = None
+        if self._split_form is not None:
+            self._split_form.free()
+            self._split_form = None
+            self._fast_bound = None
 
     def applicable_algorithm_ids(self, limit: int = 8) -> list[int]:
         """The ids of the algorithms cuBLASLt has for this plan's types (nvmath-python's method).
@@ -677,7 +682,7 @@ class Matmul(Generic[ResultT]):
         """
         self._check_alive()
         with _cuda.on_device(self.device):
-            return algorithm_ids(self._lib, self.operands.types, self.options, self.device, limit)
+            return algorithm_ids(self._lib, self._problem_operands.types, self._options, self.device, limit)
 
     # ---- execution ---------------------------------------------------------------------------------
     def execute(self, *, algorithm: HeuristicResult | None = None, release_workspace: bool = False,
@@ -767,13 +772,13 @@ class Matmul(Generic[ResultT]):
         """
         if not self._planned or self._released:
             self._check_planned()
-        if self.several_devices and _cuda.current_device() != self.device:
+        if self._several_devices and _cuda.current_device() != self.device:
             with _cuda.on_device(self.device):  # cuBLASLt and our allocations act on the current device
                 return self.execute(stream=stream, out=out, algorithm=algorithm, release_workspace=release_workspace)
         stream_h = self.stream if stream is None else stream_handle(stream)
-        launch = self.launch
+        launch = self._launch
         if algorithm is not None:
-            if self.split_form is not None:  # the fused kernel does not run: its choice would be ignored
+            if self._split_form is not None:  # the fused kernel does not run: its choice would be ignored
                 raise NvblasltValueError("execute: algorithm: this plan runs the two-call bias-gradient form that "
                                          "autotune(search=True) chose; plan() again to run one fused algorithm")
             algorithm = launch.planned_algorithm(algorithm)
@@ -781,14 +786,14 @@ class Matmul(Generic[ResultT]):
             launch.select(algorithm)
         # The framework's stream only matters where its pool allocates (or on the per-thread default
         # stream); asking CuPy for it costs 0.3 µs, a tenth of execute(out=)'s own time.
-        if out is None or self._results.outputs or self.split_form is not None or stream_h == 2:
+        if out is None or self._results.outputs or self._split_form is not None or stream_h == 2:
             result = self._run(stream_h, self._framework_stream(), out)
         else:
             result = self._run(stream_h, stream_h, out)  # nothing allocated: no pool to tell about the stream
         if self._blocking:  # host operands (copied back, which waits) or options.blocking=True
             if self._host:
                 c = self._operands["c"]
-                in_place = (self._host_operands["c"], c.ptr, c.strides) if self.problem.inplace else None
+                in_place = (self._host_operands["c"], c.ptr, c.strides) if self._problem.inplace else None
                 result = self._results.to_host(result, self._framework, stream_h, in_place)
             else:
                 _cuda.check(cudart.cudaStreamSynchronize(stream_h), "cudaStreamSynchronize")
@@ -802,22 +807,22 @@ class Matmul(Generic[ResultT]):
         with self._lock:  # one launch at a time: the descriptor's output pointers are set per call
             if stream_h != self._last_stream:
                 self._order_after_last_stream(stream_h)
-            if self.split_form is not None:
-                return self.split_form.run(stream_h, framework_stream, out)
+            if self._split_form is not None:
+                return self._split_form.run(stream_h, framework_stream, out)
             if out is not None:
                 d, d_pointer = out, self._out_checker.pointer(out, stream_h)
-            elif self.allocate_result is None:  # in place: D is C
+            elif self._allocate_result is None:  # in place: D is C
                 d, d_pointer = self._operands["c"].obj, self._operands["c"].ptr
             else:
-                d, d_pointer = self.allocate_result(stream_h, framework_stream)
+                d, d_pointer = self._allocate_result(stream_h, framework_stream)
             aux = self._results.allocate_outputs(stream_h, framework_stream) if self._results.outputs else None
-            self.launch.run(d_pointer, stream_h)
+            self._launch.run(d_pointer, stream_h)
             if stream_h == 2 and framework_stream != 2 and not self._hand_back:
                 # results from the framework's pool, used on the per-thread default stream, which the
                 # framework cannot be told about: order its stream after ours instead
                 _memory.wait_for(stream_h, framework_stream)
         if self._hand_back:  # nvblaslt's own DeviceArrays, handed to JAX / Numba zero-copy
-            if out is None and self.allocate_result is not None:
+            if out is None and self._allocate_result is not None:
                 d = self._framework.hand_back(d)
             if aux is not None:
                 aux = {k: self._framework.hand_back(v) for k, v in aux.items()}
@@ -831,7 +836,7 @@ class Matmul(Generic[ResultT]):
             if stream_h != self._last_stream:
                 self._order_after_last_stream(stream_h)
             d_pointer = self._results.scratch(self._operands["c"], stream_h)
-            self.launch.try_run(d_pointer, stream_h)
+            self._launch.try_run(d_pointer, stream_h)
         return d_pointer
 
     def _order_after_last_stream(self, stream_h: int) -> None:
@@ -842,7 +847,7 @@ class Matmul(Generic[ResultT]):
         _memory.wait_for(self._last_stream, stream_h)
         self._last_stream = stream_h
         self._results.used_on(stream_h)
-        for owned in (self.launch.workspace, self._scales.buffer, *self._staged.values()):
+        for owned in (self._launch.workspace, self._scales.buffer, *self._staged.values()):
             if owned is not None:
                 owned.used_on(stream_h)
 
@@ -997,8 +1002,8 @@ class Matmul(Generic[ResultT]):
         if dropped:  # their pointers are still bound: the arrays they point to may be gone
             raise NvblasltValueError(f"epilog_inputs: release_operands() dropped the epilog inputs {dropped} too; give "
                                      f"them again with the operands")
-        inputs = _reading.read_reset_inputs(given, self._planned, self.epilog, self._prepared.inputs,
-                                            self._input_operands, self.problem, self._host, stream_h) \
+        inputs = _reading.read_reset_inputs(given, self._planned, self._epilog, self._prepared.inputs,
+                                            self._input_operands, self._problem, self._host, stream_h) \
             if given else {}
         scales = self._scales.check(quantization_scales, self.stream, on_reset=True) \
             if quantization_scales is not None else {}
@@ -1008,9 +1013,9 @@ class Matmul(Generic[ResultT]):
             raise NvblasltValueError("beta: the plan has no c for beta to scale")
         for value, argument in ((alpha, "alpha"), (beta, "beta")):
             if value is not None:
-                Scalar(self.operands.types.scale, argument).set(value)  # refuses what the plan's own would
-        if self.split_form is not None:  # its masking plan checks the same things, then takes them
-            self.split_form.masked.reset_operands(**new, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
+                Scalar(self._problem_operands.types.scale, argument).set(value)  # refuses what the plan's own would
+        if self._split_form is not None:  # its masking plan checks the same things, then takes them
+            self._split_form.masked.reset_operands(**new, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
                                                   stream=stream_h)
         # Commit. Copies into device memory a queued kernel may still read wait for the last stream's work.
         if self._last_stream != stream_h and not _cuda.is_capturing(stream_h):
@@ -1037,15 +1042,15 @@ class Matmul(Generic[ResultT]):
                 _memory.wait_for(self._last_stream, self.stream)
             self._scales.write(scales, self.stream)
             if self._planned:
-                for attribute, pointer in self._scales.descriptor_pointers(self.problem).items():
-                    self.launch.desc.set(attribute, pointer)
+                for attribute, pointer in self._scales.descriptor_pointers(self._problem).items():
+                    self._launch.desc.set(attribute, pointer)
                 if "aux" in scales:
-                    self.launch.desc.set("EPILOGUE_AUX_SCALE_POINTER", self._scales.pointer("aux"))
+                    self._launch.desc.set("EPILOGUE_AUX_SCALE_POINTER", self._scales.pointer("aux"))
         if alpha is not None:
-            self.alpha.set(alpha)
+            self._alpha.set(alpha)
         if beta is not None:
-            self.beta.set(beta)
-        self.fast_bound = None
+            self._beta.set(beta)
+        self._fast_bound = None
         if self._planned:
             self._out_checker.forget()  # a new operand may overlap an out= checked before
             self._bind()
@@ -1088,16 +1093,16 @@ class Matmul(Generic[ResultT]):
         """The function form's checked path on a cache hit: the key already matched every check."""
         self._operands["a"], self._operands["b"], self._operands["c"] = a, b, c
         self._out_checker.forget()  # a new a, b or c may overlap an out= checked before
-        if self.split_form is not None:
-            self.split_form.masked._set_operands(a, b, c, inputs, alpha, beta)
+        if self._split_form is not None:
+            self._split_form.masked._set_operands(a, b, c, inputs, alpha, beta)
         self._rebind([a.ptr, b.ptr, c.ptr if c is not None else None, *(op.ptr for op in inputs.values())],
                     tuple(inputs), alpha, beta)
 
     def _rebind(self, pointers: list, input_names: tuple, alpha, beta, *, keep: bool = False) -> None:
         """The function form's fast path: new pointers for a, b, c, then the named epilog inputs. ``keep``:
         remember ``pointers`` as bound (``fast_bound``: the same arrays next time need no rebinding)."""
-        self.fast_bound = None  # until this binding is complete
-        launch = self.launch
+        self._fast_bound = None  # until this binding is complete
+        launch = self._launch
         if self._swapped:  # the transposed problem: cuBLASLt's A is the caller's B
             launch.a_pointer.value, launch.b_pointer.value = pointers[1], pointers[0]
         else:
@@ -1112,34 +1117,35 @@ class Matmul(Generic[ResultT]):
                     self._input_setters[key](pointer)
                     inputs[key] = dataclasses.replace(given, ptr=pointer)
         # plain numbers equal to the last ones skip the write; anything else is checked by set()
-        if type(alpha) not in _NUMBERS or type(beta) not in _NUMBERS or alpha != self.alpha.value \
-                or beta != self.beta.value:
-            self.alpha.set(alpha)
-            self.beta.set(beta)
-        if self.split_form is not None:  # the two-call form runs instead: its masking plan takes the operands
-            self.split_form.masked._rebind(pointers, input_names, alpha, beta)
-        self.fast_bound = pointers if keep else None
+        if type(alpha) not in _NUMBERS or type(beta) not in _NUMBERS or alpha != self._alpha.value \
+                or beta != self._beta.value:
+            self._alpha.set(alpha)
+            self._beta.set(beta)
+        if self._split_form is not None:  # the two-call form runs instead: its masking plan takes the operands
+            self._split_form.masked._rebind(pointers, input_names, alpha, beta)
+        self._fast_bound = pointers if keep else None
 
     def _bind(self) -> None:
         """Point the launch at the current operands (cuBLASLt's A is the caller's B when transposed)."""
-        problem, operands = self.problem, self._operands
+        problem, operands = self._problem, self._operands
         self._swapped = problem.a.source == "b"
         c = operands["c"]
-        self.launch.bind(operands[problem.a.source].ptr, operands[problem.b.source].ptr,
+        self._launch.bind(operands[problem.a.source].ptr, operands[problem.b.source].ptr,
                          c.ptr if c is not None else None)
-        self.fast_bound = None
+        self._fast_bound = None
 
     def _forget_arrays(self) -> None:
         """Drop every reference to the caller's arrays (pointers and layouts stay): the operands as
         read, their host originals, the epilog inputs, and the first operands the problem was read from."""
+        first = self._problem_operands
         held = [*self._operands.values(), *self._host_operands.values(), *self._input_operands.values(),
-                self.operands.a.op, self.operands.b.op, self.operands.c.op if self.operands.c is not None else None]
+                first.a.op, first.b.op, first.c.op if first.c is not None else None]
         for op in held:
             if op is not None:
                 op.obj = None
         self._scales.forget_arrays()
-        if self.split_form is not None:
-            self.split_form.masked._forget_arrays()
+        if self._split_form is not None:
+            self._split_form.masked._forget_arrays()
 
     # ---- lifetime ----------------------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -1155,11 +1161,11 @@ class Matmul(Generic[ResultT]):
             raise NvblasltStateError("execute/autotune: call plan() first")
 
     def _release_plan(self) -> None:
-        if self.split_form is not None:  # the two-call form of this plan
-            self.split_form.free()
-            self.split_form = None
-        if self.launch is not None:
-            self.launch.close()
+        if self._split_form is not None:  # the two-call form of this plan
+            self._split_form.free()
+            self._split_form = None
+        if self._launch is not None:
+            self._launch.close()
             self._results.release()
 
     def free(self) -> None:
@@ -1200,8 +1206,8 @@ class Matmul(Generic[ResultT]):
         self.free()
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else (self.epilog.name if self._planned else "not planned")
-        return f"<Matmul {self.operands.describe()} {state}>"
+        state = "freed" if self._freed else (self._epilog.name if self._planned else "not planned")
+        return f"<Matmul {self._problem_operands.describe()} {state}>"
 
 
 if TYPE_CHECKING:

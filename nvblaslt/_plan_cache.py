@@ -20,10 +20,10 @@ from . import _cuda, _tuning_cache
 
 
 class CachedPlan(Protocol):
-    """What the cache needs of a plan: its launch (the tuning cache's key is read off it) and ``free``."""
+    """What the cache needs of a plan: its launch (``_launch``: the tuning cache's key is read off it) and ``free``."""
 
     @property
-    def launch(self) -> Any: ...
+    def _launch(self) -> Any: ...
 
     def free(self) -> None: ...
 
@@ -118,7 +118,7 @@ class PlanCache(Generic[PlanT]):
             pass
         stored = set(_tuning_cache.stored_keys[self.generation:])
         self.generation = _tuning_cache.generation
-        tuned = [key for key, plan in self._plans.items() if _tuning_cache.key_of(plan.launch) in stored]
+        tuned = [key for key, plan in self._plans.items() if _tuning_cache.key_of(plan._launch) in stored]
         for key in tuned:
             self._retired.append(self._remove(key))
 

@@ -6,8 +6,8 @@ the same surface instead of duck typing.
 ``TunablePlan`` is what ``_autotune.tune`` drives: a ``Matmul``, or a grouped plan through
 ``_grouped_tuning.GroupedTrial``; ``TunedPlan`` also applies what tuning chose (``Matmul``), as
 ``_autotune.autotune`` has it do. ``PlanInternals`` is the rest of what the package calls on a
-``Matmul`` below its public API. The plans' own methods among these are underscored: declared here,
-they are the package's internal interface, which the layering guard (``tests/cpu/test_layering.py``)
+``Matmul`` below its public API. The plans' own methods and state among these are underscored: declared
+here, they are the package's internal interface, which the layering guard (``tests/cpu/test_layering.py``)
 allows any module of the package to call and no user reads on ``dir(Matmul)``.
 """
 
@@ -53,7 +53,7 @@ class TunablePlan(Protocol):
     the plan applies it."""
 
     @property
-    def launch(self) -> PlannedLaunch: ...
+    def _launch(self) -> PlannedLaunch: ...
 
     @property
     def device(self) -> int: ...
@@ -62,7 +62,7 @@ class TunablePlan(Protocol):
     def stream(self) -> int: ...
 
     @property
-    def epilog(self) -> Any: ...
+    def _epilog(self) -> Any: ...
 
     @property
     def algorithms(self) -> list[HeuristicResult]: ...
@@ -74,7 +74,7 @@ class TunablePlan(Protocol):
     def tuning_report(self) -> TuningReport | None: ...
 
     @property
-    def split_form(self) -> Any: ...
+    def _split_form(self) -> Any: ...
 
     def _trial_run(self, stream: int) -> object: ...
 
@@ -84,7 +84,11 @@ class TunablePlan(Protocol):
 @runtime_checkable
 class TunedPlan(TunablePlan, Protocol):
     """A plan that applies what tuning chose: selects it, orders its algorithms, takes the report and
-    the bias-gradient form; returns the timings."""
+    the bias-gradient form; returns the timings. Its options say whether it may be searched (a
+    batch-invariant plan runs its pinned algorithm)."""
+
+    @property
+    def _options(self) -> Any: ...
 
     def _apply_tuning(self, result: TuningResult) -> list[tuple[HeuristicResult, float]]: ...
 
@@ -95,7 +99,25 @@ class PlanInternals(Protocol):
     (``_run``, ``_rebind``, ``_set_operands``, ``_forget_arrays``), the split form and the framework
     layers. Underscored, so that the user's object shows nvmath-python's API alone; declared here, so
     that mypy reads the callers against it and the layering guard lets the package, and only through
-    these names, reach them."""
+    these names, reach them. Its state is read the same way: the launch (``_launch``, from the tuner and the
+    bench), the function form's binding (``_fast_bound``, ``_several_devices``), the problem and operands
+    the tuning tools record (``_problem``, ``_problem_operands``), and the result
+    allocator the split form replaces and the bench times (``_allocate_result``)."""
+
+    @property
+    def _fast_bound(self) -> list | None: ...
+
+    @property
+    def _several_devices(self) -> bool: ...
+
+    @property
+    def _problem(self) -> Any: ...
+
+    @property
+    def _problem_operands(self) -> Any: ...
+
+    @property
+    def _allocate_result(self) -> Any: ...
 
     def _run(self, stream_h: int, framework_stream: int, out: Any) -> Any: ...
 

@@ -58,17 +58,17 @@ class SplitBiasGradient:
         row_sums.plan()
         # the row sums land where the fused plan's bias gradient would: same shape and strides
         output = next(o for o in prepared.outputs if o.key == prepared.spec.bias_output)
-        row_sums.allocate_result = _memory.strided_allocator(framework, output.shape, output.strides, dtype, device)
+        row_sums._allocate_result = _memory.strided_allocator(framework, output.shape, output.strides, dtype, device)
         return cls(masked, row_sums, output.key, ones)
 
     def run(self, stream_h: int, framework_stream: int, out):
         d = self.masked._run(stream_h, framework_stream, out)
-        self.row_sums.launch.a_pointer.value = self.masked.launch.d_argument.value  # D of the masking call
+        self.row_sums._launch.a_pointer.value = self.masked._launch.d_argument.value  # D of the masking call
         return d, {self.key: self.row_sums._run(stream_h, framework_stream, None)}
 
     def trial_run(self, stream_h: int) -> int:
         """Both calls into the plans' scratch memory (see ``Matmul._trial_run``)."""
-        self.row_sums.launch.a_pointer.value = self.masked._trial_run(stream_h)
+        self.row_sums._launch.a_pointer.value = self.masked._trial_run(stream_h)
         return self.row_sums._trial_run(stream_h)
 
     def free(self) -> None:

@@ -88,8 +88,8 @@ def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip)
                                         options=spec.get("options"), quantization_scales=scales or None,
                                         stream=stream) as plan:
             plan.plan(epilog=spec.get("epilog", "DEFAULT"), epilog_inputs=inputs or None)
-            launch = plan.launch
-            invariant = plan.options.batch_invariant
+            launch = plan._launch
+            invariant = plan._options.batch_invariant
             if invariant:  # today's pin: a problem the measured tuner cannot vary
                 from ._batch_invariant import pinned_entry
 
@@ -127,13 +127,13 @@ def _tune_grouped(spec: dict, budget_s: float, device: int, patterns: dict, skip
         try:
             with _heuristics_only():
                 plan.plan()
-            key = _tuning_cache.key_of(plan.launch)
+            key = _tuning_cache.key_of(plan._launch)
             if key is None or skip(key):
                 return None
             first = plan.algorithm
-            summary = _tuning_cache.problem_summary(_tuning_cache.problem_description(plan.launch), plan.lib.api)
+            summary = _tuning_cache.problem_summary(_tuning_cache.problem_description(plan._launch), plan.lib.api)
             timings = plan.autotune(iterations=ITERATIONS, search=True, budget_s=budget_s, remember=False)
-            return key, _entry(plan.tuning_report, plan.launch, timings, first, _first_pick_ms(timings, first),
+            return key, _entry(plan.tuning_report, plan._launch, timings, first, _first_pick_ms(timings, first),
                                summary)
         finally:
             plan.free()

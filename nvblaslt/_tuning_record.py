@@ -33,13 +33,13 @@ def array_spec(operand) -> dict:
 
 def spec_of(plan, epilog, inputs: dict) -> dict:
     """The recorded form of ``plan``'s problem (a planned ``Matmul``; ``inputs``: its epilog inputs as read)."""
-    operands, types = plan.operands, plan.problem.types
+    operands, types = plan._problem_operands, plan._problem.types
     c = operands.c.op if operands.c is not None else None
     options = {"compute_type": types.compute, "scale_type": types.scale}
     if c is None:
         options["result_type"] = types.d.name
-    if plan.options.batch_invariant:
-        options["batch_invariant"] = plan.options.batch_invariant
+    if plan._options.batch_invariant:
+        options["batch_invariant"] = plan._options.batch_invariant
     return {"kind": "matmul", "a": array_spec(operands.a.op), "b": array_spec(operands.b.op),
             "c": array_spec(c) if c is not None else None, "epilog": epilog.name,
             "inputs": {key: array_spec(operand) for key, operand in sorted(inputs.items())}, "options": options}

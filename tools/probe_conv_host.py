@@ -117,7 +117,7 @@ def breakdown(shape, rounds: int) -> None:
         out = result[0] if isinstance(result, tuple) else result
         plans.append((plan, out))
         pieces[f"Matmul.execute(out=) {name}"] = lambda plan=plan, out=out: plan.execute(out=out)
-        pieces[f"bare cublasLtMatmul {name}"] = lambda plan=plan, out=out: plan.launch.run(out.data_ptr(), stream)
+        pieces[f"bare cublasLtMatmul {name}"] = lambda plan=plan, out=out: plan._launch.run(out.data_ptr(), stream)
     for fn in pieces.values():
         for _ in range(10):
             fn()

@@ -74,7 +74,7 @@ def breakdown(args, torch, w, x, b, mm, epilog) -> dict:
     """Where matmul()'s host time goes on the smallest layer: the whole calls beside the pieces no
     function form can skip (cuBLASLt's own launch, the result's allocation, reading the arrays'
     layouts, the caller's ``x.T``), timed in the same interleaved rounds. The launch is the plan's
-    own (``mm.launch``), its arguments fixed at this call's result and stream."""
+    own (``mm._launch``), its arguments fixed at this call's result and stream."""
     import nvblaslt
     from nvblaslt._frameworks import framework_of
 
@@ -82,11 +82,11 @@ def breakdown(args, torch, w, x, b, mm, epilog) -> dict:
     assert read is not None  # torch tensors: a reader of their own
     stream = torch.cuda.current_stream().cuda_stream
     out = mm.execute()
-    launch = mm.launch
+    launch = mm._launch
     launch.d_argument.value, launch.stream_argument.value = out.data_ptr(), stream
     matmul, passed = launch.matmul, as_passed(launch.arguments)
     refused = (ctypes.c_void_p.from_param(None),) + passed[1:]  # no handle: cuBLASLt returns at its entry check
-    allocate = mm.allocate_result
+    allocate = mm._allocate_result
     assert allocate is not None  # not in place: the plan allocates D
     xt = x.T
     pieces = {

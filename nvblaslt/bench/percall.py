@@ -121,7 +121,7 @@ def section(args, torch, results: dict) -> None:
         "torch _addmm_activation": lambda: torch._addmm_activation(tb, tx, tw.t()),
     }
     # pieces of execute() and matmul() that no Python form can skip, for where the time goes
-    read_layouts, allocate = framework_of(weights).layout_reader(type(weights)), mm.allocate_result
+    read_layouts, allocate = framework_of(weights).layout_reader(type(weights)), mm._allocate_result
     if read_layouts is not None and allocate is not None:
         cases["  piece: result allocation"] = functools.partial(allocate, stream, stream)
         cases["  piece: layout read of W, x, bias"] = functools.partial(read_layouts, (weights, x, None, bias))

@@ -68,7 +68,7 @@ def _rows(args, torch, results: dict, cache_dir: Path) -> None:
                      # the whole 64-byte algorithm and the workspace it is given: identical means the very
                      # same launch, so any difference the re-timing shows is measurement noise
                      "same_launch": autotuned.algorithm.as_bytes() == searched.algorithm.as_bytes()
-                     and autotuned.launch.workspace_size == searched.launch.workspace_size,
+                     and autotuned._launch.workspace_size == searched._launch.workspace_size,
                      "form": list(getattr(searched, "bias_gradient_form", None) or []) or None,
                      "config_searched": searched.algorithm.algorithm.config()})
     rivals = nvmath_autotuned(a, b, bias, [row["epilog"] for row in rows])  # the anchor's best, same rounds

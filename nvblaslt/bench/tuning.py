@@ -147,7 +147,7 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush) -> dict:
     first_bytes = first.algorithm.as_bytes()
     plans = {first_bytes: first}
     try:
-        key = key_of(first.launch)
+        key = key_of(first._launch)
         entries = [db.entries.get(key) if db is not None and key else None for db in databases]
         picks = [pick_of(entry, first_bytes) for entry in entries]
         for pick in picks:

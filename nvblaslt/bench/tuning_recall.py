@@ -100,7 +100,7 @@ def recall_check(problem_file: str) -> int:
         ops = operands(spec)
         handler.messages.clear()
         with planned(spec, ops) as plan:
-            launch = plan.launch
+            launch = plan._launch
             summary = problem_summary(problem_description(launch), launch.lib.api)
             row = {"key": key_of(launch), "algo": plan.algorithm.as_bytes().hex(),
                    "Matmul": recall_status(handler.messages, summary)}

@@ -186,7 +186,7 @@ class _Entry:
         self.names = tuple(key for key, _ in spec.inputs)
         self.has_c = spec.c is not None
         self.alpha, self.beta = spec.alpha, (0.0 if spec.beta is None else spec.beta)
-        self.setters = [self.plan.launch.pointer_setter(o.attribute) for o in outputs[1:]]
+        self.setters = [self.plan._launch.pointer_setter(o.attribute) for o in outputs[1:]]
         self.sizes = [int(np.prod(o.buffer_shape)) * np.dtype(jax.numpy.dtype(o.dtype)).itemsize for o in outputs]
         self.scratch: list = [None] * len(outputs)  # for an output XLA placed below 256-byte alignment
 
@@ -196,7 +196,7 @@ class _Entry:
         targets = [p if _alignment(p) >= _ALIGN else self._scratch(i, stream) for i, p in enumerate(out_pointers)]
         for set_pointer, target in zip(self.setters, targets[1:]):
             set_pointer(target)
-        self.plan.launch.run(targets[0], stream)
+        self.plan._launch.run(targets[0], stream)
         for index, (target, pointer) in enumerate(zip(targets, out_pointers)):
             if target != pointer:
                 _scratch_copies[0] += 1

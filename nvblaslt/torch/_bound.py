@@ -43,7 +43,7 @@ class BoundGemm:
     __slots__ = ("plan", "_launch", "_a", "_b", "_setters", "_last", "_lock")
 
     def __init__(self, plan: Matmul, pointer_attributes: Sequence[str]) -> None:
-        launch = plan.launch
+        launch = plan._launch
         self.plan = plan
         self._launch = launch
         # cuBLASLt's A is the caller's B where the plan runs the transposed problem
@@ -71,8 +71,8 @@ def bind(a, b, epilog: MatmulEpilog, inputs: dict | None, stream: int, result: t
     plan = Matmul(a, b, stream=stream)
     try:
         plan.plan(epilog=epilog, epilog_inputs=inputs)
-        problem = plan.problem
-        if plan.split_form is not None or (tuple(problem.result_shape), tuple(problem.result_strides)) != result:
+        problem = plan._problem
+        if plan._split_form is not None or (tuple(problem.result_shape), tuple(problem.result_strides)) != result:
             plan.free()
             return None
         plan._forget_arrays()  # the plan keeps no tensor of the caller's alive

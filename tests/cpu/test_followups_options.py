@@ -41,7 +41,7 @@ def test_matmul_in_place_warns_that_result_type_is_ignored_and_writes_cs_dtype(d
     with pytest.warns(UserWarning, match=IGNORED) as warned:
         mm = Matmul(a, b, c, beta=1.0, options={"inplace": True, "result_type": "float16"})
     assert warned[0].filename == __file__  # the caller's line, not nvblaslt's
-    assert mm.operands.types.d is _dtypes.FLOAT32 and mm.operands.inplace
+    assert mm._problem_operands.types.d is _dtypes.FLOAT32 and mm._problem_operands.inplace
 
 
 @pytest.mark.parametrize("given", [{"options": {"inplace": True, "result_type": "float16"}},
@@ -57,7 +57,8 @@ def test_no_warning_without_result_type_or_out_of_place(default_lib):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Matmul(a, b, c, beta=1.0, options={"inplace": True})
-        assert Matmul(a, b, c, beta=1.0, options={"result_type": "float32"}).operands.types.d is _dtypes.FLOAT32
+        out_of_place = Matmul(a, b, c, beta=1.0, options={"result_type": "float32"})
+        assert out_of_place._problem_operands.types.d is _dtypes.FLOAT32
 
 
 def test_in_place_without_c_is_refused_with_no_warning(default_lib):

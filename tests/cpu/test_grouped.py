@@ -343,7 +343,7 @@ def test_autotune_refuses_bad_iterations_and_an_unplanned_plan():
     from nvblaslt._errors import NvblasltStateError
 
     plan = GroupedMatmul.__new__(GroupedMatmul)  # as __init__ leaves it before plan(), without the GPU
-    plan.launch, plan._freed = types.SimpleNamespace(algorithms=[], algorithm=None), False
+    plan._launch, plan._freed = types.SimpleNamespace(algorithms=[], algorithm=None), False
     plan._operands = (None, None, None)
     for bad in (0, -1, 2.5, True, "5"):
         with pytest.raises(NvblasltValueError, match="iterations: expected a positive int"):

@@ -50,7 +50,7 @@ class StandInGroupedPlan(LaunchAlgorithms):
     names; ``speeds`` maps an algorithm id to its true ms, ``refused`` the ids cuBLASLt refuses at launch."""
 
     def __init__(self, ids, speeds, refused=()):
-        self.launch = StandInGroupedLaunch(ids)
+        self._launch = StandInGroupedLaunch(ids)
         self.tuning_report = None
         self.speeds, self.refused, self.ran = speeds, set(refused), None
         self.device = 0
@@ -58,7 +58,7 @@ class StandInGroupedPlan(LaunchAlgorithms):
     def select(self, result):
         if result is not self.algorithm:
             self.tuning_report = None  # as GroupedMatmul.select: the report describes another algorithm
-        self.launch.select(result)
+        self._launch.select(result)
 
     def run(self, bound, *, out, stream, check_offsets, trial=False):
         assert out is SCRATCH and trial, "a timed run must write scratch memory, and never fall back"
@@ -167,7 +167,7 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
     plan = _grouped.GroupedMatmul.__new__(_grouped.GroupedMatmul)  # without the GPU: the state select() reads
     planned, searched, evicted = Result(1, 256), Result(100, 4096), Result(101, 512)
     launch.offer([planned])
-    plan.launch, plan._freed, plan._checked = launch, False, {searched.as_bytes(): searched}
+    plan._launch, plan._freed, plan._checked = launch, False, {searched.as_bytes(): searched}
     plan.captured, plan._last_stream = False, 0
     plan.workspace_bytes, plan.tuning_report = 1 << 20, "autotune's report"
     # cuBLASLt's check, for what select() has not seen: it accepts #101 (over the limit for #102) only

@@ -131,7 +131,7 @@ def test_one_element_host_arrays_and_cpu_tensors_are_alpha_and_beta(staging):
         mm = nvblaslt.Matmul.__new__(nvblaslt.Matmul)
         with pytest.raises(Staged):
             mm.__init__(a, b, c, alpha=alpha, beta=beta)
-        assert (mm.alpha.value, mm.beta.value) == (2.0, 0.5)
+        assert (mm._alpha.value, mm._beta.value) == (2.0, 0.5)
 
 
 def test_a_gpu_scalar_is_read_as_nvmath_python_reads_it_and_several_elements_are_refused(staging):
@@ -139,7 +139,7 @@ def test_a_gpu_scalar_is_read_as_nvmath_python_reads_it_and_several_elements_are
     mm = nvblaslt.Matmul.__new__(nvblaslt.Matmul)
     with pytest.raises(Staged):
         mm.__init__(a, b, alpha=FakeGpuScalar(3.0))  # its value copied back (nvmath-python reads a CUDA scalar so)
-    assert mm.alpha.value == 3.0
+    assert mm._alpha.value == 3.0
     staging.clear()
     refused(NvblasltValueError, r"^alpha: expected a number or a one-element array, got a ndarray of shape \(2,\)",
             nvblaslt.matmul, a, b, alpha=np.array([1.0, 2.0]))

@@ -173,7 +173,7 @@ def epilog_attributes(epilog, a, b, inputs):
     """The attributes the plan sets on a real MatmulDesc for ``epilog`` (no GPU needed)."""
     mm = Matmul._from_operands(_operands.read(a, "a", 0), _operands.read(b, "b", 0), None, stream=0,
                               options=nvblaslt.MatmulOptions())
-    p = canonical(mm.operands, epilog)
+    p = canonical(mm._problem_operands, epilog)
     prepared = prepare_epilog(epilog, p, inputs)
     lib = nvblaslt.library()
     with nvblaslt.MatmulDesc(lib.api.CUBLAS_COMPUTE_32F, lib.api.CUDA_R_32F) as desc:

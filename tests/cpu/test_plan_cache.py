@@ -14,7 +14,7 @@ from nvblaslt._plan_cache import PlanCache, PlanCaches
 
 class Plan:
     def __init__(self, problem: str = "") -> None:
-        self.launch, self.freed = problem, 0
+        self._launch, self.freed = problem, 0
 
     def free(self) -> None:
         self.freed += 1

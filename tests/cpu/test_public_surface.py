@@ -1,13 +1,19 @@
 """What the user's ``Matmul`` shows: exactly the members the API reference documents (nvmath-python's
-``Matmul`` and nvblaslt's additions), and none of the package's internal interface (no GPU)."""
+``Matmul`` and nvblaslt's additions) and the attributes its docstring lists, and none of the package's
+internal interface, on the class or on a planned object (no GPU: the launch is a stand-in)."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 import nvblaslt
 from nvblaslt import _protocols
+from nvblaslt._launch import Launch
+from tests.fakes import FakeDLPack
 
 API_REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "api.rst"
 
@@ -21,8 +27,21 @@ def documented_members(cls_name: str) -> set[str]:
     return {name.strip() for name in found.group(1).replace("\n", " ").split(",") if name.strip()}
 
 
+def documented_attributes(cls: type) -> set[str]:
+    """The names the ``Attributes`` section of ``cls``'s docstring lists (numpydoc: ``name : type``)."""
+    doc = inspect.getdoc(cls) or ""
+    found = re.search(r"^Attributes\n-+\n(.*?)(?=^\S[^\n]*\n-+\n|\Z)", doc, re.MULTILINE | re.DOTALL)
+    assert found, f"{cls.__name__}'s docstring has no Attributes section"
+    return set(re.findall(r"^(\w+) :", found.group(1), re.MULTILINE))
+
+
 def public_names(cls: type) -> set[str]:
     return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def shown(obj: object) -> set[str]:
+    """What a user reads on ``obj``: its class's public names and its own public attributes."""
+    return public_names(type(obj)) | {name for name in vars(obj) if not name.startswith("_")}
 
 
 def test_matmul_shows_exactly_its_documented_members():
@@ -54,3 +73,45 @@ def test_a_name_added_to_matmul_is_caught():
             pass
 
     assert public_names(Grown) - documented_members("Matmul") == {"rebind"}
+
+
+class _StandInLaunch:
+    """What ``plan()`` asks of the launch it made once the checks passed: nothing reaches cuBLASLt."""
+
+    algorithms: list = []
+    algorithm = None
+
+    def pointer_setter(self, attribute):
+        return lambda pointer: None
+
+    def bind(self, *pointers):
+        pass
+
+    def select(self, algorithm):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_a_planned_matmul_shows_exactly_its_documented_attributes(monkeypatch, default_lib):
+    """A user's object, made, planned and freed, shows the documented methods and attributes alone: an
+    internal attribute assigned without its underscore (``launch``, ``problem``, ``fast_bound``…) fails."""
+    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (_StandInLaunch(), ["algo"], {})))
+    documented = documented_members("Matmul") | documented_attributes(nvblaslt.Matmul)
+    assert documented_attributes(nvblaslt.Matmul) == {"tuning_report", "device", "stream", "bias_gradient_form"}
+    mm = nvblaslt.Matmul(FakeDLPack((8, 4)), FakeDLPack((4, 6), ptr=0x7F0000100000))
+    assert shown(mm) <= documented
+    mm.plan(epilog="RELU")
+    assert shown(mm) == documented
+    mm.free()
+    assert shown(mm) == documented
+
+
+def test_an_internal_attribute_made_public_is_caught(monkeypatch, default_lib):
+    """The comparison above fails for an instance attribute the docstring does not list."""
+    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (_StandInLaunch(), ["algo"], {})))
+    mm = nvblaslt.Matmul(FakeDLPack((8, 4)), FakeDLPack((4, 6), ptr=0x7F0000100000))
+    mm.plan()
+    mm.launch = mm._launch  # as it was named before
+    assert shown(mm) - documented_members("Matmul") - documented_attributes(nvblaslt.Matmul) == {"launch"}

@@ -154,7 +154,7 @@ def test_a_database_pin_wins_and_one_that_splits_k_is_refused(lib, monkeypatch, 
 
 def test_autotune_times_only_the_pin_of_a_batch_invariant_plan(monkeypatch):
     plan = StandInPlan([7], {7: 1.0})
-    plan.options = nvblaslt.MatmulOptions(batch_invariant=True)
+    plan._options = nvblaslt.MatmulOptions(batch_invariant=True)
     monkeypatch.setattr(_autotune, "Timer", simulated_timer(lambda: 1.0, random.Random(0), noise=0.0, drift=0.0))
     monkeypatch.setattr(_search, "candidates", lambda *a, **k: pytest.fail("searched"))
     timings = _autotune.autotune(plan, iterations=2, search=True, remember=True, stream=None)

@@ -479,7 +479,7 @@ def test_a_remembered_choice_retires_the_function_forms_cached_plans_of_that_pro
 
     class CachedPlan:
         def __init__(self, launch):
-            self.launch, self.freed = launch, 0
+            self._launch, self.freed = launch, 0
 
         def free(self):
             self.freed += 1

@@ -23,8 +23,8 @@ def stand_in_plan(m, invariant=False):
     operands = types.SimpleNamespace(a=types.SimpleNamespace(op=a), b=types.SimpleNamespace(op=b), c=None)
     problem = types.SimpleNamespace(types=types.SimpleNamespace(compute="COMPUTE_32F", scale="CUDA_R_32F",
                                                                 d=_dtypes.BY_NAME["bfloat16"]))
-    return types.SimpleNamespace(operands=operands, problem=problem,
-                                 options=nvblaslt.MatmulOptions(batch_invariant=invariant))
+    return types.SimpleNamespace(_problem_operands=operands, _problem=problem,
+                                 _options=nvblaslt.MatmulOptions(batch_invariant=invariant))
 
 
 @pytest.fixture

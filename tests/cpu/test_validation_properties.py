@@ -54,12 +54,12 @@ def _plan_without_gpu(a, b, c, epilog, inputs, alpha, beta, compute_type):
     plan = Matmul._from_operands(a_op, b_op, read(c, "c"), stream=0, alpha=alpha, beta=beta,
                                 options=MatmulOptions(compute_type=compute_type))
     epilog = as_epilog(epilog)
-    plan.problem = canonical(plan.operands, epilog)
+    plan._problem = canonical(plan._problem_operands, epilog)
     given, scale = _epilogs.split_aux_scale(inputs)
-    aux_dtype = _epilogs.aux_output_type(SPECS[epilog], plan.problem.types, MatmulEpilogPreferences(), scale, {})
-    keys = _epilogs.input_keys(epilog, given, plan.problem)
+    aux_dtype = _epilogs.aux_output_type(SPECS[epilog], plan._problem.types, MatmulEpilogPreferences(), scale, {})
+    keys = _epilogs.input_keys(epilog, given, plan._problem)
     read_inputs = {key: _operands.read(given[key], f"epilog_inputs['{key}']", 0) for key in keys}
-    _epilogs.prepare(epilog, plan.problem, read_inputs, aux_dtype, False)
+    _epilogs.prepare(epilog, plan._problem, read_inputs, aux_dtype, False)
     return plan
 
 
@@ -85,4 +85,4 @@ def test_the_property_reaches_accepted_calls_too():
     """Guard against a generator that only ever makes hopeless calls."""
     a, b = FakeDLPack((8, 4)), FakeDLPack((4, 6))
     plan = _plan_without_gpu(a, b, None, MatmulEpilog.RELU_BIAS, {"bias": FakeDLPack((8,))}, 1.0, None, None)
-    assert plan.problem.m == 8 and plan.problem.n == 6
+    assert plan._problem.m == 8 and plan._problem.n == 6

@@ -141,7 +141,7 @@ def test_a_broken_cache_never_breaks_a_plan(tmp_path, case):
         b = torch.randn(128, 192, device="cuda", dtype=torch.float16, generator=g)
         mm = Matmul(a, b)
         mm.plan()
-        key = _tuning_cache.problem_key(_tuning_cache.problem_description(mm.launch))
+        key = _tuning_cache.problem_key(_tuning_cache.problem_description(mm._launch))
         entries = {{}}
         document = None
         {RISKY_CACHE[case]}

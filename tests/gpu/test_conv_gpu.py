@@ -200,7 +200,7 @@ def bound_calls(monkeypatch):
     real = _bound.BoundGemm.__call__
 
     def recording(self, a, b, d, stream, *pointers):
-        calls.append((self.plan.epilog.name, a, b))
+        calls.append((self.plan._epilog.name, a, b))
         return real(self, a, b, d, stream, *pointers)
     monkeypatch.setattr(_bound.BoundGemm, "__call__", recording)
     return calls

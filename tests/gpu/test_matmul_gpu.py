@@ -195,8 +195,8 @@ def test_cupy_results_are_laid_out_as_planned(shapes, order):
         mm.plan()
         for _ in range(2):
             d = mm.execute()
-            assert d.shape == mm.problem.result_shape
-            assert d.strides == tuple(s * d.itemsize for s in mm.problem.result_strides)
+            assert d.shape == mm._problem.result_shape
+            assert d.strides == tuple(s * d.itemsize for s in mm._problem.result_strides)
             assert rel_error(d.get(), np.matmul(a.get(), b.get())) < 1e-5
 
 
@@ -446,8 +446,8 @@ def test_the_split_bias_gradient_form_takes_each_calls_operands():
     _function_form.clear_plan_cache()
     g1, g2, aux, _, _ = _drelu_bgrad_problem()
     matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
-    (plan,) = {p for p in _function_form._local.plans.values() if p.epilog.name == "DRELU_BGRAD"}
-    plan.split_form = plan._make_split_form(iterations=0)  # what a remembered search makes of the plan
+    (plan,) = {p for p in _function_form._local.plans.values() if p._epilog.name == "DRELU_BGRAD"}
+    plan._split_form = plan._make_split_form(iterations=0)  # what a remembered search makes of the plan
     for _ in range(2):  # the checked path's cache hit, then the fast path
         g1, g2, aux, expected, decided = _drelu_bgrad_problem()
         d, out = matmul(g1, g2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
@@ -457,13 +457,13 @@ def test_the_split_bias_gradient_form_takes_each_calls_operands():
     g1, g2, aux, expected, decided = _drelu_bgrad_problem()
     with Matmul(g1, g2) as mm:
         mm.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
-        mm.split_form = mm._make_split_form(iterations=0)
+        mm._split_form = mm._make_split_form(iterations=0)
         g1b, g2b, auxb, expected, decided = _drelu_bgrad_problem()
         mm.reset_operands(g1b, g2b, epilog_inputs={"relu_aux": auxb["relu_aux"]})
         d, _ = mm.execute()
         assert rel_error(np.where(decided, host(d), expected), expected) < 1e-5
         mm.plan(epilog="DEFAULT")  # planning again leaves the two-call form behind
-        assert mm.split_form is None
+        assert mm._split_form is None
         assert rel_error(host(mm.execute()), host(g1b) @ host(g2b)) < 1e-5
 
 
@@ -477,8 +477,8 @@ def test_a_split_form_attached_after_fast_calls_runs_on_the_next_calls_arrays():
     h1, h2, haux, expected, decided = _drelu_bgrad_problem()
     for _ in range(2):  # the fast path binds h's arrays, then finds them bound
         matmul(h1, h2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": haux["relu_aux"]})
-    (plan,) = {p for p in _function_form._local.plans.values() if p.epilog.name == "DRELU_BGRAD"}
-    plan.split_form = plan._make_split_form(iterations=0)
+    (plan,) = {p for p in _function_form._local.plans.values() if p._epilog.name == "DRELU_BGRAD"}
+    plan._split_form = plan._make_split_form(iterations=0)
     d, out = matmul(h1, h2, epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": haux["relu_aux"]})
     got = host(d)
     assert rel_error(np.where(decided, got, expected), expected) < 1e-5
@@ -492,7 +492,7 @@ def test_a_failed_workspace_allocation_leaves_the_plan_whole(monkeypatch):
     a, b = rand((M, K), "float32"), rand((K, N), "float32")
     with Matmul(a, b) as mm:
         mm.plan()
-        launch = mm.launch
+        launch = mm._launch
         old = launch.workspace
         grown = (old.size if old is not None else 0) + (1 << 20)
 
@@ -592,9 +592,9 @@ def test_autotune_leaves_out_an_algorithm_refused_at_launch():
         if len(found) < 2:
             pytest.skip("the heuristics offered one algorithm")
         victim = found[1]
-        real = mm.launch.matmul
+        real = mm._launch.matmul
         refused = int(nvblaslt.library().api.CUBLAS_STATUS_NOT_SUPPORTED)
-        mm.launch.matmul = lambda *arguments: refused if mm.algorithm is victim else real(*arguments)
+        mm._launch.matmul = lambda *arguments: refused if mm.algorithm is victim else real(*arguments)
         timings = mm.autotune(iterations=2)
         assert all(r is not victim for r, _ in timings) and all(r is not victim for r in mm.algorithms)
         assert rel_error(host(mm.execute()), host(a) @ host(b)) < 1e-5
@@ -612,14 +612,14 @@ def test_a_launch_refused_at_run_time_retries_with_this_calls_operands():
     if len(plan.algorithms) < 2:
         pytest.skip("the heuristics offered one algorithm")
     first = plan.algorithm
-    real, refusals = plan.launch.matmul, []
+    real, refusals = plan._launch.matmul, []
 
     def refuse_once(*arguments):
         if refusals:
             return real(*arguments)
         refusals.append(arguments)
         return int(nvblaslt.library().api.CUBLAS_STATUS_NOT_SUPPORTED)
-    plan.launch.matmul = refuse_once
+    plan._launch.matmul = refuse_once
     a2, b2 = rand((M, K), "float32"), rand((K, N), "float32")
     d = matmul(a2, b2)
     assert plan.algorithm is not first  # the next algorithm ran
@@ -780,7 +780,7 @@ def test_the_bias_gradient_form_is_remembered_with_the_algorithm(tmp_path, monke
         form = tuned.bias_gradient_form[0]
     with Matmul(g1, g2) as again:  # no autotune: the remembered choice comes back at plan time
         again.plan(epilog="DRELU_BGRAD", epilog_inputs={"relu_aux": aux["relu_aux"]})
-        assert (again.split_form is not None) == (form == "split")
+        assert (again._split_form is not None) == (form == "split")
         d, outputs = again.execute()
         assert rel_error(host(d), host(reference)) < 5e-3
         assert rel_error(host(outputs["drelu_bgrad"]), host(ref_outputs["drelu_bgrad"])) < 2e-2

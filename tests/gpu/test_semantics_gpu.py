@@ -240,11 +240,11 @@ def test_fp8_fast_accumulation_is_set_on_the_descriptor():
         with Matmul(a, b, quantization_scales={"a": 1.0, "b": 1.0},
                     options={"result_type": "float32", "fast_accumulation": fast}) as mm:
             mm.plan()
-            assert mm.launch.desc.get("FAST_ACCUM") == int(fast)
+            assert mm._launch.desc.get("FAST_ACCUM") == int(fast)
             assert rel_error(host(mm.execute()), z) < 1e-3
     with Matmul(rand((8, 8)), rand((8, 8)), options={"fast_accumulation": True}) as mm:
         mm.plan()
-        assert mm.launch.desc.get("FAST_ACCUM") == 0  # nvmath-python's option applies to fp8 operands only
+        assert mm._launch.desc.get("FAST_ACCUM") == 0  # nvmath-python's option applies to fp8 operands only
 
 
 def test_memory_limit_caps_the_workspace():
@@ -270,7 +270,7 @@ def test_a_handle_the_caller_owns_is_used_and_left_open():
         a, b, bias = rand((64, 32)), rand((32, 48)), rand((64,))
         with Matmul(a, b, options={"handle": raw.value}) as mm:
             mm.plan(epilog=E.RELU_BIAS, epilog_inputs={"bias": bias})
-            assert mm.launch.handle.handle == raw.value  # the caller's, not nvblaslt's own
+            assert mm._launch.handle.handle == raw.value  # the caller's, not nvblaslt's own
             check(mm.execute(), np.maximum(host(a) @ host(b) + host(bias)[:, None], 0), "float32")
         # free() left it open: the same handle plans and runs again, by either spelling of the option
         check(matmul(a, b, options=nvblaslt.MatmulOptions(handle=raw.value)), host(a) @ host(b), "float32")

@@ -44,6 +44,6 @@ def test_a_warmed_up_model_gets_the_searched_algorithms():
     plans = list(dict.fromkeys(_function_form._local.plans.values()))
     assert plans and not any(plan in warm for plan in plans)  # made again, not the warm-up's
     for plan in plans:
-        tuned, facts = _tuning_cache.recall(plan.launch)
+        tuned, facts = _tuning_cache.recall(plan._launch)
         assert tuned is not None, f"no choice stored for {plan!r}"
         assert plan.algorithm.as_bytes() == tuned.as_bytes()  # it runs the searched algorithm
