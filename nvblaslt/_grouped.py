@@ -23,7 +23,7 @@ import math
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _cuda, _dtypes, _grouped_problem, _grouped_tuning, _memory, _operands, _tuning_cache
 from ._tuning_result import TuningReport
@@ -36,6 +36,9 @@ from ._hints import Array, Stream
 from ._launch import Launch
 from ._loader import library
 from ._streams import stream_handle
+
+if TYPE_CHECKING:
+    from ._protocols import GroupedPlanInternals
 
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
 _ENV_CHECK = "NVBLASLT_CHECK_OFFSETS"
@@ -124,6 +127,14 @@ class GroupedMatmul:
     workspace_bytes : int, optional
         The most workspace an algorithm may use (default 32 MiB).
 
+    Attributes
+    ----------
+    tuning_report : TuningReport
+        Set by ``autotune()``: what it chose and how sure it is (``print`` it); None once another
+        algorithm is selected.
+    device : int
+        The GPU the plan runs on (the operands').
+
     Raises
     ------
     NvblasltUnsupportedError
@@ -146,18 +157,18 @@ class GroupedMatmul:
                  stream: Stream | None = None,
                  workspace_bytes: int = WORKSPACE_BYTES):
         stream_h = stream_of(a, stream)
-        self.out_dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
-        bound = bind(a, b, offs, stream_h, self.out_dtype)
-        self.lib = library()
-        require_grouped(self.lib)
-        self.problem, self._operands = bound.problem, bound.operands
-        self.captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
+        self._out_dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
+        bound = bind(a, b, offs, stream_h, self._out_dtype)
+        self._lib = library()
+        require_grouped(self._lib)
+        self._problem, self._operands = bound.problem, bound.operands
+        self._captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
         a_op = bound.operands[0]
-        self.device, self.framework = a_op.device, a_op.framework
-        self.stream = self._last_stream = stream_h
-        self.workspace_bytes = workspace_bytes
+        self.device, self._framework = a_op.device, a_op.framework
+        self._last_stream = stream_h
+        self._workspace_bytes = workspace_bytes
         self.tuning_report: TuningReport | None = None  # what the last autotune() chose, over what, how sure
-        # what check() accepted within the workspace limit, by the algorithm's bytes: select() takes them too
+        # what _check() accepted within the workspace limit, by the algorithm's bytes: select() takes them too
         self._checked: dict[bytes, HeuristicResult] = {}
         self._freed = False
         self._allocators: dict[tuple[int, ...], Any] = {}  # result shape -> allocate
@@ -168,16 +179,16 @@ class GroupedMatmul:
             if _cuda.is_capturing(stream_h):
                 raise NvblasltStateError("stream: a CUDA graph is being captured on it; make the grouped plan "
                                          "before the capture (planning allocates device memory)")
-            self.arrays = GroupedArrays(self.problem, self.device, stream_h)
+            self._arrays = GroupedArrays(self._problem, self.device, stream_h)
             desc, layouts, preference = self._descriptors()
             # beta is 0: C is D's layout and D's pointers
-            self._d_array = self.arrays.pointer_array(2)
-            self._launch = Launch.given(self.lib, Handle.for_device(self.device), desc, layouts, preference,
-                                       workspace_limit=workspace_bytes, device=self.device,
-                                       pointers=(self.arrays.pointer_array(0), self.arrays.pointer_array(1),
-                                                 self._d_array), description=self._describe())
+            self._d_array = self._arrays.pointer_array(2)
+            self._launch = Launch.given(self._lib, Handle.for_device(self.device), desc, layouts, preference,
+                                        workspace_limit=workspace_bytes, device=self.device,
+                                        pointers=(self._arrays.pointer_array(0), self._arrays.pointer_array(1),
+                                                  self._d_array), description=self._describe())
 
-    # ---- the launch's state, read through the plan (the tools and the tuning cache read these) ----------
+    # ---- the launch's algorithms, read through the plan -------------------------------------------------
     @property
     def algorithms(self) -> list[HeuristicResult]:
         """The planned algorithms, best first (autotune's timed order once it has run)."""
@@ -188,40 +199,20 @@ class GroupedMatmul:
         """The algorithm ``execute`` runs; None before ``plan()`` and after ``free()``."""
         return None if self._freed else self._launch.algorithm
 
-    @property
-    def workspace(self):
-        return self._launch.workspace
-
-    @property
-    def desc(self) -> MatmulDesc:
-        return self._launch.desc
-
-    @property
-    def layouts(self) -> list:
-        return self._launch.layouts
-
-    @property
-    def preference(self) -> MatmulPreference:
-        return self._launch.preference
-
-    @property
-    def handle(self):
-        return self._launch.handle
-
     def _descriptors(self):
-        problem, api, arrays = self.problem, self.lib.api, self.arrays
-        desc = MatmulDesc(api.CUBLAS_COMPUTE_32F, api.CUDA_R_32F, lib=self.lib)
+        problem, api, arrays = self._problem, self._lib.api, self._arrays
+        desc = MatmulDesc(api.CUBLAS_COMPUTE_32F, api.CUDA_R_32F, lib=self._lib)
         desc.set("TRANSA", int(api.CUBLAS_OP_T if problem.transa else api.CUBLAS_OP_N))
         desc.set("TRANSB", int(api.CUBLAS_OP_T if problem.transb else api.CUBLAS_OP_N))
 
         def layout(index: int, dtype) -> GroupedMatrixLayout:
             return GroupedMatrixLayout(int(getattr(api, dtype.cuda)), problem.groups, arrays.array(index, 0),
-                                       arrays.array(index, 1), arrays.array(index, 2), lib=self.lib)
+                                       arrays.array(index, 1), arrays.array(index, 2), lib=self._lib)
         a = layout(0, problem.a.dtype)
         b = layout(1, problem.b.dtype)
         d = layout(2, problem.d.dtype)
         c = layout(2, problem.d.dtype)  # beta is 0: C is D's layout and D's pointers
-        preference = MatmulPreference(max_workspace_bytes=self.workspace_bytes, lib=self.lib)
+        preference = MatmulPreference(max_workspace_bytes=self._workspace_bytes, lib=self._lib)
         for key, matrix in (("A", problem.a), ("B", problem.b), ("C", problem.d), ("D", problem.d)):
             preference.set(f"MIN_ALIGNMENT_{key}_BYTES", matrix.alignment)
         k, rows, cols = problem.average
@@ -256,9 +247,9 @@ class GroupedMatmul:
             if tuned is not None:
                 found = [tuned, *(r for r in found if r.as_bytes() != tuned.as_bytes())]
         if not found:
-            status = int(self.lib.api.CUBLAS_STATUS_NOT_SUPPORTED)
-            raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, self.lib.status_name(status),
-                                self.lib.status_string(status),
+            status = int(self._lib.api.CUBLAS_STATUS_NOT_SUPPORTED)
+            raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", status, self._lib.status_name(status),
+                                self._lib.status_string(status),
                                 f"cuBLASLt has no grouped algorithm for {self._describe()} on this GPU")
         self._launch.offer(found)
         self._freed = False
@@ -272,7 +263,7 @@ class GroupedMatmul:
         Parameters
         ----------
         algorithm : HeuristicResult
-            One of ``algorithms`` (what ``plan()`` returned), or one ``check()`` accepted for this plan.
+            One of ``algorithms`` (what ``plan()`` returned), or one cuBLASLt's check accepts for this plan.
 
         Raises
         ------
@@ -283,37 +274,32 @@ class GroupedMatmul:
         """
         as_bytes = getattr(algorithm, "as_bytes", None)
         wanted = as_bytes() if callable(as_bytes) else None
-        if not isinstance(wanted, bytes) or len(wanted) != ctypes.sizeof(self.lib.api.cublasLtMatmulAlgo_t):
+        if not isinstance(wanted, bytes) or len(wanted) != ctypes.sizeof(self._lib.api.cublasLtMatmulAlgo_t):
             raise NvblasltTypeError(f"algorithm: expected a HeuristicResult (plan() returns them), got "
                                     f"{type(algorithm).__name__}")
         # the plan's own result (what cuBLASLt said of it here: its workspace), not the caller's copy
         own = next((r for r in self.algorithms if algorithm is r or wanted == r.as_bytes()), None) \
-            or self._checked.get(wanted) or self.check(self.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(wanted))
-        if own is None or own.workspace_size > self.workspace_bytes:
+            or self._checked.get(wanted) or self._check(self._lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(wanted))
+        if own is None or own.workspace_size > self._workspace_bytes:
             raise NvblasltValueError("algorithm: expected one of this plan's algorithms (plan() returns them) or one "
-                                     "its check() accepts within its workspace limit")
-        self.ensure_workspace(own.workspace_size)
+                                     "cuBLASLt's check accepts within its workspace limit")
+        self._ensure_workspace(own.workspace_size)
         if own is not self.algorithm:
             self.tuning_report = None  # it describes another algorithm's choice
         self._launch.select(own)
 
-    def ensure_workspace(self, nbytes: int, stream: int | None = None) -> None:
+    def _ensure_workspace(self, nbytes: int, stream: int | None = None) -> None:
         """A workspace of at least ``nbytes``, made on ``stream`` (default the plan's last one) if larger
         than the one held; a failed allocation leaves the plan whole, on the old one."""
         self._launch.ensure_workspace(nbytes, self._last_stream if stream is None else stream)
 
-    @property
-    def workspace_limit(self) -> int:
-        """The most workspace an algorithm may use (what the tuning cache checks a remembered one against)."""
-        return self.workspace_bytes
-
-    def check(self, algo: Any) -> HeuristicResult | None:
+    def _check(self, algo: Any) -> HeuristicResult | None:
         """``algo`` (a ``cublasLtMatmulAlgo_t``) as cuBLASLt accepts it for this plan, or None."""
         checked = self._launch.check(algo)
         if checked is None:
             return None
         key = checked.as_bytes()
-        if checked.workspace_size <= self.workspace_bytes:  # what select() then takes (the search's candidates)
+        if checked.workspace_size <= self._workspace_bytes:  # what select() then takes (the search's candidates)
             self._checked.pop(key, None)  # stored anew: the newest
             if len(self._checked) >= 4096:  # the oldest goes first (select() checks an evicted one again)
                 del self._checked[next(iter(self._checked))]
@@ -366,11 +352,11 @@ class GroupedMatmul:
             raise NvblasltStateError("autotune: the plan's operands were released (release_operands); execute() "
                                      "with operands first")
         stream = self._last_stream
-        bound = bind(None, None, None, stream, self.out_dtype, defaults=self._operands)
-        return self.apply_tuning(_grouped_tuning.autotune(self, bound, stream, iterations=iterations, search=search,
+        bound = bind(None, None, None, stream, self._out_dtype, defaults=self._operands)
+        return self._apply_tuning(_grouped_tuning.autotune(self, bound, stream, iterations=iterations, search=search,
                                                           remember=remember, budget_s=budget_s))
 
-    def apply_tuning(self, result) -> list[tuple[HeuristicResult, float]]:
+    def _apply_tuning(self, result) -> list[tuple[HeuristicResult, float]]:
         """Run what ``autotune`` chose (a ``TuningResult``): its algorithm, then the planned ones cuBLASLt
         ran in timed order (a searched winner joins them, the other candidates screened do not), and its
         report. Returns the timings, the selected algorithm first."""
@@ -381,7 +367,7 @@ class GroupedMatmul:
         return result.timings
 
     def _describe(self) -> str:
-        p = self.problem
+        p = self._problem
         return (f"{p.groups} groups ({p.form}, ragged {p.ragged or 'none'}), {p.b.dtype.name} → {p.d.dtype.name}, "
                 f"transa={p.transa}, transb={p.transb}")
 
@@ -413,17 +399,17 @@ class GroupedMatmul:
             The result, in the operands' package (``out`` if given).
         """
         missing = [name for name, given, kept in zip(("a", "b", "offs"), (a, b, offs), self._operands)
-                   if given is None and kept is None and not (name == "offs" and self.problem.form == "3d3d")]
+                   if given is None and kept is None and not (name == "offs" and self._problem.form == "3d3d")]
         if missing:
             raise NvblasltStateError(f"{', '.join(missing)}: expected arrays: the plan's were released "
                                      f"(release_operands), so execute must be given them")
         first = a if a is not None else self._operands[0].obj
         stream_h = stream_of(first, stream)
-        bound = bind(a, b, offs, stream_h, self.out_dtype, defaults=self._operands)
-        if bound.problem.key != self.problem.key:
+        bound = bind(a, b, offs, stream_h, self._out_dtype, defaults=self._operands)
+        if bound.problem.key != self._problem.key:
             raise NvblasltValueError(
                 f"a, b, offs: expected operands this plan was made for ({self._describe()}, alignment "
-                f"{self.problem.b.alignment}/{self.problem.a.alignment} bytes), got ones that differ in more than "
+                f"{self._problem.b.alignment}/{self._problem.a.alignment} bytes), got ones that differ in more than "
                 f"the ragged extent; make a new plan (grouped_matmul keeps one per problem)")
         self._operands = bound.operands  # the defaults of the next execute
         scales = read_scales(scale_a, scale_b, bound.problem, self.device, stream_h)
@@ -456,13 +442,13 @@ class GroupedMatmul:
             The result, in the operands' package (``out`` if given).
         """
         a_op, b_op, offs_op = bound.operands
-        return self.run_pointers(bound.problem, a_op.ptr, b_op.ptr, offs_op.ptr if offs_op is not None else 0,
-                           offs_op is not None and offs_op.dtype == _dtypes.INT64, out=out, stream=stream,
-                           check_offsets=check_offsets, scales=scales, trial=trial)
+        return self._run_pointers(bound.problem, a_op.ptr, b_op.ptr, offs_op.ptr if offs_op is not None else 0,
+                                  offs_op is not None and offs_op.dtype == _dtypes.INT64, out=out, stream=stream,
+                                  check_offsets=check_offsets, scales=scales, trial=trial)
 
-    def run_pointers(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int,
-                     offs_64: bool, *, out: Array | None, stream: int, check_offsets: bool | None,
-                     scales: tuple[int, int] = (0, 0), trial: bool = False) -> Array:
+    def _run_pointers(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int,
+                      offs_64: bool, *, out: Array | None, stream: int, check_offsets: bool | None,
+                      scales: tuple[int, int] = (0, 0), trial: bool = False) -> Array:
         """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
         ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
 
@@ -480,9 +466,9 @@ class GroupedMatmul:
                 if len(self._allocators) >= 16:  # token counts that vary without end: keep the set small
                     self._allocators.clear()
                 allocate = self._allocators[problem.out_shape] = _memory.strided_allocator(
-                    self.framework, problem.out_shape, problem.out_strides, out_dtype, self.device)
+                    self._framework, problem.out_shape, problem.out_strides, out_dtype, self.device)
             result, out_pointer = allocate(stream, stream)
-            result = self.framework.hand_back(result)
+            result = self._framework.hand_back(result)
         else:
             out_op = _read(out, "out", stream)
             if out_op.shape != problem.out_shape or out_op.strides != problem.out_strides or out_op.dtype != out_dtype:
@@ -496,8 +482,8 @@ class GroupedMatmul:
         check = _check_offsets_default() if check_offsets is None else bool(check_offsets)
         with self._lock:  # the kernels' arguments and the GEMM's are the plan's own, set per call
             if scales != self._scales:  # cuBLASLt's A is the caller's b: its scale is b's
-                self.desc.set("A_SCALE_POINTER", scales[1])
-                self.desc.set("B_SCALE_POINTER", scales[0])
+                self._launch.desc.set("A_SCALE_POINTER", scales[1])
+                self._launch.desc.set("B_SCALE_POINTER", scales[0])
                 self._scales = scales
             if self._several_devices:
                 with _cuda.on_device(self.device):
@@ -516,13 +502,13 @@ class GroupedMatmul:
             if check:
                 raise NvblasltStateError("check_offsets: waits for the GPU, which a CUDA graph being captured "
                                          "on the stream forbids; check outside the capture")
-            self.captured = True
+            self._captured = True
             self._launch.hold_replaced_workspaces()
         if stream != self._last_stream:
             if not capturing:  # a capture may not wait on work outside it; replays run in stream order
                 _memory.wait_for(self._last_stream, stream)  # arrays and workspace: one stream at a time
             self._last_stream = stream
-        self.arrays.derive(offs_pointer, offs_64, problem.total, bases, (problem.a.ld, problem.b.ld, problem.d.ld),
+        self._arrays.derive(offs_pointer, offs_64, problem.total, bases, (problem.a.ld, problem.b.ld, problem.d.ld),
                            stream, check=check)
         launch = self._launch
         if trial:
@@ -532,13 +518,13 @@ class GroupedMatmul:
         if launch.workspace is not None:
             launch.workspace.used_on(stream)
         if problem.form == "2d2d":  # a group with no K still has a result: zeros
-            self.arrays.zero_empty(problem.d.dtype.itemsize, stream)
+            self._arrays.zero_empty(problem.d.dtype.itemsize, stream)
 
     def free(self) -> None:
         """Release the workspace and arrays, stream-ordered after the work queued so far. A CUDA graph
         that captured this plan must not be replayed after it (``grouped_matmul`` keeps such plans)."""
         self._launch.release_workspace()
-        self.arrays.release()
+        self._arrays.release()
         self._freed = True
 
     def __enter__(self) -> GroupedMatmul:
@@ -546,3 +532,8 @@ class GroupedMatmul:
 
     def __exit__(self, *exc: object) -> None:
         self.free()
+
+
+if TYPE_CHECKING:
+    def _meets_the_declared_interface(plan: GroupedMatmul) -> GroupedPlanInternals:
+        return plan  # mypy reads GroupedMatmul against what the package calls on it

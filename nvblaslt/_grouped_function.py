@@ -104,10 +104,10 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
             if found is not None and entry is not None:
                 (a_pointer, b_pointer, offs_pointer, scale_a_pointer, scale_b_pointer), layouts = found
                 plan, key, problem, offs_64 = entry
-                result = plan.run_pointers(problem, a_pointer, b_pointer, offs_pointer or 0, offs_64, out=out,
-                                           stream=stream_on(layouts[0][3]), check_offsets=check_offsets,
-                                           scales=(scale_a_pointer or 0, scale_b_pointer or 0))
-                if plan.captured:  # the graph owns it now: eager calls get a plan of their own
+                result = plan._run_pointers(problem, a_pointer, b_pointer, offs_pointer or 0, offs_64, out=out,
+                                            stream=stream_on(layouts[0][3]), check_offsets=check_offsets,
+                                            scales=(scale_a_pointer or 0, scale_b_pointer or 0))
+                if plan._captured:  # the graph owns it now: eager calls get a plan of their own
                     cache.keep_captured(key)
                 return result
     stream_h = stream_of(a, stream)
@@ -126,7 +126,7 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
         offs_64 = offs_op is not None and offs_op.dtype == _dtypes.INT64
         cache.add_alias(fast_key, key, (plan, key, bound.problem, offs_64))
     result = plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets, scales=scales)
-    if plan.captured:  # the graph owns it now: eager calls get a plan of their own, never racing its replays
+    if plan._captured:  # the graph owns it now: eager calls get a plan of their own, never racing its replays
         cache.keep_captured(key)
     return result
 

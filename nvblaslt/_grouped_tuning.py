@@ -68,7 +68,7 @@ def autotune(plan, bound, stream: int, *, iterations: int, search: bool, remembe
              budget_s: float | None) -> TuningResult:
     """``GroupedMatmul.autotune``'s work: time (and with ``search``, look beyond) the plan's algorithms
     on ``bound``'s operands on ``stream``, and remember the choice; what was chosen, for the plan to apply
-    (``GroupedMatmul.apply_tuning``). The timed runs select algorithms on the plan's launch: if this
+    (``GroupedMatmul._apply_tuning``). The timed runs select algorithms on the plan's launch: if this
     raises, the launch is left with the algorithms and the selection it had."""
     if _cuda.is_capturing(stream):
         raise NvblasltStateError("autotune: waits for the GPU, which a CUDA graph being captured forbids")

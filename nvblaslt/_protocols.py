@@ -137,4 +137,21 @@ class PlanInternals(Protocol):
     def _planned_for(cls, request: Any, stacklevel: int) -> Any: ...
 
 
-__all__ = ["PlanInternals", "PlannedLaunch", "TunablePlan", "TunedPlan"]
+@runtime_checkable
+class GroupedPlanInternals(Protocol):
+    """What the package calls on a ``GroupedMatmul`` beside its public API: the function forms' hot path
+    (``_run_pointers``, the operands as pointers), the problem it was made for, and whether a CUDA graph
+    captured it (the plan caches then keep it for the graph)."""
+
+    @property
+    def _problem(self) -> Any: ...
+
+    @property
+    def _captured(self) -> bool: ...
+
+    def _run_pointers(self, problem: Any, a_pointer: int, b_pointer: int, offs_pointer: int, offs_64: bool, *,
+                      out: Any, stream: int, check_offsets: bool | None, scales: tuple[int, int] = (0, 0),
+                      trial: bool = False) -> Any: ...
+
+
+__all__ = ["GroupedPlanInternals", "PlanInternals", "PlannedLaunch", "TunablePlan", "TunedPlan"]

@@ -131,7 +131,8 @@ def _tune_grouped(spec: dict, budget_s: float, device: int, patterns: dict, skip
             if key is None or skip(key):
                 return None
             first = plan.algorithm
-            summary = _tuning_cache.problem_summary(_tuning_cache.problem_description(plan._launch), plan.lib.api)
+            launch = plan._launch
+            summary = _tuning_cache.problem_summary(_tuning_cache.problem_description(launch), launch.lib.api)
             timings = plan.autotune(iterations=ITERATIONS, search=True, budget_s=budget_s, remember=False)
             return key, _entry(plan.tuning_report, plan._launch, timings, first, _first_pick_ms(timings, first),
                                summary)

@@ -119,3 +119,23 @@ def simulated_timer(milliseconds, generator, *, noise: float = 0.01, drift: floa
         def __exit__(self, *exc):
             pass
     return Timer
+
+
+class StandInLaunch:
+    """What ``plan()`` asks of the launch it made once the checks passed: nothing reaches cuBLASLt
+    (``Launch.planned`` patched to return it)."""
+
+    algorithms: list = []
+    algorithm = None
+
+    def pointer_setter(self, attribute):
+        return lambda pointer: None
+
+    def bind(self, *pointers):
+        pass
+
+    def select(self, algorithm):
+        pass
+
+    def close(self):
+        pass

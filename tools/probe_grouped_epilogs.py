@@ -55,10 +55,10 @@ def main() -> None:
     x, b, offs = _case()
     for name, epilog in MatmulEpilog.__members__.items():
         plan = GroupedMatmul(x, b, offs)
-        plan.desc.set("EPILOGUE", int(epilog))
+        plan._launch.desc.set("EPILOGUE", int(epilog))
         bias_like = "BIAS" in name or "BGRAD" in name
         if bias_like and "BGRAD" not in name:
-            plan.desc.set("BIAS_DATA_TYPE", int(lib.api.CUDA_R_16BF))
+            plan._launch.desc.set("BIAS_DATA_TYPE", int(lib.api.CUDA_R_16BF))
         count, status = offered(plan)
         print(f"{name:24s} algorithms offered: {count} ({status})")
         plan.free()
@@ -68,10 +68,10 @@ def main() -> None:
     for how, pointer in (("shared vector (group 0's)", bias.data_ptr()), ("array of per-group pointers",
                                                                            pointers.data_ptr())):
         plan = GroupedMatmul(x, b, offs)
-        plan.desc.set("EPILOGUE", int(MatmulEpilog.BIAS))
-        plan.desc.set("BIAS_DATA_TYPE", int(lib.api.CUDA_R_16BF))
-        plan.desc.set("BIAS_POINTER", pointer)
-        plan.desc.set("BIAS_BATCH_STRIDE", N)
+        plan._launch.desc.set("EPILOGUE", int(MatmulEpilog.BIAS))
+        plan._launch.desc.set("BIAS_DATA_TYPE", int(lib.api.CUDA_R_16BF))
+        plan._launch.desc.set("BIAS_POINTER", pointer)
+        plan._launch.desc.set("BIAS_BATCH_STRIDE", N)
         count, status = offered(plan)
         if not count:
             print(f"BIAS with {how}: no algorithm ({status})")

@@ -45,8 +45,8 @@ def main() -> None:
                 print(f"{label}: refused before cuBLASLt: {type(error).__name__}: {error}")
                 continue
             if scaled:  # cuBLASLt's A is the caller's b, its B the caller's a
-                plan.desc.set("A_SCALE_POINTER", scale_b.data_ptr())
-                plan.desc.set("B_SCALE_POINTER", scale_a.data_ptr())
+                plan._launch.desc.set("A_SCALE_POINTER", scale_b.data_ptr())
+                plan._launch.desc.set("B_SCALE_POINTER", scale_a.data_ptr())
             try:
                 count = len(plan.plan(limit=8))
             except nvblaslt.CublasLtError as error:
@@ -101,9 +101,9 @@ def e5m2_pairs(x, w, offs) -> None:
 
         def retype(plan=plan, a_type=a_type, b_type=b_type) -> None:
             if a_type == torch.float8_e5m2:
-                plan.layouts[1].set("TYPE", e5m2)
+                plan._launch.layouts[1].set("TYPE", e5m2)
             if b_type == torch.float8_e5m2:
-                plan.layouts[0].set("TYPE", e5m2)
+                plan._launch.layouts[0].set("TYPE", e5m2)
         count = _planned(plan, label, retype)
         if count is None:
             continue
@@ -126,8 +126,8 @@ def scale_modes(x, w, offs) -> None:
 
         def scaled(plan=plan, value=value, twos=twos) -> None:
             for name in ("A", "B"):
-                plan.desc.set(f"{name}_SCALE_MODE", value)
-                plan.desc.set(f"{name}_SCALE_POINTER", twos.data_ptr())
+                plan._launch.desc.set(f"{name}_SCALE_MODE", value)
+                plan._launch.desc.set(f"{name}_SCALE_POINTER", twos.data_ptr())
         count = _planned(plan, f"scale mode {mode}", scaled)
         if count is None:
             continue
@@ -138,8 +138,8 @@ def scale_modes(x, w, offs) -> None:
             # its B the tokens (a scale per token row)
             token_scale = torch.rand(rows, device="cuda") + 0.5
             feature_scale = torch.rand(groups, w.shape[1], device="cuda") + 0.5
-            plan.desc.set("A_SCALE_POINTER", feature_scale.data_ptr())
-            plan.desc.set("B_SCALE_POINTER", token_scale.data_ptr())
+            plan._launch.desc.set("A_SCALE_POINTER", feature_scale.data_ptr())
+            plan._launch.desc.set("B_SCALE_POINTER", token_scale.data_ptr())
             out = plan.execute(check_offsets=True)
             torch.cuda.synchronize()
             ends = offs.tolist()

@@ -129,7 +129,7 @@ class _Entry:
         if tuning is not None:  # timed into scratch memory on XLA's stream, with XLA's operands and offsets
             self.plan.autotune(iterations=tuning.iterations, search=tuning.search)
         self.plan.release_operands()  # XLA's buffers are lent for this call only
-        self.problem = self.plan.problem  # the shapes are static: every run poses this problem
+        self.problem = self.plan._problem  # the shapes are static: every run poses this problem
         self.tail = _Tail(form, device) if form.zero_tail else None
         self.form, self.device = form, device
         self.captured = False  # a command buffer replays it: it is never freed
@@ -140,7 +140,7 @@ class _Entry:
         result = view(self.form.shapes[3], self.form.out_dtype, out, False, stream, self.device)
         with self.lock:
             # check_offsets off: sizes summing below the rows are ragged_dot's semantics, not an error
-            self.plan.run_pointers(self.problem, a, b, offs, False, out=result, stream=stream, check_offsets=False)
+            self.plan._run_pointers(self.problem, a, b, offs, False, out=result, stream=stream, check_offsets=False)
             if self.tail is not None:
                 self.tail.launch(offs, out, stream)
 

@@ -300,7 +300,7 @@ def test_a_plans_descriptors_build_on_the_real_library(grouped_lib):
             return 0x7000_0000 + 0x1000 * matrix + 0x100 * field
 
     plan = GroupedMatmul.__new__(GroupedMatmul)
-    plan.lib, plan.problem, plan.arrays, plan.workspace_bytes = grouped_lib, problem, FakeArrays(), 1 << 20
+    plan._lib, plan._problem, plan._arrays, plan._workspace_bytes = grouped_lib, problem, FakeArrays(), 1 << 20
     desc, layouts, preference = plan._descriptors()
     assert desc.get("TRANSA") == lt.CUBLAS_OP_T and desc.get("TRANSB") == lt.CUBLAS_OP_N
     assert [layout.get("BATCH_COUNT") for layout in layouts] == [4, 4, 4, 4]
@@ -371,8 +371,8 @@ def test_a_grouped_plans_autotuned_choice_is_keyed_and_recalled(grouped_lib, mon
         problem = _grouped_problem.describe(op(_aligned_f16(tokens, 16)), op(w.transpose(0, 2, 1)),
                                             op(np.arange(1, groups + 1, dtype=np.int32) * (tokens // groups)))
         plan = GroupedMatmul.__new__(GroupedMatmul)
-        plan.lib, plan.problem, plan.arrays = grouped_lib, problem, FakeArrays()
-        plan.workspace_bytes, plan.device = 1 << 20, 0
+        plan._lib, plan._problem, plan._arrays = grouped_lib, problem, FakeArrays()
+        plan._workspace_bytes, plan.device = 1 << 20, 0
         desc, layouts, preference = plan._descriptors()
         # the grouped plan's Launch, as GroupedMatmul makes it (no handle: nothing runs)
         launch = Launch.given(grouped_lib, None, desc, layouts, preference, workspace_limit=1 << 20, device=0,

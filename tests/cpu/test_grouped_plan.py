@@ -96,7 +96,7 @@ def test_a_plan_runs_its_kernel_then_cublaslt_with_the_problems_layout(gpu_stand
     # handle, desc, alpha, A's pointers, A, B's pointers, B, beta, C's (D's), C, D's, D, algo, workspace, size, stream
     assert call[0] == 0x1234 and call[3] == 0x6100_0000 and call[5] == 0x6100_1000
     assert call[8] == call[10] == 0x6100_2000 and call[13] in (None, 0) and call[14] == 0
-    assert plan.desc.get("TRANSA") == nvblaslt.lt.CUBLAS_OP_T  # weights stored (G, N, K): TN
+    assert plan._launch.desc.get("TRANSA") == nvblaslt.lt.CUBLAS_OP_T  # weights stored (G, N, K): TN
     # new tokens and offsets run the same plan; the kernel gets the new total
     a2, _, _, _ = operands(tokens=88)
     plan.execute(a2, out=FakeDLPack((88, 96), dtype="bfloat16", ptr=OUT2))
@@ -192,9 +192,10 @@ def test_fp8_scales_reach_the_descriptor_per_call_and_are_checked(gpu_standins):
     nvblaslt.grouped_matmul(a, b, offs, out=out, scale_a=scale_a, scale_b=scale_b)
     (plan,) = _grouped_function._local.plans.values()
     # cuBLASLt's A is the caller's b
-    assert plan.desc.get("A_SCALE_POINTER") == SCALE_B and plan.desc.get("B_SCALE_POINTER") == SCALE_A
+    desc = plan._launch.desc
+    assert desc.get("A_SCALE_POINTER") == SCALE_B and desc.get("B_SCALE_POINTER") == SCALE_A
     nvblaslt.grouped_matmul(a, b, offs, out=out)  # the same cached plan, no scales now: 1, not the last ones
-    assert plan.desc.get("A_SCALE_POINTER") in (0, None) and plan.desc.get("B_SCALE_POINTER") in (0, None)
+    assert desc.get("A_SCALE_POINTER") in (0, None) and desc.get("B_SCALE_POINTER") in (0, None)
     with pytest.raises(NvblasltValueError, match=r"scale_b: expected one float32 value on GPU 0"):
         nvblaslt.grouped_matmul(a, b, offs, out=out, scale_b=FakeDLPack((2,), ptr=SCALE_B))
     with pytest.raises(NvblasltValueError, match=r"scale_a: expected one float32 value"):

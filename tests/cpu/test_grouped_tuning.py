@@ -46,8 +46,8 @@ class StandInGroupedLaunch(StandInLaunch):
 
 
 class StandInGroupedPlan(LaunchAlgorithms):
-    """What ``_grouped_tuning`` and ``GroupedMatmul.apply_tuning`` use of a GroupedMatmul, by its public
-    names; ``speeds`` maps an algorithm id to its true ms, ``refused`` the ids cuBLASLt refuses at launch."""
+    """What ``_grouped_tuning`` and ``GroupedMatmul._apply_tuning`` use of a GroupedMatmul, by the names
+    it has; ``speeds`` maps an algorithm id to its true ms, ``refused`` the ids cuBLASLt refuses at launch."""
 
     def __init__(self, ids, speeds, refused=()):
         self._launch = StandInGroupedLaunch(ids)
@@ -95,7 +95,7 @@ def _tune(plan, **kw):
     bound = types.SimpleNamespace(problem=types.SimpleNamespace(out_shape=(4, 4), out_strides=(4, 1),
                                                            d=types.SimpleNamespace(dtype=None)))
     result = _grouped_tuning.autotune(plan, bound, 7, iterations=3, remember=True, budget_s=2.0, **kw)
-    return GroupedMatmul.apply_tuning(plan, result)  # the real plan's way of applying it
+    return GroupedMatmul._apply_tuning(plan, result)  # the real plan's way of applying it
 
 
 def test_a_refused_algorithm_leaves_the_plans_list_and_the_fastest_is_selected(simulated):
@@ -168,16 +168,16 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
     planned, searched, evicted = Result(1, 256), Result(100, 4096), Result(101, 512)
     launch.offer([planned])
     plan._launch, plan._freed, plan._checked = launch, False, {searched.as_bytes(): searched}
-    plan.captured, plan._last_stream = False, 0
-    plan.workspace_bytes, plan.tuning_report = 1 << 20, "autotune's report"
+    plan._captured, plan._last_stream = False, 0
+    plan._workspace_bytes, plan.tuning_report = 1 << 20, "autotune's report"
     # cuBLASLt's check, for what select() has not seen: it accepts #101 (over the limit for #102) only
-    plan.lib = types.SimpleNamespace(api=types.SimpleNamespace(cublasLtMatmulAlgo_t=ctypes.c_byte * 64))
+    plan._lib = types.SimpleNamespace(api=types.SimpleNamespace(cublasLtMatmulAlgo_t=ctypes.c_byte * 64))
     launch.check = lambda algo: {evicted.as_bytes(): evicted, Result(102).as_bytes(): Result(102, 2 << 20)}.get(
         bytes(algo))
     plan.select(Result(1))  # the same bytes as a planned one: the plan's own result runs
-    assert plan.algorithm is planned and plan.workspace.size == 256 and plan.tuning_report is None
+    assert plan.algorithm is planned and plan._launch.workspace.size == 256 and plan.tuning_report is None
     plan.select(Result(100))  # a candidate check() accepted, with the workspace cuBLASLt asked for there
-    assert plan.algorithm is searched and plan.workspace.size == 4096
+    assert plan.algorithm is searched and plan._launch.workspace.size == 4096
     plan.select(Result(101))  # one no longer held (evicted): checked again
     assert plan.algorithm is evicted
     for refused in (Result(7), Result(102)):  # refused by the check; over the workspace limit
@@ -185,7 +185,7 @@ def test_select_takes_the_plans_own_results_and_a_failed_workspace_leaves_the_pl
             plan.select(refused)
     with pytest.raises(NvblasltTypeError, match="algorithm: expected a HeuristicResult .*, got str"):
         plan.select("id 66")
-    held = plan.workspace
+    held = plan._launch.workspace
     with pytest.raises(MemoryError):
-        plan.ensure_workspace(2 << 20)
-    assert plan.workspace is held and not held.released
+        plan._ensure_workspace(2 << 20)
+    assert plan._launch.workspace is held and not held.released

@@ -22,7 +22,7 @@ from nvblaslt import (Matmul, MatmulEpilog, MatmulOptions, MatmulPlanPreferences
                       NvblasltTypeError, NvblasltValueError, _dtypes, _epilogs, _host, _scales, matmul)
 from nvblaslt._descriptors import Capabilities, HeuristicResult
 from nvblaslt._launch import Launch, algorithm_structs
-from tests.fakes import FakeDLPack, Reached, forbid_gpu_work, fortran, reached
+from tests.fakes import FakeDLPack, Reached, StandInLaunch, forbid_gpu_work, fortran, reached
 
 E = MatmulEpilog
 F8 = "float8_e4m3fn"
@@ -872,22 +872,6 @@ def test_an_aux_input_strided_along_n_is_refused_by_the_dimension_it_takes():
     assert _epilogs.check_aux(column_major, "gelu_aux", problem).ld == 16
 
 
-class _StubLaunch:
-    """What ``plan()`` asks of the launch it made once the checks passed: nothing reaches cuBLASLt."""
-
-    def pointer_setter(self, attribute):
-        return lambda pointer: None
-
-    def bind(self, *pointers):
-        pass
-
-    def select(self, algorithm):
-        pass
-
-    def close(self):
-        pass
-
-
 @pytest.fixture
 def committed_plans(monkeypatch, default_lib):
     """``plan()`` commits with a stand-in launch; host arrays are 'staged' to a fake device pointer."""
@@ -897,7 +881,7 @@ def committed_plans(monkeypatch, default_lib):
         copy = dataclasses.replace(op, ptr=_FakeBuffer.pointer, strides=_host.device_strides(op), device=device,
                                    host=False, conjugated=False)
         return copy, _FakeBuffer()
-    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (_StubLaunch(), ["algo"], {})))
+    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (StandInLaunch(), ["algo"], {})))
     monkeypatch.setattr(_host, "stage", stage)
     monkeypatch.setattr(_host, "refresh", lambda *args: None)
 

@@ -1,6 +1,6 @@
-"""What the user's ``Matmul`` shows: exactly the members the API reference documents (nvmath-python's
-``Matmul`` and nvblaslt's additions) and the attributes its docstring lists, and none of the package's
-internal interface, on the class or on a planned object (no GPU: the launch is a stand-in)."""
+"""What the user's ``Matmul`` and ``GroupedMatmul`` show: exactly the members the API reference documents
+(for ``Matmul``, nvmath-python's and nvblaslt's additions) and the attributes their docstrings list, and
+none of the package's internal interface, on the class or on a planned object (no GPU: stand-ins)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 import nvblaslt
 from nvblaslt import _protocols
 from nvblaslt._launch import Launch
-from tests.fakes import FakeDLPack
+from tests.cpu.test_grouped_plan import OUT, gpu_standins, operands  # noqa: F401  (gpu_standins: a fixture)
+from tests.fakes import FakeDLPack, StandInLaunch
 
 API_REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "api.rst"
 
@@ -75,29 +76,10 @@ def test_a_name_added_to_matmul_is_caught():
     assert public_names(Grown) - documented_members("Matmul") == {"rebind"}
 
 
-class _StandInLaunch:
-    """What ``plan()`` asks of the launch it made once the checks passed: nothing reaches cuBLASLt."""
-
-    algorithms: list = []
-    algorithm = None
-
-    def pointer_setter(self, attribute):
-        return lambda pointer: None
-
-    def bind(self, *pointers):
-        pass
-
-    def select(self, algorithm):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_a_planned_matmul_shows_exactly_its_documented_attributes(monkeypatch, default_lib):
     """A user's object, made, planned and freed, shows the documented methods and attributes alone: an
     internal attribute assigned without its underscore (``launch``, ``problem``, ``fast_bound``…) fails."""
-    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (_StandInLaunch(), ["algo"], {})))
+    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (StandInLaunch(), ["algo"], {})))
     documented = documented_members("Matmul") | documented_attributes(nvblaslt.Matmul)
     assert documented_attributes(nvblaslt.Matmul) == {"tuning_report", "device", "stream", "bias_gradient_form"}
     mm = nvblaslt.Matmul(FakeDLPack((8, 4)), FakeDLPack((4, 6), ptr=0x7F0000100000))
@@ -110,8 +92,24 @@ def test_a_planned_matmul_shows_exactly_its_documented_attributes(monkeypatch, d
 
 def test_an_internal_attribute_made_public_is_caught(monkeypatch, default_lib):
     """The comparison above fails for an instance attribute the docstring does not list."""
-    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (_StandInLaunch(), ["algo"], {})))
+    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (StandInLaunch(), ["algo"], {})))
     mm = nvblaslt.Matmul(FakeDLPack((8, 4)), FakeDLPack((4, 6), ptr=0x7F0000100000))
     mm.plan()
     mm.launch = mm._launch  # as it was named before
     assert shown(mm) - documented_members("Matmul") - documented_attributes(nvblaslt.Matmul) == {"launch"}
+
+
+def test_a_planned_grouped_matmul_shows_exactly_its_documented_members_and_attributes(gpu_standins):
+    """A grouped plan, made, planned, run and freed, shows what docs/api.rst and its docstring document;
+    its launch, descriptors, arrays and hot path (``_run_pointers``) stay underscored."""
+    documented = documented_members("GroupedMatmul") | documented_attributes(nvblaslt.GroupedMatmul)
+    assert documented_attributes(nvblaslt.GroupedMatmul) == {"tuning_report", "device"}
+    assert public_names(nvblaslt.GroupedMatmul) == documented_members("GroupedMatmul")
+    a, b, offs, _ = operands()
+    plan = nvblaslt.GroupedMatmul(a, b, offs)
+    assert shown(plan) == documented
+    plan.plan()
+    plan.execute(out=FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT))
+    assert shown(plan) == documented
+    plan.free()
+    assert shown(plan) == documented

@@ -177,13 +177,13 @@ def test_the_derive_kernel_writes_what_the_host_reference_says():
     plan.plan()
     out = plan.execute()
     torch.cuda.synchronize()
-    arrays = plan.arrays
+    arrays = plan._arrays
     words = (ctypes.c_longlong * (12 * 3))()
     from nvblaslt._cuda import cudart, check
 
     check(cudart.cudaMemcpy(ctypes.addressof(words), arrays.shapes, ctypes.sizeof(words),
                             cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy")
-    problem = plan.problem
+    problem = plan._problem
     reference = _grouped_problem.reference_arrays(problem, [10, 10, 50])
     bases = (b.data_ptr(), a.data_ptr(), out.data_ptr())
     for x, name in enumerate(("a", "b", "d")):
@@ -375,7 +375,7 @@ def test_a_cuda_graph_replays_with_new_offsets_written_into_the_same_array():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         plan.execute(out=out, stream=torch.cuda.current_stream())
-    assert plan.captured
+    assert plan._captured
     for sizes in ([64, 0, 0, 0], [1, 2, 3, 58], [16, 16, 16, 16]):
         offs.copy_(_ends(sizes))
         out.fill_(float("nan"))
