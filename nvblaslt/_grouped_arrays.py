@@ -26,7 +26,7 @@ from ._memory import DeviceBuffer
 
 KERNEL = "nvblaslt_grouped_arrays"
 ZERO_KERNEL = "nvblaslt_grouped_zero_empty"
-SOURCE = r"""
+SOURCE = _jit.ZERO_SPAN_SOURCE + r"""
 struct Spec {  // one GroupedMatrix: extents, raggedness and strides in bytes (leading dimensions come per call)
     long long rows, cols, ld_unused, rows_ragged, cols_ragged, group_stride, ragged_stride, contiguous;
 };
@@ -77,18 +77,7 @@ extern "C" __global__ void nvblaslt_grouped_arrays(
 
 // Zeros in D for every group the derive kernel sized 0. Every thread of the grid takes part in each
 // empty group in turn (a group's matrix is large, M x N; the others cost one read each): 16-byte
-// stores over a dense matrix, element stores where columns are padded (ld > rows).
-__device__ void zero_span(char* p, long long bytes, long long thread, long long threads) {
-    long long head = (16 - (long long)((unsigned long long)p & 15)) & 15;
-    head = head < bytes ? head : bytes;
-    if (thread < head) p[thread] = 0;
-    uint4* vectors = reinterpret_cast<uint4*>(p + head);
-    const long long count = (bytes - head) / 16;
-    for (long long i = thread; i < count; i += threads) vectors[i] = make_uint4(0, 0, 0, 0);
-    const long long done = head + 16 * count;
-    if (thread < bytes - done) p[done + thread] = 0;
-}
-
+// stores over a dense matrix (zero_span, _jit's), element stores where columns are padded (ld > rows).
 extern "C" __global__ void nvblaslt_grouped_zero_empty(
         int groups, int itemsize, const long long* shapes, const unsigned long long* pointers,
         const long long* sizes) {

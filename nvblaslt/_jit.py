@@ -24,6 +24,22 @@ _loaded: dict[tuple[str, str, str], Kernel] = {}  # (source, arch, name) -> kern
 _bound = threading.local()  # the devices whose primary context this thread has made current
 
 
+# A device function the kernels share: zero ``bytes`` at ``p``, 16-byte stores where aligned, every thread
+# of the grid taking part (``thread`` of ``threads``); prepended to a kernel's source that calls it.
+ZERO_SPAN_SOURCE = r"""
+__device__ void zero_span(char* p, long long bytes, long long thread, long long threads) {
+    long long head = (16 - (long long)((unsigned long long)p & 15)) & 15;
+    head = head < bytes ? head : bytes;
+    if (thread < head) p[thread] = 0;
+    uint4* vectors = reinterpret_cast<uint4*>(p + head);
+    const long long count = (bytes - head) / 16;
+    for (long long i = thread; i < count; i += threads) vectors[i] = make_uint4(0, 0, 0, 0);
+    const long long done = head + 16 * count;
+    if (thread < bytes - done) p[done + thread] = 0;
+}
+"""
+
+
 def _nvrtc_check(result, program, call: str):
     from cuda.bindings import nvrtc
 

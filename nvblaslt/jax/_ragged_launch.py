@@ -28,23 +28,14 @@ _ALIGN = 256  # the most alignment a plan is keyed on: XLA's allocations give it
 
 TAIL_KERNEL = "nvblaslt_ragged_zero_tail"
 # Zeroes out[offs[groups - 1]:] (rows of row_bytes), clamped to the result: 16-byte stores where aligned.
-TAIL_SOURCE = r"""
+TAIL_SOURCE = _jit.ZERO_SPAN_SOURCE + r"""
 extern "C" __global__ void nvblaslt_ragged_zero_tail(const int* offs, int groups, long long rows,
                                                      long long row_bytes, unsigned char* out) {
     long long start = groups > 0 ? offs[groups - 1] : 0;
     start = start < 0 ? 0 : (start > rows ? rows : start);
-    unsigned char* p = out + start * row_bytes;
-    const long long bytes = (rows - start) * row_bytes;
     const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long threads = (long long)gridDim.x * blockDim.x;
-    long long head = (16 - (long long)((unsigned long long)p & 15)) & 15;
-    head = head < bytes ? head : bytes;
-    if (thread < head) p[thread] = 0;
-    uint4* vectors = reinterpret_cast<uint4*>(p + head);
-    const long long count = (bytes - head) / 16;
-    for (long long i = thread; i < count; i += threads) vectors[i] = make_uint4(0, 0, 0, 0);
-    const long long done = head + 16 * count;
-    if (thread < bytes - done) p[done + thread] = 0;
+    zero_span(reinterpret_cast<char*>(out + start * row_bytes), (rows - start) * row_bytes, thread, threads);
 }
 """
 _TAIL_THREADS, _TAIL_MOST_BLOCKS = 256, 1024  # a grid-stride loop; an empty tail costs one read per thread
