@@ -288,7 +288,7 @@ def test_a_step_under_the_torch_autotune_context_tunes_the_experts_three_gemms(m
     # the weight gradient in the weight's own (G, N, K) order: gradᵀ @ x per group
     for a, b in ((x.detach(), w.transpose(1, 2)), (grad, w), (grad.T, x.detach())):
         with GroupedMatmul(a, b, ends) as plan:
-            tuned, _ = _tuning_cache.recall(plan)
+            tuned, _ = _tuning_cache.recall(plan._launch)
             assert tuned is not None, f"not remembered: {tuple(a.shape)} @ {tuple(b.shape)}"
             assert plan.plan()[0].as_bytes() == tuned.as_bytes()
     want = _reference("2d3d", x.detach(), w.transpose(1, 2), ends, 4)
