@@ -61,7 +61,7 @@ def _time(run, how: str, steps: int) -> float:
     return total / steps * 1e6
 
 
-def _burst_us(fn, calls: int = 200) -> float:
+def burst_us(fn, calls: int = 200) -> float:
     """Host µs per call over a burst that never waits for the GPU inside (drained before and after)."""
     torch.cuda.synchronize()
     begin = time.perf_counter()
@@ -122,7 +122,7 @@ def breakdown(shape, rounds: int) -> None:
         for _ in range(10):
             fn()
     names = list(pieces)
-    samples = shuffled_rounds(names, rounds, lambda n: _burst_us(pieces[n]), shuffler=random.Random(1))
+    samples = shuffled_rounds(names, rounds, lambda n: burst_us(pieces[n]), shuffler=random.Random(1))
     print(f"\nhost µs per call, {shape.label}, N {shape.batch} (bursts of 200 that never wait; median of {rounds})")
     for name, values in zip(names, samples):
         print(f"  {name:48s} {statistics.median(values):8.1f}")

@@ -30,6 +30,7 @@ import nvblaslt
 import nvblaslt.torch as nvt
 from nvblaslt import Matmul, MatmulEpilog
 from nvblaslt._timing import shuffled_rounds
+from tools.probe_conv_host import burst_us  # host µs per call over a burst that never waits
 
 TOKENS = (1, 16, 256)
 WIDTHS = (4096, 14336)
@@ -67,17 +68,6 @@ def _case(tokens: int, width: int, epilog: str) -> dict:
     return {"calls": calls, "plan": plan}
 
 
-def _issue_us(call, calls: int) -> float:
-    """Host µs per call over a burst that never waits for the GPU inside (drained before and after)."""
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(calls):
-        call()
-    elapsed = time.perf_counter() - begin
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
-
-
 def _sync_us(call, calls: int) -> float:
     """Wall µs per call with a synchronize after each."""
     synchronize = torch.cuda.synchronize
@@ -96,7 +86,7 @@ def table(rounds: int, calls: int) -> None:
             for tokens in TOKENS:
                 case = _case(tokens, width, epilog)
                 entries = [(name, how) for how in ("issue", "sync") for name in CONTESTANTS]
-                timers = {"issue": _issue_us, "sync": _sync_us}
+                timers = {"issue": burst_us, "sync": _sync_us}
                 samples = shuffled_rounds(entries, rounds, lambda e: timers[e[1]](case["calls"][e[0]], calls),
                                           shuffler=random.Random(tokens + width))
                 medians = {e: statistics.median(s) for e, s in zip(entries, samples)}
