@@ -139,3 +139,24 @@ class StandInLaunch:
 
     def close(self):
         pass
+
+
+class StandInEntry:
+    """A JAX callback's plan entry, stood in: records the streams it ran on and whether a capture kept it
+    or it was freed (``nvblaslt.jax``'s bridge and ``ragged_dot`` keep theirs alike). Each subclass holds
+    the ``made`` list its test resets."""
+
+    made: list = []
+
+    def __init__(self, device, stream, generation=0):
+        self.device, self.stream, self.runs = device, stream, []
+        self.captured = self.freed = False
+        self.generation = generation
+        type(self).made.append(self)
+
+    def keep(self):
+        first, self.captured = not self.captured, True
+        return first
+
+    def free(self):
+        self.freed = not self.captured

@@ -17,6 +17,7 @@ jnp = pytest.importorskip("jax.numpy")
 from nvblaslt import NvblasltValueError, _grouped_version, _jit  # noqa: E402
 
 from tests import skips  # noqa: E402
+from tests.fakes import StandInEntry  # noqa: E402
 
 skips.without_library()
 
@@ -96,25 +97,16 @@ def test_the_tail_kernel_compiles(arch):
 
 
 # ---- the callback's plans, with a stand-in entry ---------------------------------------------------
-class _StandIn:
+class _StandIn(StandInEntry):
     made: list = []
 
     def __init__(self, form, pointers, stream, device):
-        self.form, self.device, self.stream, self.runs = form, device, stream, []
-        self.captured = self.freed = False
         tuning = _tuning.active()
-        self.generation = tuning.generation if tuning is not None else 0
-        _StandIn.made.append(self)
+        super().__init__(device, stream, tuning.generation if tuning is not None else 0)
+        self.form = form
 
     def run(self, pointers, stream):
         self.runs.append(stream)
-
-    def keep(self):
-        first, self.captured = not self.captured, True
-        return first
-
-    def free(self):
-        self.freed = not self.captured
 
 
 @pytest.fixture

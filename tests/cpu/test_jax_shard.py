@@ -15,6 +15,7 @@ jnp = pytest.importorskip("jax.numpy")
 from nvblaslt import NvblasltTypeError, NvblasltValueError  # noqa: E402
 
 from tests import skips  # noqa: E402
+from tests.fakes import StandInEntry  # noqa: E402
 
 skips.without_library()
 
@@ -116,25 +117,16 @@ def test_python_entries_are_counted_per_gpu():
 
 
 # ---- the bridge's plan keys, with a stand-in plan ---------------------------------------------------
-class _StandIn:
+class _StandIn(StandInEntry):
     """Records what the bridge asked of a plan."""
 
     made: list = []
 
     def __init__(self, spec, outputs, pointers, stream, device):
-        self.device, self.stream, self.runs, self.captured, self.freed = device, stream, [], False, False
-        self.generation = 0
-        _StandIn.made.append(self)
+        super().__init__(device, stream)
 
     def run(self, pointers, out_pointers, stream):
         self.runs.append(stream)
-
-    def keep(self):
-        first, self.captured = not self.captured, True
-        return first
-
-    def free(self):
-        self.freed = not self.captured
 
 
 @pytest.fixture
