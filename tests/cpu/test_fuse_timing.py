@@ -2,12 +2,13 @@
 steps run on the CPU here; a simulated clock, advanced by each layer's forward, says how long they took."""
 
 import pytest
-import torch
-from torch import nn
 
-from nvblaslt import NvblasltValueError
-from nvblaslt.torch import _fuse_timing, fuse
-from nvblaslt.torch._conv import FusedConv2d
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from nvblaslt import NvblasltValueError  # noqa: E402
+from nvblaslt.torch import _fuse_timing, fuse  # noqa: E402
+from nvblaslt.torch._conv import FusedConv2d  # noqa: E402
 
 CL = torch.channels_last
 
