@@ -166,7 +166,9 @@ def resolve(api, a: DType, b: DType, c: DType | None, *, compute_type=None, scal
     D is ``result_type``, else C's type, else A's; compute and scale types follow each other."""
     for name, dtype in (("a", a), ("b", b)):
         if dtype not in _dtypes.MATMUL_TYPES:
-            raise NvblasltArgumentError(f"{name}: The dtype of operand {name.upper()} ({dtype.name}) is not "
+            # nvmath-python's own test anchors its regex at "The dtype of operand", so the argument's
+            # name follows the phrase instead of leading the message.
+            raise NvblasltArgumentError(f"The dtype of operand {name.upper()} (argument {name}: {dtype.name}) is not "
                                         f"supported; expected one of {', '.join(t.name for t in _dtypes.MATMUL_TYPES)}")
     if (a, b) not in _DEFAULT_COMPUTE:
         raise NvblasltArgumentError(f"a, b: Unsupported combination of dtypes for operands A {a.name} and B {b.name}: "

@@ -158,9 +158,9 @@ def test_arrays_not_on_a_gpu_are_refused_by_name():
 
 
 @pytest.mark.parametrize("dtype, error, match", [
-    ("int32", NvblasltArgumentError, r"^a: The dtype of operand A \(int32\) is not supported"),
+    ("int32", NvblasltArgumentError, r"^The dtype of operand A \(argument a: int32\) is not supported"),
     ("bool", NvblasltTypeError, r"^a: unknown dtype 'bool'"),
-    ("int8", NvblasltArgumentError, r"^a: The dtype of operand A \(int8\) is not supported"),
+    ("int8", NvblasltArgumentError, r"^The dtype of operand A \(argument a: int8\) is not supported"),
 ])
 def test_dtypes_cublaslt_does_not_take_are_refused_by_name(dtype, error, match):
     with pytest.raises(error, match=match):
