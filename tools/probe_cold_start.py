@@ -10,7 +10,11 @@ starts. Cases:
   ``plan()`` (the first heuristics query), ``execute()`` and synchronize;
 - ``bare ctypes floor``: no nvblaslt: load libcublasLt with ctypes, ``cublasLtCreate``, the descriptors,
   one heuristics query for one algorithm, ``cublasLtMatmul`` and synchronize, each piece timed. This is
-  what any caller of cuBLASLt pays before its first result, Python or not, with CuPy already imported.
+  what any caller of cuBLASLt pays before its first result, Python or not, with CuPy already imported;
+- ``bare, algorithm given`` / ``bare, algorithm checked``: the same with the algorithm's 64 bytes known
+  beforehand (as a tuning database holds them), launched as they are or after ``cublasLtMatmulAlgoCheck``:
+  whether the first query's time is the heuristics' own or the library's first-use setup;
+- ``nvblaslt.matmul(algorithm=…)``: nvblaslt's first call with a known algorithm (no heuristics query).
 
 nvblaslt's bytecode is compiled first, as ``pip install`` does. Medians of the rounds, in ms.
 
@@ -57,11 +61,20 @@ def layout(rows, cols):
 la, lb, ld = layout(n, k), layout(k, m), layout(n, m)
 preference = v(); ok(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(preference)), 'preference')
 piece('descriptors')
-result = (ctypes.c_byte * {ctypes_size(api)})(); returned = ctypes.c_int()
-ok(lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, preference, 1, result, ctypes.byref(returned)),
-   'heuristic')
-assert returned.value == 1
-piece('first heuristics query')
+result = (ctypes.c_byte * {ctypes_size(api)})()
+if ALGORITHM is None:
+    returned = ctypes.c_int()
+    ok(lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, preference, 1, result, ctypes.byref(returned)),
+       'heuristic')
+    assert returned.value == 1
+    print('ALGORITHM', bytes(result)[:64].hex())
+    piece('first heuristics query')
+else:
+    ctypes.memmove(result, bytes.fromhex(ALGORITHM), 64)
+    if CHECK:
+        checked = (ctypes.c_byte * {ctypes_size(api)})()
+        ok(lt.cublasLtMatmulAlgoCheck(handle, desc, la, lb, ld, ld, result, checked), 'check')
+        piece('cublasLtMatmulAlgoCheck')
 d = cupy.empty((m, n), dtype=cupy.float32)
 alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
 ok(lt.cublasLtMatmul(handle, desc, ctypes.byref(alpha), v(b.data.ptr), la, v(a.data.ptr), lb, ctypes.byref(beta),
@@ -74,15 +87,36 @@ def ctypes_size(api) -> int:
     return ctypes.sizeof(api.cublasLtMatmulHeuristicResult_t)
 
 
+def _run(body: str) -> str:
+    done = subprocess.run([sys.executable, "-c", _OPERANDS + body + _SYNC + _REPORT], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"exit {done.returncode}: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def _printed(stdout: str, word: str) -> str:
+    return next(line.split()[1] for line in stdout.splitlines() if line.startswith(word + " "))
+
+
 def cases() -> dict[str, str]:
     lib = nvblaslt.library()
+    bare = _bare_floor(lib.path, lib.api)
+    # the algorithms each way would pick, found once in a process of their own
+    bare_algorithm = _printed(_run("ALGORITHM = None\n" + bare), "ALGORITHM")
+    ours = _printed(_run("import nvblaslt\nplan = nvblaslt.Matmul(a, b)\nplan.plan()\n"
+                         "print('ALGORITHM', plan.algorithm.as_bytes().hex())\npiece('x')"), "ALGORITHM")
     return {
         "cupy a @ b": "r = a @ b\npiece('a @ b')",
         "nvblaslt.matmul": "import nvblaslt\npiece('import nvblaslt')\nr = nvblaslt.matmul(a, b)\npiece('matmul')",
         "nvblaslt pieces": ("import nvblaslt\npiece('import nvblaslt')\nplan = nvblaslt.Matmul(a, b)\n"
                             "piece('Matmul(a, b)')\nplan.plan()\npiece('plan(): first heuristics query')\n"
                             "r = plan.execute()\npiece('execute()')"),
-        "bare ctypes floor": _bare_floor(lib.path, lib.api),
+        "nvblaslt, algorithm given": ("import nvblaslt\npiece('import nvblaslt')\n"
+                                      f"r = nvblaslt.matmul(a, b, algorithm=bytes.fromhex({ours!r}))\n"
+                                      "piece('matmul(algorithm=…)')"),
+        "bare ctypes floor": "ALGORITHM = None\n" + bare,
+        "bare, algorithm given": f"ALGORITHM, CHECK = {bare_algorithm!r}, False\n" + bare,
+        "bare, algorithm checked": f"ALGORITHM, CHECK = {bare_algorithm!r}, True\n" + bare,
     }
 
 
@@ -97,13 +131,9 @@ def main(argv=None) -> None:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in programs}
     for _ in range(args.rounds):
         for name, body in programs.items():
-            done = subprocess.run([sys.executable, "-c", _OPERANDS + body + _SYNC + _REPORT],
-                                  capture_output=True, text=True)
-            if done.returncode:
-                raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
             timed: dict[str, float] = {}
-            for line in done.stdout.splitlines():
-                word, *rest = line.split()
+            for line in _run(body).splitlines():
+                word, *rest = line.split() or ['']
                 if word == "PIECE":
                     timed[" ".join(rest[:-1])] = float(rest[-1])
                 elif word == "TOTAL":
