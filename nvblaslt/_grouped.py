@@ -175,6 +175,8 @@ class GroupedMatmul:
         self._lock = threading.Lock()
         self._scales = (0, 0)  # the per-tensor scale pointers the descriptor holds (fp8)
         self._several_devices = _cuda.several_devices()
+        # read once, here: an environment read costs about 1 µs, every call (plans made after a change see it)
+        self._check_offsets_default = _check_offsets_default()
         with _cuda.on_device(self.device):
             if _cuda.is_capturing(stream_h):
                 raise NvblasltStateError("stream: a CUDA graph is being captured on it; make the grouped plan "
@@ -388,7 +390,8 @@ class GroupedMatmul:
             Default: the operands' package's current stream.
         check_offsets : bool, optional
             Wait for the GPU and refuse offsets out of order, out of range, or not ending at the
-            operand's extent (default ``$NVBLASLT_CHECK_OFFSETS``): a debugging aid.
+            operand's extent (default ``$NVBLASLT_CHECK_OFFSETS``, read when the plan was made): a
+            debugging aid.
         scale_a, scale_b : arrays, optional
             fp8 operands' per-tensor scales: one float32 value each on the GPU, read there when the
             GEMM runs (``out = scale_a · scale_b · a_g · b_g``); default 1.
@@ -448,9 +451,11 @@ class GroupedMatmul:
 
     def _run_pointers(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int,
                       offs_64: bool, *, out: Array | None, stream: int, check_offsets: bool | None,
-                      scales: tuple[int, int] = (0, 0), trial: bool = False) -> Array:
+                      scales: tuple[int, int] = (0, 0), trial: bool = False, capturing: bool | None = None) -> Array:
         """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
         ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
+        ``capturing``: whether ``stream`` is capturing a CUDA graph, where the caller has asked its own
+        package (None: asked here).
 
         Returns
         -------
@@ -479,7 +484,7 @@ class GroupedMatmul:
         if out_pointer & (problem.d.alignment - 1):
             raise NvblasltValueError(f"out: its pointer is aligned to {_grouped_problem.pointer_alignment(out_pointer)}"
                                      f" bytes; this plan needs {problem.d.alignment}")
-        check = _check_offsets_default() if check_offsets is None else bool(check_offsets)
+        check = self._check_offsets_default if check_offsets is None else bool(check_offsets)
         with self._lock:  # the kernels' arguments and the GEMM's are the plan's own, set per call
             if scales != self._scales:  # cuBLASLt's A is the caller's b: its scale is b's
                 self._launch.desc.set("A_SCALE_POINTER", scales[1])
@@ -488,16 +493,18 @@ class GroupedMatmul:
             if self._several_devices:
                 with _cuda.on_device(self.device):
                     self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check,
-                                trial)
+                                trial, capturing)
             else:
-                self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check, trial)
+                self._queue(problem, (b_pointer, a_pointer, out_pointer), offs_pointer, offs_64, stream, check, trial,
+                            capturing)
         return result
 
     def _queue(self, problem: GroupedProblem, bases: tuple[int, int, int], offs_pointer: int, offs_64: bool,
-               stream: int, check: bool, trial: bool = False) -> None:
+               stream: int, check: bool, trial: bool = False, capturing: bool | None = None) -> None:
         """The derive kernel, the GEMM and (weight gradients) the empty groups' zeros, on ``stream``;
         ``bases`` are cuBLASLt's A, B and D (the caller's b, a and the result)."""
-        capturing = _cuda.is_capturing(stream)
+        if capturing is None:
+            capturing = _cuda.is_capturing(stream)
         if capturing:
             if check:
                 raise NvblasltStateError("check_offsets: waits for the GPU, which a CUDA graph being captured "

@@ -56,7 +56,8 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
     stream : int or stream object, optional
         Default: the operands' package's current stream.
     check_offsets : bool, optional
-        Wait for the GPU and refuse bad offsets (default ``$NVBLASLT_CHECK_OFFSETS``).
+        Wait for the GPU and refuse bad offsets (default ``$NVBLASLT_CHECK_OFFSETS``, read when a plan
+        is made: set it before the first call, or call ``clear_grouped_plans()`` after changing it).
     scale_a, scale_b : GPU arrays, optional
         fp8 operands' per-tensor scales, one float32 value each, read on the GPU when the GEMM runs:
         ``out_g = scale_a · scale_b · a_g · b_g``. Default 1.

@@ -136,15 +136,20 @@ def test_the_function_form_plans_once_per_problem(gpu_standins):
     assert gpu_standins["arrays"] == [4, 4, 4]
 
 
-def test_check_offsets_reaches_the_kernel_and_the_environment_sets_it(gpu_standins, monkeypatch):
+def test_check_offsets_reaches_the_kernel_and_the_environment_sets_it_when_a_plan_is_made(gpu_standins, monkeypatch):
     a, b, offs, _ = operands()
     out = FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT)
     nvblaslt.grouped_matmul(a, b, offs, out=out, check_offsets=True)
     monkeypatch.setenv("NVBLASLT_CHECK_OFFSETS", "1")
+    nvblaslt.grouped_matmul(a, b, offs, out=out)  # the plan read the environment when it was made: unset
+    nvblaslt.clear_grouped_plans()  # plans made from now on read it: set
     nvblaslt.grouped_matmul(a, b, offs, out=out)
+    nvblaslt.grouped_matmul(a, b, offs, out=out, check_offsets=False)
     monkeypatch.setenv("NVBLASLT_CHECK_OFFSETS", "0")
+    nvblaslt.grouped_matmul(a, b, offs, out=out)  # no environment read per call
+    nvblaslt.clear_grouped_plans()
     nvblaslt.grouped_matmul(a, b, offs, out=out)
-    assert [call[-1] for call in gpu_standins["derive"]] == [True, True, False]
+    assert [call[-1] for call in gpu_standins["derive"]] == [True, False, True, False, True, False]
 
 
 def test_the_function_form_recalls_a_known_layout_without_reading_the_arrays_again(gpu_standins, monkeypatch):
