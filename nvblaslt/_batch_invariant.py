@@ -6,7 +6,8 @@ split-K (which changes the order of the K sum) change as M grows; row 0 of ``x[:
 too (issue 35 measured it from M = 31 at 4096×4096, bf16, H200). Here the algorithm is pinned per
 the problem with the varying extent left out (the ``pinned key``): N, K, types, layouts' orders,
 alignments, epilog, GPU and library. It is, in order: the pin a loaded tuning database records for that
-key, the one this process chose before, or the heuristics' first pick for the problem at ``REFERENCE``
+key (where its entry has a ladder, the rung for this plan's M: kernels verified at tune time to give
+the same bits, ``_invariant_ladder``), the one this process chose before, or the heuristics' first pick for the problem at ``REFERENCE``
 rows that, with split-K off (``SPLITK_NUM`` 1, no reduction scheme), cuBLASLt accepts at every
 extent of ``CHECKED_AT`` (``FP8_CHECKED_AT`` for fp8). Each plan re-checks the pin for its own M, and
 refuses where cuBLASLt does not accept it: a different kernel would silently give different bits.
@@ -178,11 +179,15 @@ def pinned(launch, which: str):
     """The HeuristicResult a batch-invariant ``launch`` runs (``which``: "rows" or "columns"), checked
     for its own M; NvblasltUnsupportedError where cuBLASLt refuses the pin for it."""
     extent = varying(launch.problem, which)
+    size = launch.problem.m if extent == "m" else launch.problem.n
     key, description = pinned_key(launch, which)
     entry = _tuning_db.lookup(description, key)
     source = "tuning database"
     if entry is not None and entry.get("kind") == "pinned":
-        raw = bytes.fromhex(entry["algo"])
+        algo, bound = _tuning_db.pinned_algo(entry, size)  # a ladder's rung for this M: verified in one bit class
+        raw = bytes.fromhex(algo)
+        if entry.get("ladder"):
+            source += f"'s ladder, the rung {'for every larger M' if bound is None else f'up to {bound}'}"
     else:
         with _lock:
             known = _pins.get(key)
@@ -199,7 +204,6 @@ def pinned(launch, which: str):
                                  f"{launch.problem.describe()} {fault}; re-tune the database")
     result = launch.check(algo)
     if result is None or result.workspace_size > launch.workspace_limit:
-        size = launch.problem.m if extent == "m" else launch.problem.n
         raise NvblasltUnsupportedError(f"options.batch_invariant: cuBLASLt does not accept the algorithm pinned for "
                                        f"{launch.problem.describe()} (from {source}) at {extent.upper()} = {size}; "
                                        f"row-for-row identical results cannot be guaranteed here")

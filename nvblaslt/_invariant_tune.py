@@ -1,30 +1,32 @@
-"""``nvblaslt tune`` for a ``batch_invariant`` problem: a measured pin (GPU).
+"""``nvblaslt tune`` for a ``batch_invariant`` problem: a measured ladder of pins (GPU).
 
-The problem is planned with the heuristics alone at every M the choice needs (``_invariant_choice``:
-``SPEED_M`` and ``BITWISE_M``), on one set of arrays made for the largest M, each smaller M a view of its
-first tokens: the first rows of every plan read the same data. The candidates that cuBLASLt accepts at
-every extent of ``ACCEPTED_AT`` are screened in one round per M against the default plan (its first
-pick), the best ``FINALISTS`` and today's pin then timed in interleaved rounds within the problem's share
-of the budget, and the pin is the first down the max-min ranking whose first rows are bitwise the same at
-every M of ``BITWISE_M`` (those of M = 1 and M = 7 the reference). The database entry (``pinned``) keeps
-its speed × the default at each M beside today's pin's, and how the best candidate for each end alone
-fares, so that a reader sees whether one kernel serves both.
+The problem is planned with the heuristics alone at every M the choice needs (``_invariant_choice``'s
+``SPEED_M``, ``_invariant_ladder``'s ``VERIFY_M``), on one set of arrays made for the largest M, each
+smaller M a view of its first tokens: the first tokens of every plan read the same data. The candidates
+that cuBLASLt accepts at every extent of ``ACCEPTED_AT`` are screened in one round per M against the
+default plan (its first pick); the best single kernels (max-min), each M's fastest and today's pin are
+then timed in interleaved rounds within the problem's share of the budget. Each of those is run at every
+M of ``VERIFY_M`` and its first ``VERIFY_TOKENS`` tokens compared bitwise with its own at the largest M:
+one whose bits change is dropped; the rest are grouped by those bits into classes, and the entry
+(``pinned``) records the best class's ladder (``_invariant_ladder``), its best single kernel as ``algo``,
+the ladder's and that kernel's speed × the default at each M, today's pin's, and the classes found.
 
 Problems this cannot measure (batched, an operand whose tokens are not its outermost axis, C given, or an
 epilog input with the tokens in it) record today's pin, as before.
 """
-
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import time
 
-from . import _batch_invariant, _invariant_choice, _memory, _search
+from . import _batch_invariant, _invariant_choice, _invariant_ladder, _memory, _search, _tuning_db
 from ._autotune import Contestant
 from ._cuda import check, cudart, on_device
-from ._descriptors import HeuristicResult
+from ._descriptors import Algorithm, HeuristicResult
 from ._errors import NvblasltError
-from ._invariant_choice import BITWISE_M, DEFAULT, SPEED_M, Candidate
+from ._invariant_choice import DEFAULT, SPEED_M, Candidate
+from ._invariant_ladder import VERIFY_M, VERIFY_TOKENS
 from ._logging import logger
 from ._timing import Timer
 from ._tune_arrays import device_array
@@ -32,7 +34,7 @@ from ._tune_arrays import device_array
 ROUNDS = 9  # full rounds of the finalists, fewer where the budget is short
 MIN_ROUNDS = 3
 TODAY = "today's pin"
-_PLANNED_M = tuple(sorted({*SPEED_M, *BITWISE_M, _invariant_choice.REFERENCE}))
+_PLANNED_M = tuple(sorted({*SPEED_M, *VERIFY_M, _invariant_choice.REFERENCE}))
 
 
 def token_axes(spec: dict, which: str) -> tuple[str, int] | None:
@@ -49,26 +51,22 @@ def token_axes(spec: dict, which: str) -> tuple[str, int] | None:
     return (name, axis) if strides[axis] >= strides[1 - axis] else None
 
 
-def split_tokens(raw: bytes, contiguous: bool, tokens: int, width: int, itemsize: int) -> list[bytes]:
-    """Each token's outputs from a 2-D copy ``raw`` of lines ``width`` bytes wide: a line per token where
-    ``contiguous``, else ``tokens`` elements of every line."""
-    if contiguous:
-        return [raw[t * width:(t + 1) * width] for t in range(tokens)]
-    lines = len(raw) // width
-    return [b"".join(raw[j * width + t * itemsize:j * width + (t + 1) * itemsize] for j in range(lines))
-            for t in range(tokens)]
-
-
-def first_tokens(pointer: int, layout: dict, extent: str, tokens: int, itemsize: int) -> list[bytes]:
-    """The outputs of D's first ``tokens`` tokens (its rows for extent "m", columns for "n"), from the GPU."""
+def first_tokens(pointer: int, layout: dict, extent: str, tokens: int, itemsize: int) -> bytes:
+    """D's first ``tokens`` tokens (its rows for extent "m", columns for "n") copied from the GPU: a line
+    per token where the tokens are contiguous (``is_contiguous``), else ``tokens`` elements of every line."""
     column_major = layout.get("ORDER", 0) == 0
     length, lines = (layout["ROWS"], layout["COLS"]) if column_major else (layout["COLS"], layout["ROWS"])
-    contiguous = column_major == (extent == "n")  # a token is one line along the leading dimension
+    contiguous = is_contiguous(layout, extent)
     width, height = (length * itemsize, tokens) if contiguous else (tokens * itemsize, lines)
     host = ctypes.create_string_buffer(width * height)
     check(cudart.cudaMemcpy2D(ctypes.addressof(host), width, pointer, layout["LD"] * itemsize, width, height,
                               cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy2D")
-    return split_tokens(host.raw, contiguous, tokens, width, itemsize)
+    return host.raw
+
+
+def is_contiguous(layout: dict, extent: str) -> bool:
+    """Whether one token of D is one line along its leading dimension."""
+    return (layout.get("ORDER", 0) == 0) == (extent == "n")
 
 
 class _Problem:
@@ -119,15 +117,17 @@ class _Problem:
         plan = self.plans[m]
         return Contestant(name, lambda: plan._trial_run(0), lambda: plan._launch.select(result), result)
 
-    def outputs(self, m: int, result: HeuristicResult, tokens: int) -> list[bytes]:
-        """The first ``tokens`` tokens' outputs of the plan at ``m`` running ``result``."""
+    def outputs(self, m: int, result: HeuristicResult, tokens: int) -> bytes:
+        """The first ``tokens`` tokens' outputs of the plan at ``m`` running ``result`` (``first_tokens``)."""
         plan = self.plans[m]
         plan._launch.ensure_workspace(result.workspace_size, 0)
         plan._launch.select(result)
         pointer = plan._trial_run(0)
-        layout = dict(zip(("ROWS", "COLS", "LD", "ORDER"), (plan._launch.layouts[3].get(a) for a in
-                                                              ("ROWS", "COLS", "LD", "ORDER"))))
-        return first_tokens(pointer, layout, self.extent, tokens, self.itemsize)
+        return first_tokens(pointer, self.layout(m), self.extent, tokens, self.itemsize)
+
+    def layout(self, m: int) -> dict:
+        d = self.plans[m]._launch.layouts[3]
+        return {name: d.get(name) for name in ("ROWS", "COLS", "LD", "ORDER")}
 
     def free(self) -> None:
         for plan in self.plans.values():
@@ -162,19 +162,29 @@ def _accepted(problem: _Problem, found: list[Candidate]) -> list[Candidate]:
     return kept
 
 
-def _invariant(problem: _Problem, algo: bytes) -> bool:
-    """Whether D's first tokens at every M of ``BITWISE_M`` are bitwise those at M = 1 (token 0) and 7."""
-    reference: dict[int, list[bytes]] = {}
-    for m in BITWISE_M:
+def _bits(problem: _Problem, algo: bytes):
+    """``algo``'s class key: (split count, reduction scheme, a digest of D's first ``VERIFY_TOKENS`` tokens at
+    the largest M of ``VERIFY_M``), where its first tokens at every M of ``VERIFY_M`` are bitwise those;
+    None where they change with M, or cuBLASLt refuses it at one."""
+    largest = VERIFY_M[-1]
+    whole = min(largest, VERIFY_TOKENS)
+    contiguous = is_contiguous(problem.layout(largest), problem.extent)
+    found = {}
+    for m in (largest, *VERIFY_M[:-1]):
         result = problem.checked(m, algo)
         if result is None:
-            return False
-        found = problem.outputs(m, result, min(m, 7))
-        if m in (1, 7):
-            reference[m] = found
-        if found[0] != reference[1][0] or (m >= 7 and found[:7] != reference[7]):
-            return False
-    return True
+            return None
+        found[m] = problem.outputs(m, result, min(m, whole))
+        expected = _invariant_ladder.prefix(found[largest], contiguous, whole, min(m, whole), problem.itemsize)
+        if found[m] != expected:
+            return None
+        if m != largest:
+            del found[m]
+    lib = problem.reference.lib
+    algorithm = Algorithm(lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(algo), lib)
+    splits = max(1, int(algorithm.get("SPLITK_NUM")))
+    scheme = int(algorithm.get("REDUCTION_SCHEME")) if splits > 1 else 0
+    return splits, scheme, hashlib.sha256(found[largest]).hexdigest()
 
 
 def measure(spec: dict, which: str, budget_s: float, device: int, patterns: dict, skip):
@@ -231,31 +241,30 @@ def _measure(problem: _Problem, which: str, started: float, deadline: float, ski
         screen_begun = time.perf_counter()
         screened = _invariant_choice.table(timer, contestants_at, list(by_name), 1)
         per_sample = (time.perf_counter() - screen_begun) / (2 * (len(by_name) + 1))
-        names = _invariant_choice.finalists(screened, keep=[TODAY])
+        names = _invariant_ladder.timed_finalists(screened, keep=[TODAY])
         affordable = int(0.6 * (deadline - time.perf_counter()) / max(per_sample * (len(names) + 1), 1e-6))
         rounds = max(MIN_ROUNDS, min(ROUNDS, affordable))
         timed = _invariant_choice.table(timer, contestants_at, names, rounds)
-    checked: dict[str, bool] = {}
+    outcome = _invariant_ladder.build(timed, lambda name: _bits(problem, by_name[name].algo))
+    if outcome.ladder is None or outcome.reference is None:
+        raise _no_pin(launch, len(offered), f"; {len(outcome.dropped)} timed ones changed row bits with M")
 
-    def invariant(name: str) -> bool:
-        checked[name] = _invariant(problem, by_name[name].algo)
-        return checked[name]
-
-    chosen = _invariant_choice.choose(timed, invariant)
-    if chosen is None:
-        raise _no_pin(launch, len(offered), f"; {len(checked)} timed ones changed row bits with M")
-    result = problem.checked(_invariant_choice.REFERENCE, by_name[chosen].algo)
-    assert result is not None  # accepted at every extent of ACCEPTED_AT, REFERENCE among them
-    facts = {"source": chosen, "worst_over_target": round(_invariant_choice.score(timed[chosen]), 4),
-             "speed": _rounded(timed[chosen]), "rounds": rounds, "candidates": len(offered), "accepted": len(kept),
-             "bits_differ": sorted(n for n, same in checked.items() if not same),
+    def at_reference(name: str) -> HeuristicResult:
+        result = problem.checked(_invariant_choice.REFERENCE, by_name[name].algo)
+        assert result is not None  # accepted at every extent of ACCEPTED_AT, REFERENCE among them
+        return result
+    ladder = [{"up_to": bound, "source": name, "speed": _rounded(timed[name]),
+               **_tuning_db.algorithm_fields(at_reference(name))} for bound, name in outcome.ladder.rungs]
+    reference = outcome.reference
+    facts = {"source": reference, "ladder": ladder, "speed": _rounded(outcome.ladder.speed),
+             "worst_over_target": round(_invariant_choice.score(outcome.ladder.speed), 4),
+             "single_speed": _rounded(timed[reference]), "rounds": rounds, "candidates": len(offered),
+             "accepted": len(kept), "bits_differ": outcome.dropped,
+             "classes": [{**found, "members": len(found["members"])} for found in outcome.classes],
              "seconds": round(time.perf_counter() - started, 1)}
     if TODAY in timed:
         facts["today_speed"] = _rounded(timed[TODAY])
-    for end, within in (("small", _invariant_choice.small), ("large", _invariant_choice.large)):
-        best = _invariant_choice.ranking(timed, within)[0]  # bits unchecked: what one end alone could reach
-        facts[f"best_{end}"] = {"source": best, "speed": _rounded(timed[best])}
-    return _batch_invariant.pinned_entry(launch, which, result, **facts)
+    return _batch_invariant.pinned_entry(launch, which, at_reference(reference), **facts)
 
 
 def _rounded(speeds: dict[int, float]) -> dict[str, float]:

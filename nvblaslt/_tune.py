@@ -8,7 +8,8 @@ in shuffled rounds, where the first pick stays unless another beats it in an int
 variants, every algorithm id and tile ``cublasLtMatmulAlgoCheck`` accepts), a challenger kept only when
 it beats that incumbent in a duel by ``_autotune.MIN_GAIN`` beyond the noise. The database records the
 winner (``tuned``, with its time over the first pick's), or that the first pick stays (``default``). A
-``batch_invariant`` problem records the algorithm pinned for it (``pinned``).
+``batch_invariant`` problem records the algorithms pinned for it (``pinned``: a ladder, one kernel per
+range of M, all of one verified bit class; ``_invariant_ladder``).
 
 The database is written after each problem (atomically), so an interrupted run keeps what it tuned,
 and a run into an existing file goes on where it stopped (problems already in it are skipped).
@@ -165,11 +166,13 @@ def _shown(entry: dict) -> str:
     """An entry's outcome in a progress line."""
     if "ratio" in entry:
         return f"{entry['ratio']:.3f}× the first pick"
-    if "speed" in entry:  # a measured pin: its speed × the default per M, and today's pin's
+    if "speed" in entry:  # a measured pin: its (ladder's) speed × the default per M, and the others'
         def speeds(found: dict) -> str:
             return " ".join(f"{m}:{r:.2f}" for m, r in found.items())
+        what = f"ladder of {len(entry['ladder'])}" if entry.get("ladder") else f"pinned {entry['source']}"
+        single = f"; best single kernel {speeds(entry['single_speed'])}" if "single_speed" in entry else ""
         today = f"; today's pin {speeds(entry['today_speed'])}" if "today_speed" in entry else ""
-        return f"pinned {entry['source']}: × the default at M {speeds(entry['speed'])}{today}"
+        return f"{what}: × the default at M {speeds(entry['speed'])}{single}{today}"
     return entry["kind"]
 
 
@@ -185,10 +188,12 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
     Each problem is planned with the heuristics alone and searched by ``Matmul.autotune(search=True)``'s
     engine in its share of the budget; the database records the kernel that beat the heuristics' first
     pick in an interleaved duel (by 1.5 % at least, beyond the noise), or that the first pick stays.
-    Problems marked ``batch_invariant`` record a measured pin: of the heuristics' picks at M = 1 … 8192
-    and the search's, each with split-K 1, 2, 4 and 8 (a fixed count, the COMPUTE_TYPE reduction), the
-    one whose worst speed × the default plan over M (against 0.95 at M ≤ 64, 0.85 from 256) is highest,
-    among those whose rows are bitwise the same at M = 1, 7, 64, 300 and 8192. Needs a GPU.
+    Problems marked ``batch_invariant`` record a measured ladder: of the heuristics' picks at M = 1 … 8192
+    and the search's, each with split-K 1, 2, 4 and 8 (a fixed count, the COMPUTE_TYPE reduction), those
+    whose first tokens are bitwise the same at every M checked, grouped into classes by those bits; the
+    class whose ladder (its fastest member at each of M = 1 … 8192, each range of M between going to the
+    member of the point above) has the highest worst speed × the default plan over M (against 0.95 at
+    M ≤ 64, 0.85 from 256) is recorded. Needs a GPU.
 
     Parameters
     ----------
@@ -353,6 +358,8 @@ def main(argv: list[str]) -> int:
                 entry = database.entries[key]
                 ratio = f" {entry['ratio']:.3f}×" if "ratio" in entry else ""
                 print(f"  {entry['kind']:8}{ratio:>8}  {entry.get('problem', key)}")
+                if entry.get("ladder"):
+                    print(f"{'':18}ladder: {_tuning_db.describe_ladder(entry)}")
             return 0
         problems = args.problems or ("llm-invariant" if args.batch_invariant else args.suite)
         if args.list:

@@ -10,7 +10,12 @@ Every other line is one entry, keyed like the tuning cache (``_tuning_cache.prob
   by ``ratio`` (its time over the first pick's, in an interleaved duel);
 - ``"kind": "default"``: nothing beat the first pick: it stays, and nothing is searched again;
 - ``"kind": "pinned"``: the algorithm a ``batch_invariant`` plan runs for every M, keyed by the
-  problem with M left out (``_batch_invariant``).
+  problem with M left out (``_batch_invariant``). A measured pin may add ``ladder``: rungs
+  ``{"up_to": M or null, "algo": …}`` in ascending order, each serving the M above the previous rung's
+  bound up to its own (null: every larger M), all of one bit class, verified at tune time
+  (``_invariant_ladder``); ``algo`` is then that class's best single kernel, which an nvblaslt
+  without ladders runs for every M, with the same bits. A ``pinned`` entry without ``ladder`` (older
+  files, problems the tuner could not vary) serves every M with ``algo``.
 
 Loaded with ``load_tuning(path)`` or ``$NVBLASLT_TUNING`` (paths joined by ``os.pathsep``). A file
 whose fingerprint does not match a GPU is ignored for it, with one log line. A corrupt file is
@@ -41,6 +46,7 @@ KEY_FORMAT = 1  # of the problem keys (_tuning_cache.problem_description): a cha
 ENV_TUNING = "NVBLASLT_TUNING"
 KINDS = ("tuned", "default", "pinned")
 MAX_FILE_BYTES = 64 << 20
+MAX_RUNGS = 64  # far beyond the M points a ladder is measured at: a longer one is not ours
 _FINGERPRINT_FIELDS = ("gpu", "cc", "sms", "driver", "cublaslt", "keys")
 
 
@@ -178,7 +184,36 @@ def _entry_fault(entry) -> str | None:
     for name in ("ms", "first_pick_ms", "ratio", "stored"):
         if name in entry and not _positive(entry[name]):
             return f"{name}: expected a positive number, got {entry[name]!r}"
+    if "ladder" in entry:
+        return _ladder_fault(entry) if kind == "pinned" else f"ladder: only a 'pinned' entry has one, not {kind!r}"
     return None
+
+
+def _ladder_fault(entry: dict) -> str | None:
+    """What is wrong with a pinned entry's ``ladder``, or None."""
+    rungs = entry["ladder"]
+    if not isinstance(rungs, list) or not 1 <= len(rungs) <= MAX_RUNGS:
+        return f"ladder: expected a list of 1 to {MAX_RUNGS} rungs, got {type(rungs).__name__} {rungs!r:.60}"
+    previous = 0
+    for index, rung in enumerate(rungs):
+        if not isinstance(rung, dict) or not _hex(rung.get("algo"), 128):
+            return f"ladder[{index}]: expected an object with algo (an algorithm's 64 bytes as 128 hex digits)"
+        bound, last = rung.get("up_to", "missing"), index == len(rungs) - 1
+        if last and bound is not None:
+            return f"ladder[{index}].up_to: expected null (the last rung serves every larger M), got {bound!r}"
+        if not last and (isinstance(bound, bool) or not isinstance(bound, int) or bound <= previous):
+            return f"ladder[{index}].up_to: expected an int above {previous} (bounds ascend), got {bound!r}"
+        previous = bound if not last else previous
+    return None
+
+
+def pinned_algo(entry: dict, size: int) -> tuple[str, int | None]:
+    """(the algorithm in hex, its rung's bound) a ``pinned`` entry runs at ``size`` (the varying extent):
+    the ladder's rung whose range holds ``size``, or ``algo`` for every M (bound None) without a ladder."""
+    for rung in entry.get("ladder") or ():
+        if rung["up_to"] is None or size <= rung["up_to"]:
+            return rung["algo"], rung["up_to"]
+    return entry["algo"], None
 
 
 def parse(data: bytes, name: str) -> TuningDatabase:
@@ -270,14 +305,36 @@ def merge(*databases: TuningDatabase) -> TuningDatabase:
     return TuningDatabase(dict(first.fingerprint), merged)
 
 
-def _choice(entry: dict) -> str:
-    if entry["kind"] == "default":
-        return "default (the heuristics' first pick)"
+def describe_config(entry: dict) -> str:
+    """An entry's or a rung's algorithm for people: its id, tile, stages and split-K."""
     config = entry.get("config") or {}
     shown = ", ".join(f"{k.lower()} {v}" for k, v in config.items() if k in ("ID", "TILE_ID", "STAGES_ID",
                                                                                "SPLITK_NUM"))
+    return shown or entry["algo"][:16]
+
+
+def describe_ladder(entry: dict) -> str:
+    """A pinned entry's rungs for people, as ``M ≤ 16: id 66, tile 20, …; M > 16: …``; empty without one."""
+    rungs, shown, low = entry.get("ladder") or [], [], 0
+    for rung in rungs:
+        where = f"M ≤ {rung['up_to']}" if rung["up_to"] is not None else f"M > {low}" if low else "every M"
+        shown.append(f"{where}: {describe_config(rung)}")
+        low = rung["up_to"] if rung["up_to"] is not None else low
+    return "; ".join(shown)
+
+
+def _choice(entry: dict) -> str:
+    if entry["kind"] == "default":
+        return "default (the heuristics' first pick)"
     ratio = f" at {entry['ratio']:.3f}× the first pick" if "ratio" in entry else ""
-    return f"{entry['kind']} {shown or entry['algo'][:16]}{ratio}"
+    ladder = f" (ladder {describe_ladder(entry)})" if entry.get("ladder") else ""
+    return f"{entry['kind']} {describe_config(entry)}{ratio}{ladder}"
+
+
+def _chosen(entry: dict) -> tuple:
+    """What a plan runs for an entry: two entries with the same run the same kernels at every M."""
+    rungs = tuple((r["up_to"], r["algo"]) for r in entry.get("ladder") or ())
+    return entry["kind"], entry.get("algo"), rungs
 
 
 def diff(a: TuningDatabase, b: TuningDatabase) -> list[str]:
@@ -293,7 +350,7 @@ def diff(a: TuningDatabase, b: TuningDatabase) -> list[str]:
             lines.append(f"- {what}: {_choice(old)}")
         elif old is None:
             lines.append(f"+ {what}: {_choice(new)}")
-        elif (old["kind"], old.get("algo")) != (new["kind"], new.get("algo")):
+        elif _chosen(old) != _chosen(new):
             lines.append(f"~ {what}: {_choice(old)} -> {_choice(new)}")
     return lines
 
@@ -416,6 +473,11 @@ def entry_for(result, kind: str, **facts) -> dict:
     """A database entry for ``result`` (a HeuristicResult; None for a ``default`` entry)."""
     entry = {"kind": kind, "stored": time.time(), **facts}
     if result is not None:
-        entry["algo"] = bytes(result.algorithm.algo).hex()
-        entry["config"] = {k: int(v) for k, v in result.algorithm.config().items()}
+        entry.update(algorithm_fields(result))
     return entry
+
+
+def algorithm_fields(result) -> dict:
+    """``algo`` (hex) and ``config`` of ``result`` (a HeuristicResult): an entry's or a ladder rung's."""
+    return {"algo": bytes(result.algorithm.algo).hex(),
+            "config": {k: int(v) for k, v in result.algorithm.config().items()}}

@@ -9,7 +9,8 @@ import random
 import pytest
 
 import nvblaslt
-from nvblaslt import Algorithm, _batch_invariant, _invariant_choice, _invariant_tune, _tune, _tune_suite, _tuning_db
+from nvblaslt import Algorithm, _batch_invariant, _invariant_choice, _invariant_ladder, _invariant_tune, _tune, _tune_suite
+from nvblaslt import _tuning_db
 from nvblaslt._autotune import Contestant
 from nvblaslt._launch import Launch
 from nvblaslt._tuning_db import TuningDatabase
@@ -155,13 +156,14 @@ def test_the_command_lists_the_batch_invariant_problems(capsys):
                      for e in _tune_suite.INVARIANT_EPILOGS]
 
 
-def test_a_tokens_outputs_are_read_from_either_layout():
+def test_a_prefix_of_tokens_is_cut_from_either_layout():
     itemsize, tokens = 2, 3
-    # contiguous: one line per token (D's columns, column-major)
+    # contiguous: one line per token (D's columns, column-major): the first lines
     raw = bytes(range(12))
-    assert _invariant_tune.split_tokens(raw, True, tokens, 4, itemsize) == [raw[0:4], raw[4:8], raw[8:12]]
-    # strided: ``tokens`` elements of every line (D's rows, column-major): token t is element t of each line
-    lines = [bytes([10 * j + t, 0]) for j in range(4) for t in range(tokens)]
-    raw = b"".join(lines)
-    found = _invariant_tune.split_tokens(raw, False, tokens, tokens * itemsize, itemsize)
-    assert found[1] == b"".join(bytes([10 * j + 1, 0]) for j in range(4))
+    assert _invariant_ladder.prefix(raw, True, tokens, 2, itemsize) == raw[:8]
+    # strided: ``tokens`` elements of every line (D's rows, column-major): the first elements of each line
+    raw = b"".join(bytes([10 * j + t, 0]) for j in range(4) for t in range(tokens))
+    assert _invariant_ladder.prefix(raw, False, tokens, 2, itemsize) == b"".join(
+        bytes([10 * j + t, 0]) for j in range(4) for t in range(2))
+    assert _invariant_ladder.prefix(raw, False, tokens, tokens, itemsize) == raw
+    assert _invariant_tune.is_contiguous({"ORDER": 0}, "n") and not _invariant_tune.is_contiguous({"ORDER": 0}, "m")
