@@ -1,10 +1,11 @@
 """The invariance part of ``python -m nvblaslt.bench.tuning``: over the suite's (N, K) pairs and BIAS /
-RELU_BIAS / GELU_BIAS in bf16, the time of two ``batch_invariant`` plans against the default plan's at
-M = 1 … 8192 (the tokens are D's columns, ``W @ xᵀ``, as ``nvblaslt.torch`` runs a layer with a bias):
-today's pin (no database loaded) and the measured pin (``nvblaslt tune --batch-invariant``'s database
-loaded; the part tunes one first where it is given none), all three in the same interleaved rounds; and
-a bitwise check that the first rows (D's first columns) do not change with M, for both pins.
-``tests/gpu/test_tuning_db_gpu.py`` does the thorough bitwise check."""
+RELU_BIAS / GELU_BIAS in bf16, the time of the ``batch_invariant`` plan against the default plan's at
+M = 1 … 8192, the points a ladder is chosen at and the M between them (the tokens are D's columns,
+``W @ xᵀ``, as ``nvblaslt.torch`` runs a layer with a bias), with the measured ladders loaded
+(``nvblaslt tune --batch-invariant``'s database; the part tunes one first where it is given none; with
+none, today's single pin), in interleaved rounds; and D's token columns at every M of a dense set
+(1 … 300, and each power of two from 512 with its neighbours) compared bitwise with those at M = 8192.
+``tests/gpu/test_tuning_db_gpu.py`` checks the same through ``nvblaslt.torch.linear`` too."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from .common import free_memory, progress
 from .tuning_problems import burst_calls, gpu_rounds, paired, suite_pairs
 
 EPILOGS = ("BIAS", "RELU_BIAS", "GELU_BIAS")
-SPEED_M = (1, 16, 64, 256, 1024, 8192)
+# the ladder's points (1, 16, 64, 256, 1024, 8192) and M between them, served by the next point's rung
+SPEED_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
 SMALL_M = 64  # at or below: the small-M target; from LARGE_M up: the large-M target
 LARGE_M = 256
 TARGETS = {"small": 0.95, "large": 0.85}  # the batch-invariant plan's speed × the default's
-BITWISE_M = (1, 7, 64, 300, 8192)
-BITWISE_ROWS = 8
+LARGEST_M = 8192
+BITWISE_M = (*range(1, 301), *(p + d for p in (512, 1024, 2048, 4096) for d in (-1, 0, 1)), 8191)
 INVARIANT = {"batch_invariant": "columns"}
-PINS = ("today", "measured")  # today's rule (no database), the database's measured pin
 
 
 def _plan(w, x, bias, epilog: str, m: int, options):
@@ -52,30 +53,30 @@ def _with_database(database: str | None, make):
 
 
 def _speed(w, x, bias, epilog: str, rounds: int, flush, database: str | None) -> dict:
-    """{M: the measured pin's speed × the default's (``ratio``, paired), today's (``today``), the three
-    medians and whether the two pins are one kernel}."""
+    """{M: the batch-invariant plan's speed × the default's (``ratio``, paired), the two medians, and the
+    invariant plan's kernel (its rung's id and tile)}, ``database`` loaded for the invariant plan."""
     found = {}
     for m in SPEED_M:
-        plans = [_plan(w, x, bias, epilog, m, None), _plan(w, x, bias, epilog, m, INVARIANT)]
+        plans = [_plan(w, x, bias, epilog, m, None)]
         try:
             plans.append(_with_database(database, lambda: _plan(w, x, bias, epilog, m, INVARIANT)))
-            default, today, measured = plans
+            default, invariant = plans
             calls = burst_calls(default.execute, flush)
-            samples = gpu_rounds([("default", default.execute), ("today", today.execute),
-                                  ("measured", measured.execute)], rounds, calls, flush)
-            same = today.algorithm.as_bytes() == measured.algorithm.as_bytes()
+            samples = gpu_rounds([("default", default.execute), ("invariant", invariant.execute)], rounds, calls,
+                                 flush)
+            config = invariant.algorithm.algorithm.config()
+            kernel = f"id {config.get('ID')} tile {config.get('TILE_ID')} split {config.get('SPLITK_NUM')}"
         finally:
             for plan in plans:
                 plan.free()
-        found[m] = {**paired(samples[0], samples[2]), "today": paired(samples[0], samples[1]),
-                    "default_ms": statistics.median(samples[0]), "today_ms": statistics.median(samples[1]),
-                    "invariant_ms": statistics.median(samples[2]), "same_kernel": same, "calls": calls}
+        found[m] = {**paired(samples[0], samples[1]), "default_ms": statistics.median(samples[0]),
+                    "invariant_ms": statistics.median(samples[1]), "kernel": kernel, "calls": calls}
     return found
 
 
-def _bitwise(w, x, bias, epilog: str, database: str | None) -> list[str]:
-    """Where D's first columns at M of ``BITWISE_M`` differ from D at M = 1 … 8 (empty: nowhere), through
-    ``matmul()`` with ``database`` loaded (None: none)."""
+def _bitwise(w, x, bias, epilog: str, database: str | None) -> list[int]:
+    """The M of ``BITWISE_M`` where D's token columns differ from the first M of D at ``LARGEST_M`` rows
+    (empty: none), through ``matmul()`` with ``database`` loaded (None: none)."""
     import torch
 
     import nvblaslt
@@ -83,14 +84,10 @@ def _bitwise(w, x, bias, epilog: str, database: str | None) -> list[str]:
     def d(m: int):
         return nvblaslt.matmul(w, x[:m].T, epilog=epilog, epilog_inputs={"bias": bias}, options=INVARIANT)
 
-    def check() -> list[str]:
-        nvblaslt.clear_plan_cache()  # plans of the other pin
-        small = {m: d(m) for m in range(1, BITWISE_ROWS + 1)}
-        differ = []
-        for big in BITWISE_M:
-            result = small[big] if big in small else d(big)
-            differ += [f"M={big} vs M={m}" for m in range(1, min(big, BITWISE_ROWS) + 1)
-                       if not torch.equal(result[:, :m], small[m])]
+    def check() -> list[int]:
+        nvblaslt.clear_plan_cache()  # plans made with another database
+        reference = d(LARGEST_M)
+        differ = [m for m in BITWISE_M if not torch.equal(d(m), reference[:, :m])]
         nvblaslt.clear_plan_cache()
         return differ
     return _with_database(database, check)
@@ -110,7 +107,7 @@ def tune_database(pairs: list[tuple[int, int]], path: Path, budget_s: float) -> 
 def section(pairs: list[tuple[int, int]] | None, rounds: int, deadline: float, flush,
             database: str | None = None) -> dict:
     """Every (pair, epilog) row, until ``deadline`` (``time.perf_counter()``); the pairs left are named.
-    ``database``: the measured pins (None: today's pins stand in for them, and the part says so)."""
+    ``database``: the measured ladders (None: today's pins stand in for them, and the part says so)."""
     import torch
 
     import nvblaslt
@@ -124,7 +121,7 @@ def section(pairs: list[tuple[int, int]] | None, rounds: int, deadline: float, f
             progress(f"invariance: out of time; {len(left)} (N, K) pairs left out")
             break
         progress(f"invariance: N={n} K={k}")
-        x = (torch.rand(max(SPEED_M + BITWISE_M), k, device="cuda") * 2 - 1).to(torch.bfloat16)
+        x = (torch.rand(LARGEST_M, k, device="cuda") * 2 - 1).to(torch.bfloat16)
         w = ((torch.rand(n, k, device="cuda") * 2 - 1) / k ** 0.5).to(torch.bfloat16)
         bias = (torch.rand(n, device="cuda") * 2 - 1).to(torch.bfloat16)
         for epilog in EPILOGS:
@@ -132,7 +129,6 @@ def section(pairs: list[tuple[int, int]] | None, rounds: int, deadline: float, f
             try:
                 row["speed"] = _speed(w, x, bias, epilog, rounds, flush, database)
                 row["bitwise_differs"] = _bitwise(w, x, bias, epilog, database)
-                row["today_bitwise_differs"] = _bitwise(w, x, bias, epilog, None)
             except nvblaslt.NvblasltError as error:  # a pair cuBLASLt pins no algorithm for: said, and the rest go on
                 row["error"] = f"{type(error).__name__}: {error}"
             rows.append(row)
@@ -142,76 +138,58 @@ def section(pairs: list[tuple[int, int]] | None, rounds: int, deadline: float, f
     return {"rows": rows, "pairs_left_out": [list(p) for p in left], "rounds": rounds, "database": database}
 
 
-def _lowest(part: dict, pick) -> dict:
-    """The lowest speed per M class and the misses, of the pin ``pick(figures)`` gives per row and M."""
+def summarize(part: dict) -> dict:
+    """The lowest ratio per M class and the misses of each target (M between the classes is reported,
+    not judged), the bitwise failures, and the rows not run."""
     small: list[float] = []
     large: list[float] = []
     misses: list[str] = []
     for row in part["rows"]:
         if "error" in row:
             continue
-        what = f"N={row['n']} K={row['k']} {row['epilog']}"
         for m, figures in row["speed"].items():
-            ratio, m = pick(figures), int(m)
-            if ratio is None or SMALL_M < m < LARGE_M:
+            ratio, m = figures["ratio"], int(m)
+            if SMALL_M < m < LARGE_M:
                 continue
             kind = "small" if m <= SMALL_M else "large"
             (small if kind == "small" else large).append(ratio)
             if ratio < TARGETS[kind]:
-                misses.append(f"{what} M={m}: {ratio:.3f}× (target ≥ {TARGETS[kind]})")
-    return {"lowest_small": min(small, default=None), "lowest_large": min(large, default=None), "misses": misses}
-
-
-def summarize(part: dict) -> dict:
-    """The measured pin's misses of each target and lowest ratio per M class (top level), today's
-    (``today``), the bitwise failures of each and the rows not run."""
-    found = _lowest(part, lambda figures: figures["ratio"])
-    found["today"] = _lowest(part, lambda figures: figures.get("today", {}).get("ratio"))
-    found["bitwise_differs"] = [f"N={r['n']} K={r['k']} {r['epilog']}: {where}" for r in part["rows"]
-                                for where in r.get("bitwise_differs", [])]
-    found["today"]["bitwise_differs"] = [f"N={r['n']} K={r['k']} {r['epilog']}: {where}" for r in part["rows"]
-                                         for where in r.get("today_bitwise_differs", [])]
-    found["errors"] = [f"N={r['n']} K={r['k']} {r['epilog']}: {r['error']}" for r in part["rows"] if "error" in r]
-    return found
-
-
-def _verdicts(summary: dict, name: str) -> None:
-    for kind, bound in (("small", f"M ≤ {SMALL_M}"), ("large", f"M ≥ {LARGE_M}")):
-        lowest = summary[f"lowest_{kind}"]
-        shown = "no figure" if lowest is None else f"lowest {lowest:.3f}×"
-        met = "met" if lowest is not None and lowest >= TARGETS[kind] else "MISSED"
-        print(f"{name} at {bound}: {shown} (target ≥ {TARGETS[kind]} at every shape: {met})")
-    for miss in summary["misses"]:
-        print(f"  below: {miss}")
+                misses.append(f"N={row['n']} K={row['k']} {row['epilog']} M={m}: {ratio:.3f}× "
+                              f"(target ≥ {TARGETS[kind]})")
+    return {"lowest_small": min(small, default=None), "lowest_large": min(large, default=None), "misses": misses,
+            "bitwise_differs": [f"N={r['n']} K={r['k']} {r['epilog']}: M={m}" for r in part["rows"]
+                                for m in r.get("bitwise_differs", [])],
+            "errors": [f"N={r['n']} K={r['k']} {r['epilog']}: {r['error']}" for r in part["rows"] if "error" in r]}
 
 
 def report(part: dict, summary: dict) -> None:
-    measured = "the measured pin" if part.get("database") else "the measured pin (NO DATABASE: today's rule)"
-    print(f"\nbatch_invariant plans' speed × the default plan's (default ms / invariant ms, paired, "
-          f"{part['rounds']} rounds), bf16, D = W @ xᵀ with a bias; per M: today's pin / {measured} "
-          f"(= where the two are one kernel)")
-    print(f"{'N':>6s} {'K':>6s} {'epilog':10s} " + " ".join(f"{f'M={m}':>13s}" for m in SPEED_M) + "  bitwise")
+    what = "the measured ladders" if part.get("database") else "NO DATABASE: today's single pin"
+    print(f"\nbatch_invariant plan's speed × the default plan's (default ms / invariant ms, paired, "
+          f"{part['rounds']} rounds), bf16, D = W @ xᵀ with a bias, {what}")
+    print(f"{'N':>6s} {'K':>6s} {'epilog':10s} " + " ".join(f"{f'M={m}':>7s}" for m in SPEED_M) + "  bitwise")
     for row in part["rows"]:
         if "error" in row:
             print(f"{row['n']:6d} {row['k']:6d} {row['epilog']:10s} {row['error']}")
             continue
-        cells = []
-        for m in SPEED_M:
-            figures = row["speed"][m]
-            today = figures.get("today", {}).get("ratio")
-            mark = "=" if figures.get("same_kernel") else "/"
-            cells.append(f"{'-' if today is None else f'{today:.3f}'}{mark}{figures['ratio']:.3f}")
-        bits = "same" if not row["bitwise_differs"] and not row.get("today_bitwise_differs") else "DIFFERS"
-        print(f"{row['n']:6d} {row['k']:6d} {row['epilog']:10s} " + " ".join(f"{c:>13s}" for c in cells)
-              + f"  {bits}")
-    _verdicts(summary["today"], "today's pin")
-    _verdicts(summary, "measured pin")
+        cells = [f"{row['speed'][m]['ratio']:7.3f}" for m in SPEED_M]
+        bits = "same" if not row["bitwise_differs"] else f"DIFFERS at {len(row['bitwise_differs'])} M"
+        print(f"{row['n']:6d} {row['k']:6d} {row['epilog']:10s} " + " ".join(cells) + f"  {bits}")
+    for row in part["rows"]:  # which rung ran where: where the ladder switches kernels
+        if "error" not in row:
+            kernels = [f"M={m}: {row['speed'][m]['kernel']}" for m in SPEED_M]
+            print(f"  kernels, N={row['n']} K={row['k']} {row['epilog']}: " + "; ".join(kernels))
+    for kind, bound in (("small", f"M ≤ {SMALL_M}"), ("large", f"M ≥ {LARGE_M}")):
+        lowest = summary[f"lowest_{kind}"]
+        shown = "no figure" if lowest is None else f"lowest {lowest:.3f}×"
+        met = "met" if lowest is not None and lowest >= TARGETS[kind] else "MISSED"
+        print(f"batch_invariant at {bound}: {shown} (target ≥ {TARGETS[kind]} at every shape: {met})")
+    for miss in summary["misses"]:
+        print(f"  below: {miss}")
     checked = len(part["rows"]) - len(summary["errors"])
-    for name, differs in (("today's pin", summary["today"]["bitwise_differs"]),
-                          ("measured pin", summary["bitwise_differs"])):
-        print(f"bitwise, {name}: D's first {BITWISE_ROWS} token columns at M = {', '.join(map(str, BITWISE_M))} "
-              f"against M = 1 … {BITWISE_ROWS}, {checked} (pair, epilog) rows: "
-              f"{'all the same' if not differs else 'DIFFER: ' + '; '.join(differs)}")
+    differs = summary["bitwise_differs"]
+    print(f"bitwise: D's token columns at M = 1 … 300, {', '.join(map(str, BITWISE_M[300:]))} against the first M "
+          f"of D at M = {LARGEST_M}, {checked} (pair, epilog) rows: "
+          f"{'all the same' if not differs else 'DIFFER: ' + '; '.join(differs)}")
     for error in summary["errors"]:
         print(f"  not run: {error}")
     if part["pairs_left_out"]:
