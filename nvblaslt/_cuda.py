@@ -126,9 +126,8 @@ def is_capturing(stream: int) -> bool:
 def _driver_capture_query() -> Any:
     """The driver's ``cuStreamIsCapturing`` through ctypes, or None where libcuda does not load. The hot
     paths ask it on every call: cuda-bindings' form builds two enum objects per answer (about 1 µs)."""
+    prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
     try:
-        function = ctypes.CDLL("libcuda.so.1").cuStreamIsCapturing
+        return prototype(("cuStreamIsCapturing", ctypes.CDLL("libcuda.so.1")))
     except (OSError, AttributeError):
         return None
-    function.argtypes, function.restype = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)), ctypes.c_int
-    return function

@@ -34,7 +34,8 @@ from torch import Tensor, nn
 
 from .. import NvblasltTypeError
 from .._grouped_problem import padded_strides
-from ._eager import autograd_function, direct, wants_grad
+from . import _grouped_bound
+from ._eager import PLAIN, autograd_function, plain_eager
 from ._tuning import first_search, tuning
 
 _SCHEMA = "(Tensor a, Tensor b, Tensor? offs, ScalarType? out_dtype) -> Tensor"
@@ -166,17 +167,23 @@ def _capturing(device: torch.device) -> bool:
 
 def _native(a: Tensor, b: Tensor, offs: Tensor | None, dtype: torch.dtype) -> Tensor:
     """The cuBLASLt path: tuned first inside an ``nvblaslt.torch.autotune()`` context that has not seen
-    the problem yet."""
+    the problem yet; bound (``_grouped_bound``) the second time a call passes it as it is."""
     import nvblaslt
 
     ragged_a, ragged_b = _RAGGED_DIMS.get((a.dim(), b.dim()), (None, None))
+    a_given, b_given = a, b
     a, b = _per_group_matrices(a, ragged_a), _per_group_matrices(b, ragged_b)
     # never while a CUDA graph is captured (timing waits for the GPU); the problem stays unmarked, so a
     # later eager call in the same context tunes it
-    if tuning() and not (a.is_cuda and _capturing(a.device)):
-        iterations = first_search(lambda: _problem_key(a, b, offs, dtype))  # the key only while tuning
-        if iterations is not None:
-            _tune(a, b, offs, dtype, iterations)
+    if tuning():
+        if not (a.is_cuda and _capturing(a.device)):
+            iterations = first_search(lambda: _problem_key(a, b, offs, dtype))  # the key only while tuning
+            if iterations is not None:
+                _tune(a, b, offs, dtype, iterations)
+    elif a is a_given and b is b_given and a.is_cuda:  # the operands as given (a copy's key would never come again)
+        out = _grouped_bound.bind(a, b, offs, dtype)
+        if out is not None:
+            return out
     return nvblaslt.grouped_matmul(a, b, offs, out_dtype=dtype)
 
 
@@ -191,6 +198,9 @@ def _refuse_unscaled_fp8(a: Tensor, b: Tensor) -> None:
 
 
 def _grouped_mm_impl(a, b, offs, out_dtype):
+    out = _grouped_bound.run(a, b, offs, out_dtype)  # a call like one checked before: pointers alone
+    if out is not None:
+        return out
     dtype = out_dtype or a.dtype
     if a.is_cuda and a.dtype in _NATIVE:  # (a b of another dtype is refused by grouped_matmul, by name)
         return _native(a, b, offs, dtype)
@@ -258,10 +268,15 @@ _grouped_mm_op.register_autograd(_grouped_mm_autograd, setup_context=_setup_cont
 _GroupedMM = autograd_function("GroupedMM", _grouped_mm_impl, _setup_context, _grouped_mm_autograd)
 
 
+_grad_enabled = torch._C.is_grad_enabled
+
+
 def _call(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype | None) -> Tensor:
-    """The op, or in plain eager mode its implementation and autograd formula without its dispatch."""
-    if direct(a, b, offs):
-        if wants_grad(a, b):
+    """The op, or in plain eager mode (plain tensors with data: ``_eager.direct``'s test, inline) its
+    implementation and autograd formula without its dispatch."""
+    if type(a) in PLAIN and type(b) in PLAIN and (offs is None or type(offs) in PLAIN) and plain_eager() \
+            and not (a.is_meta or b.is_meta or (offs is not None and offs.is_meta)):
+        if _grad_enabled() and (a.requires_grad or b.requires_grad):
             return _GroupedMM.apply(a, b, offs, out_dtype)
         return _grouped_mm_impl(a, b, offs, out_dtype)
     return torch.ops.nvblaslt.grouped_mm(a, b, offs, out_dtype)
