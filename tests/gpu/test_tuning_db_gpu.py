@@ -1,6 +1,7 @@
 """Issue 35 on the GPU: a tiny tune into a tuning database, recalled in a fresh process through
-``Matmul`` and ``nvblaslt.torch``; a measured batch-invariant pin tuned, recalled at every M and bitwise
-checked; and batch invariance, bitwise, for every M = 1…300 (three (N, K) pairs)
+``Matmul`` and ``nvblaslt.torch``; a measured batch-invariant ladder tuned for two (N, K) pairs, each M
+recalling its rung, rows bitwise equal for M = 1…300 and large M through ``Matmul`` and
+``nvblaslt.torch.linear``; and batch invariance, bitwise, for every M = 1…300 (three (N, K) pairs)
 and for M = 1…8192 sampled around every power of two (each (N, K) pair of ``nvblaslt tune``'s LLM suite),
 with the bias / ReLU / GELU epilogs through ``matmul()`` and ``nvblaslt.torch.linear``. Quick by design
 (about a minute on an H100/H200); the speed of batch invariance is a bench figure
@@ -106,36 +107,49 @@ def test_a_tiny_tune_is_recalled_in_a_fresh_process_and_under_torch(tmp_path):
     assert tuned_algos <= {algo for algo, _ in recalled.values()}, "a tuned pick was not recalled"
 
 
-# ---- a measured batch-invariant pin ---------------------------------------------------------------------------
-def test_a_measured_pin_is_recorded_recalled_for_every_m_and_keeps_rows_bitwise_equal(tmp_path):
-    from nvblaslt import _invariant_choice, _tune_suite
+# ---- a measured batch-invariant ladder ------------------------------------------------------------------------
+LADDER_PAIRS = [(4096, 4096), (1024, 8192)]  # (N, K): the issue's two pairs whose default kernel changes with M
+LADDER_LARGE_M = (511, 512, 513, 1000, 1024, 1025, 2048, 4095, 4096, 6000, 8191)
 
-    n, k = 4096, 4096  # the issue's pair whose default kernel changes from M = 31
-    path = tmp_path / "pins.jsonl"
+
+def test_a_measured_ladder_is_recalled_per_m_and_keeps_rows_bitwise_equal(tmp_path):
+    from nvblaslt import _invariant_choice, _tune_suite, _tuning_db
+    from nvblaslt.torch import linear
+
+    path = tmp_path / "ladders.jsonl"
     lines: list[str] = []
-    database = nvblaslt.tune(_tune_suite.invariant_suite(pairs=[(n, k)], epilogs=["RELU_BIAS"]), path, budget_s=20,
-                             progress=lines.append)
-    assert len(database) == 1, lines
-    (entry,) = database.entries.values()
-    # measured, not today's rule recorded: its speed × the default at every M, and the bits checked
-    assert entry["kind"] == "pinned" and set(entry["speed"]) == {str(m) for m in _invariant_choice.SPEED_M}, entry
-    assert entry["source"] not in entry["bits_differ"]
-    assert entry["config"]["SPLITK_NUM"] <= 1 or entry["config"]["REDUCTION_SCHEME"] == 2  # COMPUTE_TYPE
+    database = nvblaslt.tune(_tune_suite.invariant_suite(pairs=LADDER_PAIRS, epilogs=["RELU_BIAS"]), path,
+                             budget_s=30, progress=lines.append)
+    assert len(database) == len(LADDER_PAIRS), lines
     nvblaslt.load_tuning(path)
-    torch.manual_seed(1)
-    x = torch.randn(8192, k, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(torch.bfloat16)
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     columns = {"batch_invariant": "columns"}
-    for m in (1, 31, 300, 8192):  # every M recalls the database's pin
-        with nvblaslt.Matmul(w, x[:m].T, options=columns) as plan:
-            plan.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
-            assert plan.algorithm.as_bytes().hex() == entry["algo"], m
-    reference = nvblaslt.matmul(w, x.T, epilog="RELU_BIAS", epilog_inputs={"bias": bias}, options=columns)
-    differ = [m for m in (*range(1, 130), 255, 256, 257, 300, 1000, 1024, 4095, 4096, 8191)
-              if not torch.equal(nvblaslt.matmul(w, x[:m].T, epilog="RELU_BIAS", epilog_inputs={"bias": bias},
-                                                 options=columns), reference[:, :m])]
-    assert not differ, f"the measured pin's token columns differ from those at M=8192 at M={differ}; {entry}"
+    differ = []
+    for n, k in LADDER_PAIRS:
+        (entry,) = [e for e in database.entries.values() if f"D {n}x*" in e["problem"]]
+        # measured: the ladder's speed × the default at every M, one split count and reduction on every rung
+        assert entry["kind"] == "pinned" and set(entry["speed"]) == {str(m) for m in _invariant_choice.SPEED_M}, entry
+        rungs = entry["ladder"]
+        assert {(r["config"]["SPLITK_NUM"] or 1, r["config"]["REDUCTION_SCHEME"]) for r in rungs} == {
+            (entry["config"]["SPLITK_NUM"] or 1, entry["config"]["REDUCTION_SCHEME"])}, rungs
+        assert not {r["source"] for r in rungs} & set(entry["bits_differ"])
+        torch.manual_seed(n + k)
+        x = torch.randn(8192, k, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            reference = nvblaslt.matmul(w, x.T, epilog="RELU_BIAS", epilog_inputs={"bias": bias}, options=columns)
+            through_torch = linear(x, w, bias, "relu", batch_invariant=True)
+            for m in (*range(1, 301), *LADDER_LARGE_M):
+                with nvblaslt.Matmul(w, x[:m].T, options=columns) as plan:
+                    plan.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+                    assert plan.algorithm.as_bytes().hex() == _tuning_db.pinned_algo(entry, m)[0], m  # its rung
+                    if not torch.equal(plan.execute(), reference[:, :m]):
+                        differ.append(f"N={n} K={k} Matmul M={m}")
+                if not torch.equal(linear(x[:m], w, bias, "relu", batch_invariant=True), through_torch[:m]):
+                    differ.append(f"N={n} K={k} nvblaslt.torch.linear M={m}")
+        del x, w, bias, reference, through_torch
+        nvblaslt.clear_plan_cache()
+    assert not differ, f"rows differ from those at M=8192: {differ}; {lines}"
 
 
 # ---- batch invariance ------------------------------------------------------------------------------------------
