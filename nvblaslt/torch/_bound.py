@@ -21,6 +21,7 @@ kept for the thread's life, since a replay still reads its workspace.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -40,28 +41,33 @@ class BoundGemm:
     vectors (``pointer_attributes``: the bias read, or the aux / bias gradient written), on the stream
     the plan was made for."""
 
-    __slots__ = ("plan", "_launch", "_a", "_b", "_setters", "_last", "_lock")
+    __slots__ = ("plan", "_launch", "_run", "_a", "_b", "_setters", "_last", "_lock")
 
     def __init__(self, plan: Matmul, pointer_attributes: Sequence[str]) -> None:
         launch = plan._launch
         self.plan = plan
         self._launch = launch
+        self._run = launch.run  # bound once: the call is the hot step's
         # cuBLASLt's A is the caller's B where the plan runs the transposed problem
         swapped = launch.problem.a.source == "b"
         self._a, self._b = (launch.b_pointer, launch.a_pointer) if swapped else (launch.a_pointer, launch.b_pointer)
         self._setters = tuple(launch.pointer_setter(name) for name in pointer_attributes)
-        self._last: list[int | None] = [None] * len(pointer_attributes)  # a descriptor write only when one changes
+        # the vectors' pointers in the descriptor now: a descriptor write only when one changes
+        self._last: tuple[int | None, ...] = (None,) * len(pointer_attributes)
         self._lock = threading.Lock()  # one launch at a time: the pointers live in the plan
 
     def __call__(self, a: int, b: int, d: int, stream: int, *pointers: int) -> None:
         with self._lock:
             self._a.value, self._b.value = a, b
-            last = self._last
-            for index, pointer in enumerate(pointers):
-                if pointer != last[index]:
-                    self._setters[index](pointer)
-                    last[index] = pointer
-            self._launch.run(d, stream)
+            if pointers != self._last:  # one tuple comparison: a loop's bias stays put
+                self._set_pointers(pointers)
+            self._run(d, stream)
+
+    def _set_pointers(self, pointers: tuple[int, ...]) -> None:
+        for setter, pointer, last in zip(self._setters, pointers, self._last):
+            if pointer != last:
+                setter(pointer)
+        self._last = pointers
 
 def bind(a, b, epilog: MatmulEpilog, inputs: dict | None, stream: int, result: tuple,
          pointer_attributes: Sequence[str] = ()) -> BoundGemm | None:
@@ -83,16 +89,19 @@ def bind(a, b, epilog: MatmulEpilog, inputs: dict | None, stream: int, result: t
 
 
 class _Steps(threading.local):
-    """One thread's bound steps by (key, stream), least recently used first; the tuning cache's generation
-    they recall; and the steps a CUDA graph captured."""
+    """One thread's bound steps: ``entries`` maps (key, stream) to [step, when last used]; the tuning
+    cache's generation they recall; and the steps a CUDA graph captured."""
 
     def __init__(self) -> None:
-        self.entries: dict[tuple[Hashable, int], Any] = {}
+        self.entries: dict[tuple[Hashable, int], list] = {}
         self.generation = _tuning_cache.generation
         self.captured: list = []
 
 
 _local = _Steps()
+# When each step was last used. A hit stamps its entry (one hash of the key); the least recently used is
+# found when one must go (a miss past _CACHE_SIZE), instead of moving every hit to the dict's end (three).
+_clock = itertools.count()
 
 
 def step(key: Hashable, stream: int, build: Callable[[], Any]):
@@ -106,13 +115,17 @@ def step(key: Hashable, stream: int, build: Callable[[], Any]):
         return found
     entries, pair = _local.entries, (key, stream)
     if _cuda.is_capturing(stream):
-        found = next((made for made_pair, made in entries.items() if made_pair[0] == key), None)
-        if found is not None:
-            keep_captured(found)
-        return found
-    found = entries[pair] = build()
+        # the least recently used of them, as before the stamps
+        made = min((entry for made_pair, entry in entries.items() if made_pair[0] == key),
+                   key=lambda entry: entry[1], default=None)
+        if made is not None:
+            keep_captured(made[0])
+        return None if made is None else made[0]
+    found = build()
+    entries[pair] = [found, next(_clock)]
     while len(entries) > _CACHE_SIZE:
-        del entries[next(iter(entries))]  # dropped, not freed: an autograd graph may still hold it
+        oldest = min(entries.items(), key=lambda item: item[1][1])[0]
+        del entries[oldest]  # dropped, not freed: an autograd graph may still hold it
     return found
 
 
@@ -124,12 +137,16 @@ def find(key: Hashable, stream: int):
     if local.generation != _tuning_cache.generation and not _cuda.is_capturing(stream):
         local.entries = {}  # dropped, not freed: see the module's docstring
         local.generation = _tuning_cache.generation
-    entries = local.entries
-    pair = (key, stream)
-    found = entries.pop(pair, None)
-    if found is not None:
-        entries[pair] = found  # the most recently used last
-    return found
+    entry = local.entries.get((key, stream))
+    if entry is None:
+        return None
+    entry[1] = next(_clock)
+    return entry[0]
+
+
+def steps() -> dict[tuple[Hashable, int], Any]:
+    """This thread's steps by (key, stream), least recently used first (for tests and probes)."""
+    return {pair: entry[0] for pair, entry in sorted(_local.entries.items(), key=lambda item: item[1][1])}
 
 
 def keep_captured(found) -> None:

@@ -22,16 +22,21 @@ from torch import Tensor, nn
 PLAIN = (torch.Tensor, nn.Parameter)  # tensor types whose calls may skip the op
 
 
-_is_tracing: Callable[[], bool] = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
+# The queries of plain_eager(), bound once for the hot paths that inline them (each lookup through torch's
+# modules costs as much as the call). Dynamo knows is_compiling by the function object, alias or not.
+is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+is_tracing: Callable[[], bool] = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
+dispatch_modes: Callable[[], int] = torch._C._len_torch_dispatch_stack
+function_modes: Callable[[], bool] = torch._C._is_torch_function_mode_enabled
+functorch_transforms: Callable[[], bool] = torch._C._are_functorch_transforms_active
 
 
 def plain_eager() -> bool:
     """``direct()``'s half that reads no tensor: eager mode, no torch dispatch or function mode, no
     functorch transform, no ``torch.jit.trace``."""
-    if torch.compiler.is_compiling():  # first: dynamo folds it, and traces nothing below
+    if is_compiling():  # first: dynamo folds it, and traces nothing below
         return False
-    return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
-                or torch._C._are_functorch_transforms_active() or _is_tracing())
+    return not (dispatch_modes() or function_modes() or functorch_transforms() or is_tracing())
 
 
 def direct(*tensors: Tensor | None) -> bool:

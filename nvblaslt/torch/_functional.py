@@ -4,6 +4,7 @@ activation, cast as autocast would, check the arguments."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,7 +12,7 @@ from torch import Tensor
 
 from .. import NvblasltTypeError, NvblasltValueError
 from . import _ops
-from ._eager import PLAIN, direct, plain_eager
+from ._eager import PLAIN, direct, dispatch_modes, function_modes, functorch_transforms, is_compiling, is_tracing
 from ._ops import eager_linear, layer
 from ._pointwise import first_linear_inference, linear_inference
 from ._tuning import chain_for, check_switch, invariant
@@ -76,6 +77,8 @@ def check_like_x(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
 
 
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)  # one call, where most find it off
+# linear()'s fast path asks this: where torch has no single query, autocast counts as on (the checked path)
+_autocast_on: Callable[[], bool] = _any_autocast if _any_autocast is not None else lambda: True
 
 
 def autocast_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -153,10 +156,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     nvblaslt.NvblasltValueError: activation: 'gelu_erf' asks for exact (erf) GELU; ...
     """
     key = grad = None
-    # The fast path: a plain eager call like one already checked (see _Checked) runs with no check its key proves
-    if batch_invariant is False and plain_eager() and (activation is None or type(activation) is str) \
-            and type(x) in PLAIN and type(weight) in PLAIN and (bias is None or type(bias) in PLAIN) \
-            and not (_any_autocast is None or _any_autocast()):
+    # The fast path: a plain eager call like one already checked (see _Checked) runs with no check its key
+    # proves. plain_eager() and the autocast query inlined, is_compiling first (dynamo folds it, and traces
+    # nothing below); the calls a decode loop makes cost ~10 µs of host time, so every call here counts.
+    if batch_invariant is False and not is_compiling() and type(x) in PLAIN and type(weight) in PLAIN \
+            and (bias is None or type(bias) in PLAIN) and (activation is None or type(activation) is str) \
+            and not (_autocast_on() or dispatch_modes() or function_modes() or functorch_transforms()
+                     or is_tracing()):
         grad = _grad_enabled() and (x.requires_grad or weight.requires_grad or
                                     (bias is not None and bias.requires_grad))
         x_device = x.device

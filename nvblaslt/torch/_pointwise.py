@@ -29,7 +29,7 @@ from .. import MatmulEpilog, _cuda
 from . import _bound
 from ._composite import aux_layout, unused
 from ._eager import autograd_function
-from ._tuning import invariant_options, tuning
+from ._tuning import contexts_open, tuning
 
 _E = MatmulEpilog
 _FORWARD = {  # (activation, has bias, keep aux) -> epilog, as _gemms' forward runs it
@@ -43,7 +43,8 @@ DTYPES = {torch.float16, torch.bfloat16, torch.float32}  # float64 goes to _gemm
 _raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-_capturing: Callable[[], bool] | None = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+# whether torch's current stream is capturing a graph (builds without the query have no bound steps)
+_capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (lambda: False)
 
 
 _StreamGetter = Callable[[int], int]  # made once: a subscript per call cost a decode step 1 µs (H200 host)
@@ -262,29 +263,37 @@ def linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor | None,
     first call: shapes, dtypes, devices, contiguity, activation). What the key cannot prove is checked
     here: x on CUDA (``x_device``, x's), the current stream and device, 256-byte aligned pointers, no
     ``autotune()`` or ``invariant()`` context, a graph capture. None where the step is not found or cannot
-    run: the checked path."""
-    if x_device.type != "cuda" or _raw_stream is None or _active_context():
+    run: the checked path. One frame: the launch is inlined (``_launch_forward``), and a linear step is
+    transposed exactly where it has a bias (no aux kept: D = W Xᵀ with the bias along D's rows)."""
+    if x_device.type != "cuda" or _raw_stream is None or contexts_open():
         return None
     device: int = x_device.index  # a CUDA device has an index
-    if _several_devices() and torch.cuda.current_device() != device:
-        return None
-    stream = _current_stream(device)
+    stream = _raw_stream(device)
     step = _bound.find(key, stream)
     if step is None:
         return None
+    gemm: _bound.BoundGemm | None = step.gemms[0]
+    if gemm is None:  # kept, but its forward could not be bound (see _bound.bind): the checked path
+        return None
+    several = _several if _several is not None else _several_devices()
+    if several and torch.cuda.current_device() != device:
+        return None
     x_pointer, weight_pointer = x.data_ptr(), weight.data_ptr()
     if bias is None:
-        vectors: tuple[int, ...] = ()
-        aligned = not (x_pointer | weight_pointer) & 255
+        if (x_pointer | weight_pointer) & 255:
+            return None
+        bias_pointer = 0
     else:
-        vectors = (bias.data_ptr(),)
-        aligned = not (x_pointer | weight_pointer | vectors[0]) & 255
-    if not aligned:
-        return None
-    if not step.captured and _capturing is not None and _capturing():
+        bias_pointer = bias.data_ptr()
+        if (x_pointer | weight_pointer | bias_pointer) & 255:
+            return None
+    if not step.captured and _capturing():
         step.mark_captured()  # a replay reads its workspace: never dropped
     out = x.new_empty_strided(step.out_shape, step.out_strides)
-    _launch_forward(step, x_pointer, weight_pointer, out.data_ptr(), stream, vectors)
+    if bias is None:  # D = X Wᵀ
+        gemm(x_pointer, weight_pointer, out.data_ptr(), stream)
+    else:  # D = W Xᵀ
+        gemm(weight_pointer, x_pointer, out.data_ptr(), stream, bias_pointer)
     return out
 
 
@@ -302,18 +311,13 @@ def first_linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor |
     return _forward(x2, weight, bias, activation, False, step, stream)[0]
 
 
-def _active_context() -> bool:
-    """An ``autotune()`` or ``invariant()`` context is open: ``_gemms``' plans differ from a bound step's."""
-    return tuning() or invariant_options("rows") is not None
-
-
 def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, keep_aux: bool,
                 linear_key: tuple | None = None, out_shape: tuple[int, ...] | None = None) -> tuple[Step, int] | None:
     """(this layer shape's step, the current stream), or None where the plans would not be the ones
     ``_gemms`` runs (inside ``autotune()`` or ``invariant()``), or where a GEMM cannot run bound: an empty
     operand, another dtype, a weight or bias laid out otherwise, a pointer aligned to less than 256 bytes, another
     current device, a first call inside a graph capture."""
-    if x.dtype not in DTYPES or _raw_stream is None or _active_context() \
+    if x.dtype not in DTYPES or _raw_stream is None or contexts_open() \
             or x.numel() == 0 or weight.numel() == 0:  # nothing to multiply: _gemms' torch ops
         return None
     if not weight.is_contiguous() or (bias is not None and bias.stride()[0] != 1 and bias.shape[0] > 1):
@@ -329,15 +333,16 @@ def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
     step = _bound.step(key, stream, lambda: Step(x, weight, bias, activation, keep_aux, stream, out_shape))
     if step is None or step.gemms[0] is None:
         return None
-    if not step.captured and _capturing is not None and _capturing():
+    if not step.captured and _capturing():
         step.mark_captured()  # a replay reads its workspace: never dropped
     return step, stream
 
 
-_device_count: list[int] = []
+_several: bool | None = None  # more than one GPU visible, read on first use (not at import)
 
 
 def _several_devices() -> bool:
-    if not _device_count:
-        _device_count.append(torch.cuda.device_count())
-    return _device_count[0] > 1
+    global _several
+    if _several is None:
+        _several = torch.cuda.device_count() > 1
+    return _several

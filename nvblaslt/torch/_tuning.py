@@ -135,7 +135,17 @@ def first_search(problem: Callable[[], Hashable]) -> int | None:
 # The options of a batch-invariant GEMM, by which of the caller's extents holds the tokens: made once (each
 # call copies them, which checks nothing new).
 _INVARIANT_OPTIONS = {extent: MatmulOptions(batch_invariant=extent) for extent in ("rows", "columns")}
-_invariant = threading.local()  # the thread's depth of open invariant(True) contexts
+
+
+class _Depth(threading.local):
+    """The thread's depth of open invariant(True) contexts: 0 from a thread's first read (a default
+    through getattr raises and catches AttributeError inside, a third of a µs on every hot call)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+_invariant = _Depth()
 
 
 def check_switch(value: object) -> bool:
@@ -153,16 +163,22 @@ def invariant(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    _invariant.depth = getattr(_invariant, "depth", 0) + 1
+    _invariant.depth += 1
     try:
         yield
     finally:
         _invariant.depth -= 1
 
 
+def contexts_open() -> bool:
+    """Whether an ``autotune()`` or an ``invariant(True)`` context is open in this thread: one query for
+    the hot paths whose plans are not the ones those contexts make."""
+    return _active is not None or _invariant.depth > 0
+
+
 def invariant_options(tokens: str | None) -> MatmulOptions | None:
     """The options of a GEMM whose ``tokens`` ("rows" or "columns" of its result; None: K, as in a weight
     gradient) vary with the batch, inside an ``invariant(True)`` context; None otherwise."""
-    if tokens is None or not getattr(_invariant, "depth", 0):
+    if tokens is None or not _invariant.depth:
         return None
     return _INVARIANT_OPTIONS[tokens]

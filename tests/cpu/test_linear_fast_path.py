@@ -56,6 +56,7 @@ def seen(monkeypatch):
     monkeypatch.setattr(_pointwise, "_current_stream", lambda device: 0)
     monkeypatch.setattr(_pointwise, "_capturing", lambda: False)
     monkeypatch.setattr(_pointwise, "_several_devices", lambda: False)
+    monkeypatch.setattr(_pointwise, "_several", False)
     monkeypatch.setattr(_bound._cuda, "is_capturing", lambda stream: False)
     monkeypatch.setattr(_ops, "uses_cublaslt", lambda x: True)
     inference = _pointwise.linear_inference
@@ -153,13 +154,13 @@ def test_what_the_key_cannot_prove_is_read_on_every_call(seen, monkeypatch):
     with autotune(iterations=1):
         assert _pointwise.linear_inference(key, *key_call) is None
     # another current stream: its own step, made after the checks
-    monkeypatch.setattr(_pointwise, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(_pointwise, "_raw_stream", lambda device: 7)
     assert _pointwise.linear_inference(key, *key_call) is None
-    monkeypatch.setattr(_pointwise, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(_pointwise, "_raw_stream", lambda device: 0)
     # a graph capturing the call keeps its step for the thread's life
     monkeypatch.setattr(_pointwise, "_capturing", lambda: True)
     assert _pointwise.linear_inference(key, *key_call) is not None
-    step = _bound._local.entries[key, 0]
+    step = _bound.steps()[key, 0]
     assert step.captured and any(kept is step for kept in _bound._local.captured)
 
 

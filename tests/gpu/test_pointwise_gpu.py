@@ -87,13 +87,13 @@ def _no_op_path(*args):
 
 def steps_for(shape, dtype) -> list:
     """This thread's cached steps for inputs of ``shape`` and ``dtype``."""
-    return [step for (key, _), step in _bound._local.entries.items() if key[:2] == (shape, dtype)]
+    return [step for (key, _), step in _bound.steps().items() if key[:2] == (shape, dtype)]
 
 
 def bound_forward(shape, dtype, bias: bool) -> bool:
     """Whether this thread has a step for inputs of ``shape`` and ``dtype`` whose forward GEMM is bound: a
     convolution's step (keyed by x's shape and dtype first), or linear()'s (keyed by its call, "linear" first)."""
-    for (key, _), step in _bound._local.entries.items():
+    for (key, _), step in _bound.steps().items():
         if isinstance(key[0], str) and key[0] == "linear":  # ("linear", activation, grad, shape, dtype, …, bias)
             found = key[3:5] == (shape, dtype) and (key[-1] is not None) == bias
         else:
