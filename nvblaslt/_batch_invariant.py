@@ -1,5 +1,6 @@
-"""``options.batch_invariant``: one algorithm for every M, so that row i of the result is bitwise the
-same whatever the number of rows (on the same GPU and cuBLASLt).
+"""``options.batch_invariant``: an algorithm pinned for every M (one, or a tuning database's ladder of one
+bit class), so that row i of the result is bitwise the same whatever the number of rows (on the same GPU
+and cuBLASLt).
 
 cuBLASLt's heuristics pick their kernel from the whole problem shape, so the kernel, its tile and its
 split-K (which changes the order of the K sum) change as M grows; row 0 of ``x[:M] @ W`` then changes
