@@ -9,7 +9,11 @@ heuristics' picks at several M (split-K turned off where cuBLASLt accepts it), r
 bit class are interchangeable for a batch-invariant plan. For each it prints its speed × the default plan
 at each M, then the bit classes, and the best speed a class reaches at each M against the best single pin.
 
-    python -m tools.probe_invariant_pairs [--pairs 4096x4096,14336x4096,4096x14336,1024x8192] [--rows 1,16,64,256,1024,8192]
+A fixed split count with the COMPUTE_TYPE reduction sums in an order that does not depend on M either;
+``--splits 2`` (or ``1,2,4``) gives every candidate that count instead, to see whether kernels of one split
+count form one class too (each count is its own run of classes: counts never share bits).
+
+    python -m tools.probe_invariant_pairs [--pairs 4096x4096,14336x4096,4096x14336,1024x8192] [--rows 1,16,64,256,1024,8192] [--splits 1]
 """
 
 from __future__ import annotations
@@ -19,34 +23,27 @@ import argparse
 import torch
 
 import nvblaslt
-from nvblaslt._descriptors import Algorithm
+from nvblaslt._invariant_choice import with_split
 from tools.probe_invariant_splitk import _ms, _plan
 
 PICKS_AT = (1, 16, 64, 256, 1024, 8192)
 PICKS_EACH = 4
 
 
-def _without_split(raw: bytes) -> bytes:
+def candidates(w, x, bias, splits: int = 1) -> dict[bytes, str]:
+    """The heuristics' picks at each M of ``PICKS_AT``, each with split-K ``splits`` (1: off)."""
     lib = nvblaslt.library()
-    algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw)
-    config = Algorithm(algo, lib)
-    if config.get("SPLITK_NUM") > 1:
-        config.set("SPLITK_NUM", 1)
-        config.set("REDUCTION_SCHEME", 0)
-    return bytes(algo)
-
-
-def candidates(w, x, bias) -> dict[bytes, str]:
     found: dict[bytes, str] = {}
     for at in PICKS_AT:
         with _plan(w, x[:at], bias) as plan:
             for rank, result in enumerate(plan.algorithms[:PICKS_EACH]):
-                raw = _without_split(result.as_bytes())
-                found.setdefault(raw, f"pick {rank} at M={at}")
+                raw = with_split(lib, result.as_bytes(), splits)
+                if raw is not None:
+                    found.setdefault(raw, f"pick {rank} at M={at}")
     return found
 
 
-def probe(n: int, k: int, rows: list[int]) -> None:
+def probe(n: int, k: int, rows: list[int], splits: int = 1) -> None:
     torch.manual_seed(0)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
     x = torch.randn(max(rows), k, device="cuda", dtype=torch.bfloat16)
@@ -57,7 +54,7 @@ def probe(n: int, k: int, rows: list[int]) -> None:
             defaults[m] = _ms(plan)
     speeds: dict[str, dict[int, float]] = {}
     classes: dict[bytes, list[str]] = {}
-    for raw, name in candidates(w, x, bias).items():
+    for raw, name in candidates(w, x, bias, splits).items():
         first_bits, row_speed, consistent = None, {}, True
         for m in rows:
             try:
@@ -76,7 +73,8 @@ def probe(n: int, k: int, rows: list[int]) -> None:
         speeds[label] = row_speed
         if first_bits is not None and consistent:
             classes.setdefault(first_bits, []).append(label)
-    print(f"\nN {n}, K {k}, bf16 RELU_BIAS, D = W xᵀ; speed × the default plan at each M (nan: refused)")
+    split = "split-K off" if splits == 1 else f"split-K {splits}, COMPUTE_TYPE reduction"
+    print(f"\nN {n}, K {k}, bf16 RELU_BIAS, D = W xᵀ, {split}; speed × the default plan at each M (nan: refused)")
     print(f"  {'candidate':44s} " + " ".join(f"{'M=' + str(m):>8s}" for m in rows))
     for label, row_speed in speeds.items():
         print(f"  {label:44s} " + " ".join(f"{row_speed[m]:8.3f}" for m in rows))
@@ -93,12 +91,14 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default="4096x4096,14336x4096,4096x14336,1024x8192")
     parser.add_argument("--rows", default="1,16,64,256,1024,8192")
+    parser.add_argument("--splits", default="1", help="split-K counts, each a run of its own (1: off)")
     options = parser.parse_args(argv)
     rows = [int(r) for r in options.rows.split(",")]
     print(f"{torch.cuda.get_device_name()}, cuBLASLt {nvblaslt.library().version}")
     for pair in options.pairs.split(","):
         n, k = (int(v) for v in pair.split("x"))
-        probe(n, k, rows)
+        for splits in (int(c) for c in options.splits.split(",")):
+            probe(n, k, rows, splits)
 
 
 if __name__ == "__main__":
