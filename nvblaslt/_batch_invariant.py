@@ -8,8 +8,8 @@ too (issue 35 measured it from M = 31 at 4096×4096, bf16, H200). Here the algor
 the problem with the varying extent left out (the ``pinned key``): N, K, types, layouts' orders,
 alignments, epilog, GPU and library. It is, in order: the pin a loaded tuning database records for that
 key (where its entry has a ladder, the rung for this plan's M: kernels verified at tune time to give
-the same bits, ``_invariant_ladder``), the one this process chose before, or the heuristics' first pick for the problem at ``REFERENCE``
-rows that, with split-K off (``SPLITK_NUM`` 1, no reduction scheme), cuBLASLt accepts at every
+the same bits, ``_invariant_ladder``), the one this process chose before, or the heuristics' first
+pick for the problem at ``REFERENCE`` rows that, with split-K off (``SPLITK_NUM`` 1, no reduction scheme), cuBLASLt accepts at every
 extent of ``CHECKED_AT`` (``FP8_CHECKED_AT`` for fp8). Each plan re-checks the pin for its own M, and
 refuses where cuBLASLt does not accept it: a different kernel would silently give different bits.
 

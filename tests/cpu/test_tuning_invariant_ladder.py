@@ -107,8 +107,8 @@ def test_the_finalists_add_each_ms_fastest_to_the_best_all_rounders():
 
 # ---- the database ------------------------------------------------------------------------------------------------
 def ladder_entry(lib, launch, tiles=((16, 11), (256, 22), (None, 33)), reference=22):
-    rungs = [{"up_to": bound, "source": f"tile {tile}", **_tuning_db.algorithm_fields(result_of(lib, algo_with(lib, tile)))}
-             for bound, tile in tiles]
+    rungs = [{"up_to": bound, "source": f"tile {tile}",
+              **_tuning_db.algorithm_fields(result_of(lib, algo_with(lib, tile)))} for bound, tile in tiles]
     return _batch_invariant.pinned_entry(launch, "rows", result_of(lib, algo_with(lib, reference)), ladder=rungs,
                                          source=f"tile {reference}", speed={"1": 1.0})
 
@@ -191,7 +191,8 @@ def test_show_diff_and_merge_handle_ladders(lib, tmp_path, capsys):
     second = write(tmp_path, launch, {key: {**other, "stored": entry["stored"] + 1}}, "second.jsonl")
     assert _tune.main(["show", str(first)]) == 0
     shown = capsys.readouterr().out
-    assert re.search(r"ladder: M ≤ 16: [^;]*tile_id 11; M ≤ 256: [^;]*tile_id 22; M > 256: [^;]*tile_id 33\n", shown)
+    assert re.search(r"ladder: M ≤ 16: [^;]*tile_id 11; M ≤ 256: [^;]*tile_id 22; M > 256: [^;]*tile_id 33\n",
+                     shown)
     assert _tune.main(["diff", str(first), str(first)]) == 0
     assert capsys.readouterr().out.strip() == "the same choices"
     assert _tune.main(["diff", str(first), str(second)]) == 1  # the same algo, another ladder: another choice
