@@ -191,3 +191,17 @@ def test_the_closing_lines_say_met_missed_or_no_figure_for_every_target():
     lines = tuning.targets_lines(results)
     assert [line.rsplit(" ", 1)[1] for line in lines] == ["met", "MISSED", "met", "met", "MISSED", "met", "MISSED",
                                                            "MISSED"]
+
+
+def test_invariance_report_judges_the_two_ends_and_shows_the_m_between(capsys):
+    speed = {m: {"ratio": 1.0, "kernel": f"id 1 tile {2 if m > 64 else 1} split 1"} for m in invariance.SPEED_M}
+    speed[128] = {"ratio": 0.5, "kernel": "id 1 tile 2 split 1"}  # between the two ends: reported, not judged
+    part = {"rows": [{"n": 4096, "k": 4096, "epilog": "BIAS", "speed": speed, "bitwise_differs": [300, 4096]}],
+            "pairs_left_out": [], "rounds": 3, "database": "pins.jsonl"}
+    summary = invariance.summarize(part)
+    assert summary["misses"] == [] and summary["bitwise_differs"] == ["N=4096 K=4096 BIAS: M=300",
+                                                                      "N=4096 K=4096 BIAS: M=4096"]
+    invariance.report(part, summary)
+    shown = capsys.readouterr().out
+    assert "  0.500 " in shown and "DIFFERS at 2 M" in shown and "M=128: id 1 tile 2 split 1" in shown
+    assert {1, 300, 511, 512, 513, 8191} <= set(invariance.BITWISE_M) and 301 not in invariance.BITWISE_M
