@@ -19,6 +19,7 @@ graph is captured. What no key proves is asked on every call: the stream, and wh
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,8 +32,12 @@ _LIMIT = 32  # bound plans per thread (a training step binds three per experts l
 _SEEN_LIMIT = 256  # keys checked once, waiting for their second call; starts over past this many
 
 _is_neg = Tensor.is_neg
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's current stream, as an int
-_current_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)  # the current device's
+# torch's own queries as C functions, where this torch has them: its current stream on a device as an int
+# (no Stream object made), and whether the current device's current stream is capturing a CUDA graph
+_raw_stream: Callable[[int], int] = getattr(torch._C, "_cuda_getCurrentRawStream", None) \
+    or (lambda device: torch.cuda.current_stream(device).cuda_stream)
+_current_capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) \
+    or torch.cuda.is_current_stream_capturing
 
 
 class Entry:
