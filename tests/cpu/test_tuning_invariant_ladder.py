@@ -208,3 +208,41 @@ def test_the_progress_line_shows_the_ladder_and_the_single_kernel():
              "single_speed": {"1": 0.8, "8192": 0.99}, "today_speed": {"1": 0.4, "8192": 1.0}}
     assert _tune._shown(entry) == ("ladder of 2: × the default at M 1:1.01 8192:0.99; best single kernel "
                                    "1:0.80 8192:0.99; today's pin 1:0.40 8192:1.00")
+
+
+# ---- the tuner's bit check, on a stand-in problem -------------------------------------------------------------
+class StandInProblem:
+    """The part of ``_invariant_tune._Problem`` that ``_bits`` reads: D's first tokens per M (columns of a
+    column-major D, 4 outputs each, bf16), changed at ``changes_at`` for the algorithm ``changing``."""
+
+    extent, itemsize = "n", 2
+
+    def __init__(self, lib, changing: bytes | None = None, changes_at: int = 0, refused_at: int = 0):
+        self.reference = type("Reference", (), {"lib": lib})()
+        self.lib, self.changing, self.changes_at, self.refused_at = lib, changing, changes_at, refused_at
+
+    def layout(self, m):
+        return {"ROWS": 4, "COLS": m, "LD": 4, "ORDER": 0}
+
+    def checked(self, m, algo):
+        api = self.lib.api
+        return None if m == self.refused_at else result_of(self.lib, api.cublasLtMatmulAlgo_t.from_buffer_copy(algo))
+
+    def outputs(self, m, result, tokens):
+        flip = result.as_bytes() == self.changing and m == self.changes_at
+        return b"".join(bytes([t % 256, (t // 256) ^ flip] * 4) for t in range(tokens))
+
+
+def test_the_tuners_bit_check_keys_a_class_and_drops_a_kernel_whose_tokens_change(lib):
+    from nvblaslt import _invariant_tune
+
+    steady, split = bytes(algo_with(lib, 11)), _invariant_choice.with_split(lib, bytes(algo_with(lib, 11)), 4)
+    assert split is not None
+    key = _invariant_tune._bits(StandInProblem(lib), steady)
+    assert key is not None and key[:2] == (1, 0)
+    assert _invariant_tune._bits(StandInProblem(lib), bytes(algo_with(lib, 22))) == key  # same bits: one class
+    split_key = _invariant_tune._bits(StandInProblem(lib), split)
+    assert split_key is not None and split_key[:2] == (4, int(lib.api.CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE))
+    for m in (2, 17, 257, 1025):  # a range's boundary too
+        assert _invariant_tune._bits(StandInProblem(lib, steady, changes_at=m), steady) is None, m
+    assert _invariant_tune._bits(StandInProblem(lib, refused_at=65), steady) is None
