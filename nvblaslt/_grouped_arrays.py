@@ -172,9 +172,13 @@ class GroupedArrays:
             _cuda.check(cudart.cudaMemsetAsync(self.status, 0, 4, stream), "cudaMemsetAsync")
         arguments = self._derive_arguments
         values = (offsets, int(offsets_64), total, *bases, *lds)
-        if values != self._last_values:  # a training loop passes the same arrays step after step
-            for index, value in zip(_PER_CALL, values):
-                arguments.set(index, value)
+        last = self._last_values
+        if values != last:  # a training loop passes the same arrays step after step
+            if not last:
+                last = (None,) * len(values)
+            for index, value, held in zip(_PER_CALL, values, last):
+                if value != held:  # most calls change a few pointers: the result's and the tokens'
+                    arguments.set(index, value)
             self._last_values = values
         self.kernel.launch(self.device, (self.groups + _THREADS - 1) // _THREADS, _THREADS, stream, arguments)
         self.buffer.used_on(stream)

@@ -235,3 +235,35 @@ def test_the_capture_query_reads_the_drivers_int_and_falls_back_to_the_runtime(m
     assert asked == [7, 7, 7, 7, ("runtime", 7)]
     monkeypatch.setattr(_cuda, "_driver_capture_query", lambda: None)  # no libcuda (this machine)
     assert _cuda.is_capturing(9) is True and asked[-1] == ("runtime", 9)
+
+
+def test_the_derive_kernel_launches_with_every_per_call_value_as_given(monkeypatch):
+    """derive() writes only the arguments that changed since the last launch; each launch still reads
+    exactly this call's values (offsets, width, total, the three bases and leading dimensions)."""
+    import ctypes
+
+    from nvblaslt import _grouped_arrays, _jit
+
+    seen = []
+
+    class Kernel:
+        def launch(self, device, grid, block, stream, arguments):
+            slots = ctypes.cast(arguments.address, ctypes.POINTER(ctypes.c_void_p))
+            seen.append(tuple(kind.from_address(slots[index]).value or 0 for index, kind in
+                              zip(_grouped_arrays._PER_CALL, (ctypes.c_void_p, ctypes.c_int, *[ctypes.c_longlong] * 7))))
+
+    class Buffer:
+        def used_on(self, stream):
+            pass
+
+    arrays = _grouped_arrays.GroupedArrays.__new__(_grouped_arrays.GroupedArrays)
+    arrays.groups, arrays.device, arrays.kernel, arrays.buffer, arrays._last_values = 4, 0, Kernel(), Buffer(), ()
+    arrays._derive_arguments = _jit.Arguments(_grouped_arrays._ARGUMENT_TYPES, (0,) * 15)
+    calls = [(0x1000, False, 64, (0xA000, 0xB000, 0xC000), (16, 16, 24)),
+             (0x1000, False, 64, (0xA000, 0xB100, 0xC100), (16, 16, 24)),  # new tokens and result
+             (0x2000, True, 48, (0xA000, 0xB100, 0xC200), (16, 16, 24)),   # new offsets, width, total
+             (0x2000, True, 48, (0xA000, 0xB100, 0xC200), (16, 16, 24)),   # the same again
+             (0x2000, False, 48, (0xA000, 0xB100, 0xC200), (8, 16, 32))]
+    for offsets, wide, total, bases, lds in calls:
+        arrays.derive(offsets, wide, total, bases, lds, stream=0)
+    assert seen == [(offsets, int(wide), total, *bases, *lds) for offsets, wide, total, bases, lds in calls]
