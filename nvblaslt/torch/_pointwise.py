@@ -261,8 +261,8 @@ def linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor | None,
     """``linear()``'s fast path without a gradient: act(x Wᵀ + b) in x's leading shape, on the step
     ``first_linear_inference`` kept under ``key`` (what of the call decides its path, checked on that
     first call: shapes, dtypes, devices, contiguity, activation). What the key cannot prove is checked
-    here: x on CUDA (``x_device``, x's), the current stream and device, 256-byte aligned pointers, no
-    ``autotune()`` or ``invariant()`` context, a graph capture. None where the step is not found or cannot
+    here: x on CUDA (``x_device``, x's), the current stream and device, no lazy negation (a neg-bit view),
+    256-byte aligned pointers, no ``autotune()`` or ``invariant()`` context, a graph capture. None where the step is not found or cannot
     run: the checked path. One frame: the launch is inlined (``_launch_forward``), and a linear step is
     transposed exactly where it has a bias (no aux kept: D = W Xᵀ with the bias along D's rows)."""
     if x_device.type != "cuda" or _raw_stream is None or contexts_open():
@@ -278,6 +278,8 @@ def linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor | None,
     several = _several if _several is not None else _several_devices()
     if several and torch.cuda.current_device() != device:
         return None
+    if x.is_neg() or weight.is_neg() or (bias is not None and bias.is_neg()):
+        return None  # a lazy negation: its memory holds the values unnegated (the checked path refuses it)
     x_pointer, weight_pointer = x.data_ptr(), weight.data_ptr()
     if bias is None:
         if (x_pointer | weight_pointer) & 255:
@@ -315,13 +317,15 @@ def _bound_step(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str,
                 linear_key: tuple | None = None, out_shape: tuple[int, ...] | None = None) -> tuple[Step, int] | None:
     """(this layer shape's step, the current stream), or None where the plans would not be the ones
     ``_gemms`` runs (inside ``autotune()`` or ``invariant()``), or where a GEMM cannot run bound: an empty
-    operand, another dtype, a weight or bias laid out otherwise, a pointer aligned to less than 256 bytes, another
-    current device, a first call inside a graph capture."""
+    operand, a lazy negation, another dtype, a weight or bias laid out otherwise, a pointer aligned to less
+    than 256 bytes, another current device, a first call inside a graph capture."""
     if x.dtype not in DTYPES or _raw_stream is None or contexts_open() \
             or x.numel() == 0 or weight.numel() == 0:  # nothing to multiply: _gemms' torch ops
         return None
     if not weight.is_contiguous() or (bias is not None and bias.stride()[0] != 1 and bias.shape[0] > 1):
         return None
+    if x.is_neg() or weight.is_neg() or (bias is not None and bias.is_neg()):
+        return None  # a lazy negation: a GEMM on its memory would miss the sign (matmul() refuses it by name)
     if (x.data_ptr() | weight.data_ptr() | (0 if bias is None else bias.data_ptr())) & 255:
         return None
     device = x.get_device()
