@@ -79,6 +79,9 @@ def bind(a: Array | None, b: Array | None, offs: Array | None, stream: int, out_
         if op is not None and op.device != a_op.device:
             raise NvblasltValueError(f"{name}: expected an array on device {a_op.device} (a's), got device "
                                      f"{op.device}")
+    # the derive kernel reads offs[g] at g elements from the start: strided offsets would be misread
+    if offs_op is not None and len(offs_op.shape) == 1 and offs_op.shape[0] > 1 and offs_op.strides[0] != 1:
+        raise NvblasltValueError(f"offs: expected contiguous offsets (stride 1), got {offs_op.describe()}")
     return Bound(_grouped_problem.describe(a_op, b_op, offs_op, out_dtype=out_dtype), (a_op, b_op, offs_op))
 
 

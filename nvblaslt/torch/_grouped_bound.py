@@ -3,8 +3,8 @@
 The checked path (``_grouped._native`` → ``grouped_matmul``) reads every operand through the function
 form's layout reader and keys its plan on each call. A call like one already checked skips all that: its
 key is the exact tuple of what decides the checks and the plan (each operand's shape, strides, dtype,
-device, pointer alignment and negative bit; the offsets' shape, dtype, device and negative bit; the
-result's dtype), and a hit reads the pointers, allocates the result and queues the derive kernel and the
+device, pointer alignment and negative bit; the offsets' shape, strides, dtype, device and negative
+bit; the result's dtype), and a hit reads the pointers, allocates the result and queues the derive kernel and the
 GEMM. Offsets with other values are the same call: they never leave the GPU.
 
 A key is bound the second time the checked path passes it: a loop over the same shapes (a training step)
@@ -70,7 +70,7 @@ def _key(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype | Non
     """What decides a call's checks and plan; the alignment term is the pointer's (0: 256 bytes or more)."""
     return (a.shape, a.stride(), a.dtype, a.device, a_pointer & 255 and a_pointer & -a_pointer, _is_neg(a),
             b.shape, b.stride(), b.dtype, b.device, b_pointer & 255 and b_pointer & -b_pointer, _is_neg(b),
-            None if offs is None else (offs.shape, offs.dtype, offs.device, _is_neg(offs)),
+            None if offs is None else (offs.shape, offs.stride(), offs.dtype, offs.device, _is_neg(offs)),
             out_dtype or a.dtype)
 
 

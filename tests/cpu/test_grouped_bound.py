@@ -113,6 +113,7 @@ CHANGES = {
     "offs another length": lambda x, w, offs: (x, torch.cat([w, w[:1]]), torch.cat([offs, offs[-1:]])),
     "offs on another device": lambda x, w, offs: (x, w, offs.to("meta")),
     "offs a negative view": lambda x, w, offs: (x, w, torch._neg_view(offs)),
+    "offs strided": lambda x, w, offs: (x, w, torch.stack([offs, offs], 1)[:, 0]),
     "no offs": lambda x, w, offs: (x, w, None),
     "a float16": lambda x, w, offs: (x.half(), w, offs),
     "a on another device": lambda x, w, offs: (x.to("meta"), w, offs),
@@ -267,3 +268,16 @@ def test_the_derive_kernel_launches_with_every_per_call_value_as_given(monkeypat
     for offsets, wide, total, bases, lds in calls:
         arrays.derive(offsets, wide, total, bases, lds, stream=0)
     assert seen == [(offsets, int(wide), total, *bases, *lds) for offsets, wide, total, bases, lds in calls]
+
+
+def test_strided_offsets_are_refused_by_name():
+    """The derive kernel reads offs[g] g elements from the start: strided offsets would be misread."""
+    from nvblaslt import NvblasltValueError, _grouped
+    from tests.fakes import FakeDLPack
+
+    a, b = FakeDLPack((40, 64), dtype="bfloat16"), FakeDLPack((4, 64, 96), dtype="bfloat16", ptr=0x7F0000100000)
+    with pytest.raises(NvblasltValueError, match=r"offs: expected contiguous offsets \(stride 1\)"):
+        _grouped.bind(a, b, FakeDLPack((4,), (2,), dtype="int32", ptr=0x7F0000300000), 0)
+    assert _grouped.bind(a, b, FakeDLPack((4,), dtype="int32", ptr=0x7F0000300000), 0).problem.groups == 4
+    assert _grouped.bind(a, FakeDLPack((1, 64, 96), dtype="bfloat16", ptr=0x7F0000100000),
+                         FakeDLPack((1,), (5,), dtype="int32", ptr=0x7F0000300000), 0).problem.groups == 1
