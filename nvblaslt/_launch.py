@@ -353,7 +353,7 @@ class Launch:
         self.stream_argument.value = stream
         status = self.matmul(*self.arguments)
         if status:
-            self._refused(status)
+            self.recover(status)
 
     def try_run(self, d_pointer: int, stream: int) -> None:
         """One cublasLtMatmul with the selected algorithm, raising on any refusal (no fallback: the
@@ -368,7 +368,11 @@ class Launch:
         lib = self.lib
         return CublasLtError("cublasLtMatmul", status, lib.status_name(status), lib.status_string(status))
 
-    def _refused(self, status: int) -> None:
+    def recover(self, status: int) -> None:
+        """After a launch with the current arguments returned ``status``: where cuBLASLt refused the
+        selected algorithm (NOT_SUPPORTED), the next one of the list is tried on the same arguments
+        (see ``run``); any other status, or none left, raises. For a caller that made ``run``'s call
+        itself (a bound GEMM, one frame less)."""
         while self.lib.status_name(status) == "CUBLAS_STATUS_NOT_SUPPORTED" and self._next_algorithm():
             logger.info("cublasLtMatmul refused an algorithm for %s; trying %s",
                         self.problem.describe() if self.problem is not None else self.description, self.algorithm)

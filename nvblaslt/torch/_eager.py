@@ -25,6 +25,9 @@ PLAIN = (torch.Tensor, nn.Parameter)  # tensor types whose calls may skip the op
 # The queries of plain_eager(), bound once for the hot paths that inline them (each lookup through torch's
 # modules costs as much as the call). Dynamo knows is_compiling by the function object, alias or not.
 is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+# Dynamo's tracing alone, one Python call less (is_compiling also asks is_scripting and export's flag): for a
+# hot path whose other checks refuse what export traces (fake tensors, and its dispatch and function modes)
+is_dynamo_compiling: Callable[[], bool] = getattr(torch.compiler, "is_dynamo_compiling", None) or is_compiling
 is_tracing: Callable[[], bool] = getattr(torch._C, "_is_tracing", None) or torch.jit.is_tracing
 dispatch_modes: Callable[[], int] = torch._C._len_torch_dispatch_stack
 function_modes: Callable[[], bool] = torch._C._is_torch_function_mode_enabled

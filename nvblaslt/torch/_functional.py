@@ -12,7 +12,8 @@ from torch import Tensor
 
 from .. import NvblasltTypeError, NvblasltValueError
 from . import _ops
-from ._eager import PLAIN, direct, dispatch_modes, function_modes, functorch_transforms, is_compiling, is_tracing
+from ._eager import (PLAIN, direct, dispatch_modes, function_modes, functorch_transforms, is_dynamo_compiling,
+                     is_tracing)
 from ._ops import eager_linear, layer
 from ._pointwise import first_linear_inference, linear_inference
 from ._tuning import chain_for, check_switch, invariant
@@ -157,9 +158,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     """
     key = grad = None
     # The fast path: a plain eager call like one already checked (see _Checked) runs with no check its key
-    # proves. plain_eager() and the autocast query inlined, is_compiling first (dynamo folds it, and traces
-    # nothing below); the calls a decode loop makes cost ~10 µs of host time, so every call here counts.
-    if batch_invariant is False and not is_compiling() and type(x) in PLAIN and type(weight) in PLAIN \
+    # proves. plain_eager() and the autocast query inlined, dynamo's query first (it folds it, and traces
+    # nothing below; export's fake tensors and modes fail the type and mode checks); a decode step's Python
+    # is most of its host time, so every call here counts.
+    if batch_invariant is False and not is_dynamo_compiling() and type(x) in PLAIN and type(weight) in PLAIN \
             and (bias is None or type(bias) in PLAIN) and (activation is None or type(activation) is str) \
             and not (_autocast_on() or dispatch_modes() or function_modes() or functorch_transforms()
                      or is_tracing()):

@@ -171,3 +171,35 @@ def test_a_bound_gemm_whose_vector_write_fails_writes_it_again_next_time():
         gemm(256, 512, 768, 0, 4096)
     gemm(256, 512, 768, 0, 4096)
     assert plan.written == [("BIAS_POINTER", 4096)]
+
+
+def test_a_bound_gemm_hands_a_refused_launch_to_the_launch_s_fallback():
+    """BoundGemm makes Launch.run's call itself: a status other than 0 goes to Launch.recover (the next
+    algorithm, or the error), with this call's pointers in place."""
+    plan = _Plan(False)
+    launch = plan._launch
+    launch.arguments = (ctypes.c_void_p.from_param(7), *launch.arguments[1:])  # abs(7): status 7
+    seen_status = []
+    launch.recover = lambda status: seen_status.append((status, launch.d_argument.value))
+    _bound.BoundGemm(plan, ())(256, 512, 768, 0)  # type: ignore[arg-type]
+    assert seen_status == [(7, 768)]
+
+
+def test_export_traces_the_op_after_eager_like_calls():
+    """linear()'s fast path asks dynamo alone (not export's flag): non-strict export's fake tensors and modes
+    still take the op, after eager calls with the same shapes have been recorded."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(4, 5, requires_grad=True), torch.randn(4, requires_grad=True)
+
+    class Layer(torch.nn.Module):
+        def forward(self, x):
+            return linear(x, weight, bias, "relu")
+    x = torch.randn(3, 5)
+    for _ in range(2):
+        Layer()(x)
+    with torch.no_grad():
+        Layer()(x)
+    exported = torch.export.export(Layer(), (x,), strict=False)
+    targets = [str(node.target) for node in exported.graph.nodes if node.op == "call_function"]
+    assert "nvblaslt.linear.default" in targets
+    torch.testing.assert_close(exported.module()(x), torch.relu(torch.nn.functional.linear(x, weight, bias)))
