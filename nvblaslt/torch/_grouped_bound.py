@@ -57,6 +57,9 @@ class _Bound(threading.local):
 
     def __init__(self) -> None:
         self.entries: dict[tuple, Entry] = {}
+        # the key found last and its entry: a loop's next call compares its key with it, no hashing
+        self.last_key: tuple | None = None
+        self.last_entry: Entry | None = None
         self.seen: set[tuple] = set()
         self.generation = _tuning_cache.generation
         self.captured: list = []
@@ -83,12 +86,14 @@ def run(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype | None
         a_pointer, b_pointer = a.data_ptr(), b.data_ptr()
         offs_pointer = 0 if offs is None else offs.data_ptr()
         key = _key(a, b, offs, out_dtype, a_pointer, b_pointer)
-        entry = local.entries.pop(key, None)
+        entry = local.last_entry if key == local.last_key else local.entries.pop(key, None)
     except Exception:  # noqa: BLE001 - a tensor without data or strides: the checked path says what is wrong
         return None
     if entry is None:
         return None
-    local.entries[key] = entry  # the most recently used last
+    if entry is not local.last_entry:
+        local.entries[key] = entry  # the most recently used last
+        _local.last_key, _local.last_entry = key, entry
     stream = _raw_stream(entry.device)
     capturing = _cuda.is_capturing(stream) if entry.several_devices else _current_capturing()
     if local.generation != _tuning_cache.generation and not capturing:
@@ -98,6 +103,7 @@ def run(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype | None
     if capturing:  # the graph holds the plan now: eager calls bind one of their own, never racing its replays
         local.captured.append(entry.plan)
         del local.entries[key]
+        _local.last_key = _local.last_entry = None
     return out
 
 
@@ -125,6 +131,7 @@ def bind(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype) -> T
         while len(local.entries) > _LIMIT:
             oldest = next(iter(local.entries))
             local.entries.pop(oldest).plan.free()  # stream-ordered; nothing else holds it
+            _local.last_key = _local.last_entry = None
     return run(a, b, offs, out_dtype)
 
 
@@ -144,6 +151,7 @@ def _planned(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype, 
 
 def _free() -> None:
     entries, _local.entries = _local.entries, {}
+    _local.last_key = _local.last_entry = None
     for entry in entries.values():
         entry.plan.free()
 
