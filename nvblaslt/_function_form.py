@@ -45,6 +45,11 @@ _CACHE_SIZE = 64  # plans per thread
 _local = PlanCaches(_CACHE_SIZE, alias_limit=4 * _CACHE_SIZE)
 
 
+# fast_reader()'s answer by array type, looked up without a call (an array type's package never changes)
+_readers: dict[type, tuple | None] = {}
+_UNREAD = ()
+
+
 def _signature(op) -> tuple | None:
     # conjugated: a lazy-conjugate view has the same memory layout as its base, but another plan
     return None if op is None else (op.shape, op.strides, op.dtype, op.device, op.alignment, op.conjugated)
@@ -279,7 +284,10 @@ def matmul(a: Array, b: Array, /, c: Array | None = None, *, alpha: ScalarLike |
     # out=, scales, options or preferences. The key is the arrays' layouts, read with no DLPack export.
     if stream is None and out is None and options is None and qualifiers is None and algorithm is None \
             and quantization_scales is None and preferences is None:
-        path = fast_reader(a)
+        cls = type(a)
+        path = _readers.get(cls, _UNREAD)
+        if path is _UNREAD:
+            path = _readers[cls] = fast_reader(a)
         if path is not None:
             framework, read, stream_on = path
             names = tuple(epilog_inputs) if epilog_inputs else ()

@@ -203,3 +203,24 @@ def test_export_traces_the_op_after_eager_like_calls():
     targets = [str(node.target) for node in exported.graph.nodes if node.op == "call_function"]
     assert "nvblaslt.linear.default" in targets
     torch.testing.assert_close(exported.module()(x), torch.relu(torch.nn.functional.linear(x, weight, bias)))
+
+
+# ---- matmul()'s hit -----------------------------------------------------------------------------------
+
+
+def test_matmul_asks_for_a_type_s_fast_reader_once(monkeypatch):
+    """matmul() keeps fast_reader()'s answer per array type (no call per hit); a type without a reader
+    (None, kept too) takes the checked path, which says what is wrong with a non-array."""
+    from nvblaslt import NvblasltTypeError, _function_form, matmul
+
+    asked = []
+
+    class Odd:
+        pass
+
+    monkeypatch.setattr(_function_form, "_readers", {})
+    monkeypatch.setattr(_function_form, "fast_reader", lambda a: asked.append(type(a)) or None)
+    for _ in range(3):
+        with pytest.raises(NvblasltTypeError):
+            matmul(Odd(), Odd())
+    assert asked == [Odd] and _function_form._readers == {Odd: None}
