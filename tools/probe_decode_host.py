@@ -8,7 +8,7 @@ along D's rows) and ``Matmul.execute()`` of a plan made once. Each is timed two 
 host's µs per call over a burst that never waits (drained before and after), and ``sync``, the wall µs
 per call with a synchronize after each (a decode loop that reads its token). Medians of the rounds,
 and each one's ratio to ``_addmm_activation``'s. ``--profile`` then runs ``linear`` and ``matmul()``
-under cProfile (own time first).
+under cProfile (own time first), after each call's count of Python and C calls.
 
     python -m tools.probe_decode_host [--rounds 3] [--calls 200] [--profile]
 """
@@ -16,11 +16,13 @@ under cProfile (own time first).
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import io
 import pstats
 import random
 import statistics
+import sys
 import time
 
 import torch
@@ -57,7 +59,7 @@ def _case(tokens: int, width: int, epilog: str) -> dict:
         "F.act(F.linear)": lambda: torch_act(F.linear(x, weight, bias)),
         "nvt.linear": lambda: nvt.linear(x, weight, bias, activation),
         "matmul()": lambda: nvblaslt.matmul(weight, x.T, epilog=member, epilog_inputs=inputs),
-        "Matmul.execute": plan.execute,
+        "Matmul.execute": lambda: plan.execute(),  # a lambda like the others: one frame each, not counted
     }
     expected = calls["addmm_act"]().float()
     for name, call in calls.items():  # the same values, and warm: plans made, steps bound
@@ -99,9 +101,31 @@ def table(rounds: int, calls: int) -> None:
                 case["plan"].free()
 
 
+def call_counts(call) -> tuple[int, int, list[str]]:
+    """(Python calls, C calls, their names in order) of one ``call()``, from ``sys.setprofile``: a count
+    that no noise on the host changes, beside the timings."""
+    names: list[str] = []
+    counts = collections.Counter()
+
+    def seen(frame, event, arg) -> None:
+        if event in ("call", "c_call"):
+            counts[event] += 1
+            names.append(frame.f_code.co_name if event == "call" else getattr(arg, "__name__", "?"))
+    sys.setprofile(seen)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return counts["call"] - 1, counts["c_call"] - 1, names[1:-1]  # less the probe's lambda and setprofile
+
+
 def profile(calls: int) -> None:
-    """cProfile of ``linear`` and ``matmul()`` at M 16, N 4096, RELU_BIAS (own time first)."""
+    """Calls per hit, then cProfile of ``linear`` and ``matmul()`` at M 16, N 4096, RELU_BIAS (own time first)."""
     case = _case(16, 4096, "RELU_BIAS")
+    print("\nCalls per call, M 16, N 4096, RELU_BIAS (after warm-up):")
+    for name in CONTESTANTS:
+        python_calls, c_calls, names = call_counts(case["calls"][name])
+        print(f"  {name:16s} Python {python_calls:3d}  C {c_calls:3d}  {' '.join(names)}")
     for name in ("nvt.linear", "matmul()"):
         call = case["calls"][name]
         torch.cuda.synchronize()
