@@ -262,9 +262,10 @@ def linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor | None,
     ``first_linear_inference`` kept under ``key`` (what of the call decides its path, checked on that
     first call: shapes, dtypes, devices, contiguity, activation). What the key cannot prove is checked
     here: x on CUDA (``x_device``, x's), the current stream and device, no lazy negation (a neg-bit view),
-    256-byte aligned pointers, no ``autotune()`` or ``invariant()`` context, a graph capture. None where the step is not found or cannot
-    run: the checked path. One frame: the launch is inlined (``_launch_forward``), and a linear step is
-    transposed exactly where it has a bias (no aux kept: D = W Xᵀ with the bias along D's rows)."""
+    256-byte aligned pointers, no ``autotune()`` or ``invariant()`` context, a graph capture. None where the
+    step is not found or cannot run: the checked path. One frame: the launch is inlined (``_launch_forward``),
+    and a linear step is transposed exactly where it has a bias (no aux kept: D = W Xᵀ with the bias along
+    D's rows)."""
     if x_device.type != "cuda" or _raw_stream is None or contexts_open():
         return None
     device: int = x_device.index  # a CUDA device has an index

@@ -1,7 +1,8 @@
 """The hot paths' hits on the GPU (issue 33, target 4): after linear()'s and the pointwise conv's like calls
 have bound their steps, a lazy negation (a neg-bit view, whose key is its base's) is refused by name as
 matmul() refuses it, or computed as torch computes it, never multiplied as its unnegated memory; a like
-call after it runs bound again and matches torch. The bound steps' LRU under more shapes than the cache holds keeps giving torch's values."""
+call after it runs bound again and matches torch. The bound steps' LRU under more shapes than the cache
+holds keeps giving torch's values."""
 
 from __future__ import annotations
 
