@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import importlib
 import sys
@@ -111,23 +110,7 @@ def compute_capability(device: int) -> tuple[int, int]:
 
 
 def is_capturing(stream: int) -> bool:
-    """Whether ``stream`` is capturing a CUDA graph (then nothing may allocate or synchronize on it)."""
-    query = _driver_capture_query()
-    if query is not None:
-        status = ctypes.c_int(0)
-        if query(stream, ctypes.byref(status)) == SUCCESS:  # CUresult and the status as plain ints
-            return status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE
-    # no driver library to call (no GPU), or no context current in this thread: the runtime's answer
+    """Whether ``stream`` is capturing a CUDA graph (then nothing may allocate or synchronize on it).
+    The torch paths ask torch's own query instead, which builds no enum objects per answer."""
     error, status = cudart.cudaStreamIsCapturing(stream)
     return error == SUCCESS and status != cudart.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone
-
-
-@functools.cache
-def _driver_capture_query() -> Any:
-    """The driver's ``cuStreamIsCapturing`` through ctypes, or None where libcuda does not load. The hot
-    paths ask it on every call: cuda-bindings' form builds two enum objects per answer (about 1 µs)."""
-    prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
-    try:
-        return prototype(("cuStreamIsCapturing", ctypes.CDLL("libcuda.so.1")))
-    except (OSError, AttributeError):
-        return None
