@@ -74,9 +74,10 @@ def test_a_captured_bound_call_replays_and_eager_calls_keep_their_own_plan():
             grouped_mm(x, weights.transpose(1, 2), offs)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    held = len(_grouped_bound._local.captured)  # captures of earlier tests in this thread stay held, by design
     with torch.cuda.graph(graph):
         out = grouped_mm(x, weights.transpose(1, 2), offs)
-    assert len(_grouped_bound._local.captured) == 1
+    assert len(_grouped_bound._local.captured) == held + 1
     x.copy_(torch.randn_like(x))
     offs.copy_(_offsets([0, 40, 8, 16]))
     eager = grouped_mm(x, weights.transpose(1, 2), offs)  # eager calls never run the captured plan
