@@ -160,3 +160,10 @@ class StandInEntry:
 
     def free(self):
         self.freed = not self.captured
+
+
+def on_grid(values: dict, grid) -> dict:
+    """Values given at a few M, spread over every M of ``grid``: each M takes the value of the first given
+    point at or above it (a kernel's time or speed as a step function of M)."""
+    given = sorted(values)
+    return {m: values[next((g for g in given if g >= m), given[-1])] for m in grid}

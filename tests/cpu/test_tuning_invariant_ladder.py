@@ -17,12 +17,18 @@ from nvblaslt._autotune import Contestant
 from nvblaslt._launch import Launch
 from nvblaslt._tuning_db import TuningDatabase
 from tests.cpu.test_tuning_batch_invariant import DRIVER, algo_with, isolated, launch_for, result_of  # noqa: F401
-from tests.fakes import simulated_timer
+from tests.fakes import on_grid as spread, simulated_timer
+
+
+
+def on_grid(values: dict) -> dict:
+    return spread(values, _invariant_choice.SPEED_M)
+
 
 # speed × the default at each M of SPEED_M: three kernels of one class, each fast at one end or the middle
-SMALL = {1: 1.05, 16: 1.02, 64: 0.97, 256: 0.55, 1024: 0.40, 8192: 0.38}
-MIDDLE = {1: 0.80, 16: 0.90, 64: 1.00, 256: 1.02, 1024: 0.75, 8192: 0.78}
-LARGE = {1: 0.30, 16: 0.35, 64: 0.55, 256: 0.90, 1024: 0.99, 8192: 1.00}
+SMALL = on_grid({1: 1.05, 16: 1.02, 64: 0.97, 256: 0.55, 1024: 0.40, 8192: 0.38})
+MIDDLE = on_grid({1: 0.80, 16: 0.90, 64: 1.00, 256: 1.02, 1024: 0.75, 8192: 0.78})
+LARGE = on_grid({1: 0.30, 16: 0.35, 64: 0.55, 256: 0.90, 1024: 0.99, 8192: 1.00})
 
 
 # ---- one class's ladder ---------------------------------------------------------------------------------------
@@ -30,7 +36,7 @@ def test_each_m_gets_the_fastest_member_and_the_ranges_between_go_to_the_point_a
     speeds = {"small": SMALL, "middle": MIDDLE, "large": LARGE}
     found = _invariant_ladder.ladder(list(speeds), speeds)
     assert found.rungs == ((16, "small"), (256, "middle"), (None, "large"))
-    assert found.speed == {1: 1.05, 16: 1.02, 64: 1.00, 256: 1.02, 1024: 0.99, 8192: 1.00}
+    assert found.speed == on_grid({1: 1.05, 16: 1.02, 64: 1.00, 256: 1.02, 1024: 0.99, 8192: 1.00})
     # M between two points runs the member chosen at the point above; beyond the last, the last one's
     assert [found.serving(m) for m in (1, 2, 16, 17, 64, 65, 256, 257, 1024, 8192, 100_000)] == [
         "small", "small", "small", "middle", "middle", "middle", "middle", "large", "large", "large", "large"]
@@ -77,10 +83,11 @@ def test_a_family_that_disagrees_is_split_into_classes_and_one_is_kept():
 
 
 def test_timed_in_interleaved_rounds_on_a_simulated_gpu_the_ladder_takes_each_ends_specialist():
-    costs = {"default": {1: 1.0, 16: 1.0, 64: 1.0, 256: 2.0, 1024: 4.0, 8192: 30.0},
-             "small tile": {1: 0.95, 16: 0.97, 64: 1.02, 256: 3.5, 1024: 9.0, 8192: 80.0},
-             "large tile": {1: 2.5, 16: 2.5, 64: 2.0, 256: 2.0, 1024: 4.0, 8192: 30.5},
-             "changes bits": {m: 0.5 for m in (1, 16, 64, 256, 1024, 8192)}}
+    costs = {name: on_grid(ms) for name, ms in {
+        "default": {1: 1.0, 16: 1.0, 64: 1.0, 256: 2.0, 1024: 4.0, 8192: 30.0},
+        "small tile": {1: 0.95, 16: 0.97, 64: 1.02, 256: 3.5, 1024: 9.0, 8192: 80.0},
+        "large tile": {1: 2.5, 16: 2.5, 64: 2.0, 256: 2.0, 1024: 4.0, 8192: 30.5},
+        "changes bits": {8192: 0.5}}.items()}
     running = {"ms": 0.0}
     timer = simulated_timer(lambda: running["ms"], random.Random(5), noise=0.02)(0, 0)
 

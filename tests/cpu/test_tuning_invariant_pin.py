@@ -15,7 +15,7 @@ from nvblaslt._autotune import Contestant
 from nvblaslt._launch import Launch
 from nvblaslt._tuning_db import TuningDatabase
 from tests.cpu.test_tuning_batch_invariant import DRIVER, algo_with, isolated, launch_for, result_of  # noqa: F401
-from tests.fakes import simulated_timer
+from tests.fakes import on_grid, simulated_timer
 
 
 def splits_of(lib, algo: bytes) -> tuple[int, int]:
@@ -78,10 +78,11 @@ def test_within_a_tie_the_geometric_mean_decides():
 
 def test_timed_in_interleaved_rounds_the_balanced_kernel_wins_on_a_simulated_gpu():
     # ms per kernel at each M: the default's, and three candidates
-    costs = {"default": {1: 1.0, 16: 1.0, 64: 1.0, 256: 2.0, 1024: 4.0, 8192: 30.0},
-             "small tile": {1: 1.0, 16: 1.05, 64: 1.1, 256: 3.5, 1024: 9.0, 8192: 80.0},
-             "large tile": {1: 2.5, 16: 2.5, 64: 2.0, 256: 2.0, 1024: 4.0, 8192: 30.5},
-             "middle": {1: 1.1, 16: 1.15, 64: 1.2, 256: 2.2, 1024: 4.5, 8192: 33.0}}
+    costs = {name: on_grid(ms, _invariant_choice.SPEED_M) for name, ms in {
+        "default": {1: 1.0, 16: 1.0, 64: 1.0, 256: 2.0, 1024: 4.0, 8192: 30.0},
+        "small tile": {1: 1.0, 16: 1.05, 64: 1.1, 256: 3.5, 1024: 9.0, 8192: 80.0},
+        "large tile": {1: 2.5, 16: 2.5, 64: 2.0, 256: 2.0, 1024: 4.0, 8192: 30.5},
+        "middle": {1: 1.1, 16: 1.15, 64: 1.2, 256: 2.2, 1024: 4.5, 8192: 33.0}}.items()}
     running = {"ms": 0.0}
     timer = simulated_timer(lambda: running["ms"], random.Random(3), noise=0.02)(0, 0)
 
