@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import cProfile
-import io
-import pstats
 import random
 import statistics
 import sys
@@ -32,7 +29,7 @@ import nvblaslt
 import nvblaslt.torch as nvt
 from nvblaslt import Matmul, MatmulEpilog
 from nvblaslt._timing import shuffled_rounds
-from tools.probe_conv_host import burst_us  # host µs per call over a burst that never waits
+from tools.probe_conv_host import burst_us, profiled  # host µs per call over a burst that never waits; cProfile
 
 TOKENS = (1, 16, 256)
 WIDTHS = (4096, 14336)
@@ -127,20 +124,8 @@ def profile(calls: int) -> None:
         python_calls, c_calls, names = call_counts(case["calls"][name])
         print(f"  {name:16s} Python {python_calls:3d}  C {c_calls:3d}  {' '.join(names)}")
     for name in ("nvt.linear", "matmul()"):
-        call = case["calls"][name]
-        torch.cuda.synchronize()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for index in range(calls):
-            call()
-            if index % 100 == 99:  # the queue never fills: the host is what is measured
-                torch.cuda.synchronize()
-        profiler.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(28)
         print(f"\ncProfile of {calls} calls of {name}, M 16, N 4096, RELU_BIAS (own time first):")
-        print(text.getvalue())
+        print(profiled(case["calls"][name], calls))
     case["plan"].free()
 
 

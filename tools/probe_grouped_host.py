@@ -23,9 +23,6 @@ cProfile (own time first). Needs cuBLASLt 13.4 or newer (``NVBLASLT_LIBRARY``).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import random
 import statistics
 import time
@@ -37,7 +34,7 @@ import nvblaslt
 import nvblaslt.torch as nvt
 from nvblaslt._timing import shuffled_rounds
 from nvblaslt.bench.grouped import split
-from tools.probe_conv_host import burst_us  # host µs per call over a burst that never waits
+from tools.probe_conv_host import burst_us, profiled  # host µs per call over a burst that never waits; cProfile
 from tools.probe_decode_host import _sync_us  # wall µs per call with a synchronize after each
 
 
@@ -169,20 +166,8 @@ def profile(shape: Shape, calls: int) -> None:
     """cProfile of ``nvt.grouped_mm``'s forward and of its training step (own time first)."""
     case = _case(shape)
     for name, count in (("nvt.grouped_mm", calls), ("nvt.grouped_mm step", max(1, calls // 4))):
-        call = case["calls"][name]
-        torch.cuda.synchronize()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for index in range(count):
-            call()
-            if index % 100 == 99:  # the queue never fills: the host is what is measured
-                torch.cuda.synchronize()
-        profiler.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(28)
         print(f"\ncProfile of {count} calls of {name}, {shape.label} (own time first):")
-        print(text.getvalue())
+        print(profiled(case["calls"][name], count))
 
 
 def main(argv=None) -> None:

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import nvblaslt  # noqa: E402
 from nvblaslt import _cuda, _tuning_cache  # noqa: E402
 from nvblaslt.torch import _grouped, _grouped_bound, autotune, grouped_mm  # noqa: E402
+from tests.cpu.test_linear_fast_path import aligned as aligned_tensor  # noqa: E402
 
 BF16 = torch.bfloat16
 STREAM = 0x5000
@@ -68,12 +69,7 @@ def plans(monkeypatch):
 
 def aligned(*shape, dtype=BF16):
     """Random values at a 256-byte aligned address, as CUDA allocations are (CPU ones: 64 bytes)."""
-    count = 1
-    for extent in shape:
-        count *= extent
-    buffer = torch.empty(count + 256, dtype=dtype)
-    start = (-buffer.data_ptr() % 256) // buffer.element_size()
-    return buffer[start:start + count].view(*shape).normal_()
+    return aligned_tensor(*shape, dtype=dtype)
 
 
 def experts(tokens=32, groups=4, k=16, n=24):
