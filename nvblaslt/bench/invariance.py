@@ -17,8 +17,9 @@ from .common import free_memory, progress
 from .tuning_problems import burst_calls, gpu_rounds, paired, suite_pairs
 
 EPILOGS = ("BIAS", "RELU_BIAS", "GELU_BIAS")
-# the ladder's points (1, 16, 64, 256, 1024, 8192) and M between them, served by the next point's rung
-SPEED_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
+# the ladder's points (_invariant_choice.SPEED_M: 1, 8, 16, 32, … 8192) and an M between each two of them,
+# which the next point's rung serves without ever having been timed there
+SPEED_M = (1, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 SMALL_M = 64  # at or below: the small-M target; from LARGE_M up: the large-M target
 LARGE_M = 256
 TARGETS = {"small": 0.95, "large": 0.85}  # the batch-invariant plan's speed × the default's
