@@ -13,6 +13,14 @@ pick for the problem at ``REFERENCE`` rows that, with split-K off (``SPLITK_NUM`
 extent of ``CHECKED_AT`` (``FP8_CHECKED_AT`` for fp8). Each plan re-checks the pin for its own M, and
 refuses where cuBLASLt does not accept it: a different kernel would silently give different bits.
 
+**Members between the ladder's points.** A ladder's rung is timed only at the top of its range; between
+two points the default plan may run another tile (wave quantization), which the rung never matches. So
+where the database's entry lists its class's verified members, a plan first asks the heuristics for its
+own M with the class's reduction (split-K off: the reduction-scheme mask NONE), and runs their first pick
+if it is one of those members (every config attribute equal; the member's verified bytes run), else the
+rung: wherever the default does not split K, the batch-invariant plan runs the default's kernel, with
+bits verified at tune time. Plans are cached per M, so this query is paid once per new M, never per call.
+
 A database's pin (``nvblaslt tune --batch-invariant`` measures one: ``_invariant_tune``) may split K into a
 count fixed for every M, with the COMPUTE_TYPE reduction (partial sums in the workspace, summed in a second
 step in a fixed order): row i's sums then do not depend on M either. Any other split-K pin is refused.
@@ -28,7 +36,7 @@ import threading
 from collections.abc import Iterator
 
 from . import _tuning_cache, _tuning_db
-from ._descriptors import Algorithm, MatrixLayout, heuristics
+from ._descriptors import Algorithm, MatmulPreference, MatrixLayout, heuristics
 from ._errors import CublasLtError, NvblasltUnsupportedError, NvblasltValueError
 from ._logging import logger
 
@@ -170,6 +178,47 @@ def rule_pin(launch, extent: str) -> bytes:
                                    f"results cannot be guaranteed for this problem")
 
 
+def class_pick(launch, splits: int):
+    """The heuristics' first pick (a HeuristicResult) for ``launch``'s own layouts with split-K excluded
+    (``splits`` 1: the reduction-scheme mask NONE) or, for a class that splits K, the COMPUTE_TYPE
+    reduction alone; None where they offer none. A preference of its own: the launch's is left as it is."""
+    api = launch.lib.api
+    preference = MatmulPreference(lib=launch.lib)
+    try:
+        for name, value in launch.preference.attributes().items():
+            preference.set(name, value)
+        none = int(api.CUBLASLT_REDUCTION_SCHEME_NONE)  # the mask of NONE alone: no split-K
+        mask = none if splits <= 1 else int(api.CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+        preference.set("REDUCTION_SCHEME_MASK", mask)
+        a, b, c, d = launch.layouts
+        try:
+            offered = heuristics(launch.handle, launch.desc, a, b, c, d, preference, count=1)
+        except CublasLtError:
+            return None
+    finally:
+        preference.close()
+    return offered[0] if offered else None
+
+
+def member_for(launch, entry: dict) -> bytes | None:
+    """The verified member of ``entry``'s class (a database's ladder) that the heuristics pick for
+    ``launch``'s own M (``class_pick``), as its recorded bytes; None where they pick none of them, or
+    where cuBLASLt refuses it here."""
+    members = _tuning_db.members_of(entry)
+    if not members:
+        return None
+    splits = max(1, int(members[0]["config"].get("SPLITK_NUM", 1)))  # one class: one split count
+    pick = class_pick(launch, splits)
+    if pick is None:
+        return None
+    found = _tuning_db.member_matching(entry, pick.algorithm.config())
+    if found is None:
+        return None
+    raw = bytes.fromhex(found)
+    result = launch.check(launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw))
+    return raw if result is not None and result.workspace_size <= launch.workspace_limit else None
+
+
 def pinned_key(launch, which: str) -> tuple[str, dict]:
     """(the pinned key, its description) of ``launch``'s problem, the caller's ``which`` extent varying."""
     description = pinned_description(_tuning_cache.problem_description(launch), varying(launch.problem, which))
@@ -185,10 +234,15 @@ def pinned(launch, which: str):
     entry = _tuning_db.lookup(description, key)
     source = "tuning database"
     if entry is not None and entry.get("kind") == "pinned":
-        algo, bound = _tuning_db.pinned_algo(entry, size)  # a ladder's rung for this M: verified in one bit class
-        raw = bytes.fromhex(algo)
-        if entry.get("ladder"):
-            source += f"'s ladder, the rung {'for every larger M' if bound is None else f'up to {bound}'}"
+        member = member_for(launch, entry) if entry.get("ladder") else None
+        if member is not None:  # the heuristics' own pick for this M, verified in the ladder's class
+            raw = member
+            source += f"'s ladder, the class member the heuristics pick at {extent.upper()} = {size}"
+        else:
+            algo, bound = _tuning_db.pinned_algo(entry, size)  # a ladder's rung for this M: verified in one bit class
+            raw = bytes.fromhex(algo)
+            if entry.get("ladder"):
+                source += f"'s ladder, the rung {'for every larger M' if bound is None else f'up to {bound}'}"
     else:
         with _lock:
             known = _pins.get(key)

@@ -21,6 +21,12 @@ above its point (``tools/probe_invariant_pairs``: the best at M = 64 ran at 0.56
 4096×4096). M beyond the last point goes to the last point's member. Consecutive points with one member
 make one rung. A class's ladder is scored like a single pin (``_invariant_choice.score``: the worst speed
 over target, ties within ``TIE`` by the geometric mean), with each M's speed that of the member serving it.
+
+**Members.** Between the points the default plan may run a tile no rung matches (0.66–0.83× the default
+at M = 192, 768 and 1536 on an H200). So the kept class's members are recorded too: the timed ones, and
+the heuristics' split-K-off first pick at each M of ``MEMBER_M`` (the ladder's points, the M between them
+that the bench times, and quarter steps besides), each verified like a candidate; a plan runs the
+heuristics' pick for its own M where it is one of them (``_batch_invariant.member_for``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ KEEP_WITHIN = TIE  # a member stays at the next M while this close to the fastes
 PER_M = 2  # besides the max-min finalists, each M's fastest screened candidates are timed in full
 VERIFY_M = tuple(sorted({*BITWISE_M, *SPEED_M, *(m + 1 for m in SPEED_M[:-1])}))  # each range's two ends too
 VERIFY_TOKENS = 128  # tokens compared at each M: a whole tile along M for the tiles seen (64, 128)
+# where the heuristics' split-K-off picks are verified as members: 1 … 8, then 1, 1.25, 1.5 and 1.75 times each
+# power of two (the bench's M between points are the 1.5 steps; the others catch wave-count changes between)
+MEMBER_M = (*range(1, 8), *(p * q // 4 for p in SPEED_M[1:-1] for q in (4, 5, 6, 7)), SPEED_M[-1])
 
 
 @dataclass(frozen=True)

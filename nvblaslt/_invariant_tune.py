@@ -10,6 +10,11 @@ M of ``VERIFY_M`` and its first ``VERIFY_TOKENS`` tokens compared bitwise with i
 one whose bits change is dropped; the rest are grouped by those bits into classes, and the entry
 (``pinned``) records the best class's ladder (``_invariant_ladder``), its best single kernel as ``algo``,
 the ladder's and that kernel's speed × the default at each M, today's pin's, and the classes found.
+It records the class's ``members`` too: its timed candidates, and the heuristics' first pick with the
+class's reduction at each M of ``MEMBER_M`` where that pick's bits, verified the same way, are the class's
+(``member_at``: the M whose pick is a member). Split-K candidates are refused where their workspace grows
+past the plan's limit before the largest M of ``ACCEPTED_AT``: ``split_refused`` says, per split count,
+the largest such M within the limit and the workspace needed at 8192 rows and at the largest M.
 
 Problems this cannot measure (batched, an operand whose tokens are not its outermost axis, C given, or an
 epilog input with the tokens in it) record today's pin, as before.
@@ -26,7 +31,7 @@ from ._cuda import check, cudart, on_device
 from ._descriptors import Algorithm, HeuristicResult
 from ._errors import NvblasltError
 from ._invariant_choice import DEFAULT, SPEED_M, Candidate
-from ._invariant_ladder import VERIFY_M, VERIFY_TOKENS
+from ._invariant_ladder import MEMBER_M, VERIFY_M, VERIFY_TOKENS
 from ._logging import logger
 from ._timing import Timer
 from ._tune_arrays import device_array
@@ -151,15 +156,74 @@ def _bases(problem: _Problem, today: bytes | None) -> list[tuple[str, bytes]]:
     return bases
 
 
-def _accepted(problem: _Problem, found: list[Candidate]) -> list[Candidate]:
+def _accepted(problem: _Problem, found: list[Candidate]) -> tuple[list[Candidate], dict]:
+    """(the candidates cuBLASLt accepts at every extent of ``ACCEPTED_AT`` within the workspace limit, and
+    ``_split_refused``'s figures for the split counts of which none is)."""
     launch, api = problem.reference, problem.reference.lib.api
-    kept = []
-    with _batch_invariant.reference_launches(launch, problem.extent, _invariant_choice.ACCEPTED_AT) as references:
+    kept, needs = [], []
+    ms = _invariant_choice.ACCEPTED_AT
+    with _batch_invariant.reference_launches(launch, problem.extent, ms) as references:
         for candidate in found:
             algo = api.cublasLtMatmulAlgo_t.from_buffer_copy(candidate.algo)
             if _batch_invariant.accepted(references, algo, launch.workspace_limit):
                 kept.append(candidate)
-    return kept
+                continue
+            splits = max(1, int(Algorithm(algo, launch.lib).get("SPLITK_NUM")))
+            if splits > 1:  # why: the workspace a split's partial sums need at each M
+                checks = [reference.check(algo) for reference in references]
+                needs.append((splits, {m: (c.workspace_size if c is not None else None) for m, c in zip(ms, checks)}))
+    kept_splits = {max(1, int(Algorithm(api.cublasLtMatmulAlgo_t.from_buffer_copy(c.algo), launch.lib)
+                               .get("SPLITK_NUM"))) for c in kept}
+    return kept, _split_refused([(s, n) for s, n in needs if s not in kept_splits], launch.workspace_limit)
+
+
+def _split_refused(needs: list[tuple[int, dict]], limit: int) -> dict:
+    """Per split count (of candidates all refused): the largest M of ``ACCEPTED_AT`` up to which its best
+    candidate is accepted within ``limit``, and that candidate's workspace in MiB at 8192 rows and at the
+    largest M (None: cuBLASLt refuses it there whatever the workspace)."""
+    def reach(workspace: dict) -> int:
+        return max((m for m in workspace if all(w is not None and w <= limit for n, w in workspace.items() if n <= m)),
+                   default=0)
+
+    def mib(value: int | None) -> float | None:
+        return None if value is None else round(value / (1 << 20), 1)
+    found: dict[str, dict] = {}
+    largest = max(_invariant_choice.ACCEPTED_AT)
+    for splits in sorted({s for s, _ in needs}):
+        workspace = max((n for s, n in needs if s == splits), key=reach)
+        found[str(splits)] = {"within_limit_up_to_m": reach(workspace), "limit_mib": mib(limit),
+                              "mib_at_8192": mib(workspace.get(8192)), f"mib_at_{largest}": mib(workspace.get(largest))}
+    return found
+
+
+def _members(problem: _Problem, class_key, timed: list[bytes]) -> tuple[list[dict], list[int]]:
+    """(the kept class's verified members: ``_tuning_db.algorithm_fields`` of each, one per configuration,
+    the M of ``MEMBER_M`` whose heuristic pick (``_batch_invariant.class_pick``) is one of them): ``timed``
+    (of the class already) and each pick whose bits (``_bits``) are the class's."""
+    found: dict[tuple, dict] = {}
+
+    def add(algo: bytes) -> tuple:
+        result = problem.checked(_invariant_choice.REFERENCE, algo)
+        assert result is not None  # accepted at every extent of VERIFY_M, REFERENCE among them
+        fields = _tuning_db.algorithm_fields(result)
+        config = tuple(sorted(fields["config"].items()))
+        found.setdefault(config, fields)
+        return config
+    for algo in timed:
+        add(algo)
+    picks: dict[tuple, tuple[bytes, list[int]]] = {}
+    with _batch_invariant.reference_launches(problem.reference, problem.extent, MEMBER_M) as references:
+        for m, reference in zip(MEMBER_M, references):
+            pick = _batch_invariant.class_pick(reference, class_key[0])
+            if pick is not None:
+                config = tuple(sorted((k, int(v)) for k, v in pick.algorithm.config().items()))
+                picks.setdefault(config, (pick.as_bytes(), []))[1].append(m)
+    member_at = []
+    for config, (algo, ms) in picks.items():
+        if config in found or _bits(problem, algo) == class_key:
+            add(algo)
+            member_at += ms
+    return list(found.values()), sorted(member_at)
 
 
 def _bits(problem: _Problem, algo: bytes):
@@ -213,7 +277,7 @@ def _measure(problem: _Problem, which: str, started: float, deadline: float, ski
     except NvblasltError:
         today = None  # no pin without split-K: the measured candidates may still hold one
     offered = _invariant_choice.candidates(launch.lib, _bases(problem, today))
-    kept = _accepted(problem, offered)
+    kept, split_refused = _accepted(problem, offered)
     by_name = {c.name: c for c in kept}
     if not kept:
         raise _no_pin(launch, len(offered))
@@ -245,9 +309,17 @@ def _measure(problem: _Problem, which: str, started: float, deadline: float, ski
         affordable = int(0.6 * (deadline - time.perf_counter()) / max(per_sample * (len(names) + 1), 1e-6))
         rounds = max(MIN_ROUNDS, min(ROUNDS, affordable))
         timed = _invariant_choice.table(timer, contestants_at, names, rounds)
-    outcome = _invariant_ladder.build(timed, lambda name: _bits(problem, by_name[name].algo))
+    keys: dict[str, object] = {}
+
+    def bits(name: str):
+        if name not in keys:
+            keys[name] = _bits(problem, by_name[name].algo)
+        return keys[name]
+    outcome = _invariant_ladder.build(timed, bits)
     if outcome.ladder is None or outcome.reference is None:
         raise _no_pin(launch, len(offered), f"; {len(outcome.dropped)} timed ones changed row bits with M")
+    class_key = keys[outcome.reference]
+    members, member_at = _members(problem, class_key, [by_name[n].algo for n in timed if keys.get(n) == class_key])
 
     def at_reference(name: str) -> HeuristicResult:
         result = problem.checked(_invariant_choice.REFERENCE, by_name[name].algo)
@@ -261,7 +333,9 @@ def _measure(problem: _Problem, which: str, started: float, deadline: float, ski
              "single_speed": _rounded(timed[reference]), "rounds": rounds, "candidates": len(offered),
              "accepted": len(kept), "bits_differ": outcome.dropped,
              "classes": [{**found, "members": len(found["members"])} for found in outcome.classes],
-             "seconds": round(time.perf_counter() - started, 1)}
+             "members": members, "member_at": member_at, "seconds": round(time.perf_counter() - started, 1)}
+    if split_refused:
+        facts["split_refused"] = split_refused
     if TODAY in timed:
         facts["today_speed"] = _rounded(timed[TODAY])
     return _batch_invariant.pinned_entry(launch, which, at_reference(reference), **facts)

@@ -14,8 +14,11 @@ Every other line is one entry, keyed like the tuning cache (``_tuning_cache.prob
   ``{"up_to": M or null, "algo": …}`` in ascending order, each serving the M above the previous rung's
   bound up to its own (null: every larger M), all of one bit class, verified at tune time
   (``_invariant_ladder``); ``algo`` is then that class's best single kernel, which an nvblaslt
-  without ladders runs for every M, with the same bits. A ``pinned`` entry without ``ladder`` (older
-  files, problems the tuner could not vary) serves every M with ``algo``.
+  without ladders runs for every M, with the same bits. A ladder's entry may add ``members``: every
+  kernel verified at tune time to be of the ladder's class, ``{"algo": …, "config": {…}}`` (its config
+  attributes by name); a plan whose M the heuristics, split-K excluded, give one of them runs it, and the
+  rung otherwise (``_batch_invariant``). A ``pinned`` entry without ``ladder`` (older files, problems the
+  tuner could not vary) serves every M with ``algo``; one without ``members`` runs its rungs.
 
 Loaded with ``load_tuning(path)`` or ``$NVBLASLT_TUNING`` (paths joined by ``os.pathsep``). A file
 whose fingerprint does not match a GPU is ignored for it, with one log line. A corrupt file is
@@ -47,6 +50,7 @@ ENV_TUNING = "NVBLASLT_TUNING"
 KINDS = ("tuned", "default", "pinned")
 MAX_FILE_BYTES = 64 << 20
 MAX_RUNGS = 64  # far beyond the M points a ladder is measured at: a longer one is not ours
+MAX_MEMBERS = 256  # far beyond the kernels a tune verifies per class: a longer list is not ours
 _FINGERPRINT_FIELDS = ("gpu", "cc", "sms", "driver", "cublaslt", "keys")
 
 
@@ -185,7 +189,12 @@ def _entry_fault(entry) -> str | None:
         if name in entry and not _positive(entry[name]):
             return f"{name}: expected a positive number, got {entry[name]!r}"
     if "ladder" in entry:
-        return _ladder_fault(entry) if kind == "pinned" else f"ladder: only a 'pinned' entry has one, not {kind!r}"
+        fault = _ladder_fault(entry) if kind == "pinned" else f"ladder: only a 'pinned' entry has one, not {kind!r}"
+        if fault:
+            return fault
+    if "members" in entry:
+        return _members_fault(entry["members"]) if "ladder" in entry else "members: only a pinned entry with a " \
+                                                                           "ladder has them"
     return None
 
 
@@ -205,6 +214,34 @@ def _ladder_fault(entry: dict) -> str | None:
             return f"ladder[{index}].up_to: expected an int above {previous} (bounds ascend), got {bound!r}"
         previous = bound if not last else previous
     return None
+
+
+def _members_fault(members) -> str | None:
+    """What is wrong with a ladder's ``members``, or None."""
+    if not isinstance(members, list) or not 1 <= len(members) <= MAX_MEMBERS:
+        return f"members: expected a list of 1 to {MAX_MEMBERS} kernels, got {type(members).__name__} {members!r:.60}"
+    for index, member in enumerate(members):
+        if not isinstance(member, dict) or not _hex(member.get("algo"), 128):
+            return f"members[{index}]: expected an object with algo (an algorithm's 64 bytes as 128 hex digits)"
+        config = member.get("config")
+        if not isinstance(config, dict) or not config or not all(
+                isinstance(name, str) and isinstance(value, int) and not isinstance(value, bool)
+                for name, value in config.items()):
+            return (f"members[{index}].config: expected an object of config attributes (name: int), got "
+                    f"{config!r:.60}")
+    return None
+
+
+def members_of(entry: dict) -> list[dict]:
+    """A pinned entry's verified class members (``{"algo": hex, "config": {name: int}}``); [] without."""
+    return list(entry.get("members") or ())
+
+
+def member_matching(entry: dict, config: dict) -> str | None:
+    """The algorithm (hex) of ``entry``'s verified member whose config is ``config`` (every attribute
+    equal: a kernel not verified is never run), or None."""
+    wanted = {name: int(value) for name, value in config.items()}
+    return next((member["algo"] for member in members_of(entry) if member["config"] == wanted), None)
 
 
 def pinned_algo(entry: dict, size: int) -> tuple[str, int | None]:
@@ -314,13 +351,16 @@ def describe_config(entry: dict) -> str:
 
 
 def describe_ladder(entry: dict) -> str:
-    """A pinned entry's rungs for people, as ``M ≤ 16: id 66, tile 20, …; M > 16: …``; empty without one."""
+    """A pinned entry's rungs for people, as ``M ≤ 16: id 66, tile 20, …; M > 16: …``, and how many
+    verified members it has; empty without a ladder."""
     rungs, shown, low = entry.get("ladder") or [], [], 0
     for rung in rungs:
         where = f"M ≤ {rung['up_to']}" if rung["up_to"] is not None else f"M > {low}" if low else "every M"
         shown.append(f"{where}: {describe_config(rung)}")
         low = rung["up_to"] if rung["up_to"] is not None else low
-    return "; ".join(shown)
+    members = members_of(entry)
+    return "; ".join(shown) + (f" (and {len(members)} verified members, run where the heuristics pick one)"
+                               if members else "")
 
 
 def _choice(entry: dict) -> str:
@@ -334,7 +374,7 @@ def _choice(entry: dict) -> str:
 def _chosen(entry: dict) -> tuple:
     """What a plan runs for an entry: two entries with the same run the same kernels at every M."""
     rungs = tuple((r["up_to"], r["algo"]) for r in entry.get("ladder") or ())
-    return entry["kind"], entry.get("algo"), rungs
+    return entry["kind"], entry.get("algo"), rungs, tuple(sorted(m["algo"] for m in members_of(entry)))
 
 
 def diff(a: TuningDatabase, b: TuningDatabase) -> list[str]:
