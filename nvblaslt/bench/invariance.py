@@ -5,7 +5,10 @@ M = 1 … 8192, the points a ladder is chosen at and the M between them (the tok
 (``nvblaslt tune --batch-invariant``'s database; the part tunes one first where it is given none; with
 none, today's single pin), in interleaved rounds; and D's token columns at every M of a dense set
 (1 … 300, and each power of two from 512 with its neighbours) compared bitwise with those at M = 8192.
-``tests/gpu/test_tuning_db_gpu.py`` checks the same through ``nvblaslt.torch.linear`` too."""
+``tests/gpu/test_tuning_db_gpu.py`` checks the same through ``nvblaslt.torch.linear`` too. Each M says
+which kernel the invariant plan ran: a verified member of the ladder's class that the heuristics pick
+for that M with split-K excluded (``member``: the same config as that pick), or its rung, and whether the
+default plan split K there."""
 
 from __future__ import annotations
 
@@ -26,14 +29,15 @@ TARGETS = {"small": 0.95, "large": 0.85}  # the batch-invariant plan's speed × 
 LARGEST_M = 8192
 BITWISE_M = (*range(1, 301), *(p + d for p in (512, 1024, 2048, 4096) for d in (-1, 0, 1)), 8191)
 INVARIANT = {"batch_invariant": "columns"}
+SPLIT_K_OFF = {"reduction_scheme_mask": 0}  # CUBLASLT_REDUCTION_SCHEME_NONE alone: the heuristics' split-K-off pick
 
 
-def _plan(w, x, bias, epilog: str, m: int, options):
+def _plan(w, x, bias, epilog: str, m: int, options, preferences=None):
     from nvblaslt import Matmul
 
     plan = Matmul(w, x[:m].T, options=options)
     try:
-        plan.plan(epilog=epilog, epilog_inputs={"bias": bias})
+        plan.plan(epilog=epilog, epilog_inputs={"bias": bias}, preferences=preferences)
     except BaseException:
         plan.free()
         raise
@@ -67,11 +71,15 @@ def _speed(w, x, bias, epilog: str, rounds: int, flush, database: str | None) ->
                                  flush)
             config = invariant.algorithm.algorithm.config()
             kernel = f"id {config.get('ID')} tile {config.get('TILE_ID')} split {config.get('SPLITK_NUM')}"
+            plans.append(_plan(w, x, bias, epilog, m, None, SPLIT_K_OFF))  # the heuristics' pick, split-K excluded
+            served = "member" if config == plans[2].algorithm.algorithm.config() else "rung"
+            default_splits = int(default.algorithm.algorithm.get("SPLITK_NUM")) > 1
         finally:
             for plan in plans:
                 plan.free()
         found[m] = {**paired(samples[0], samples[1]), "default_ms": statistics.median(samples[0]),
-                    "invariant_ms": statistics.median(samples[1]), "kernel": kernel, "calls": calls}
+                    "invariant_ms": statistics.median(samples[1]), "kernel": kernel, "calls": calls,
+                    "served": served if database else "pin", "default_splits_k": default_splits}
     return found
 
 
@@ -175,10 +183,14 @@ def report(part: dict, summary: dict) -> None:
         cells = [f"{row['speed'][m]['ratio']:7.3f}" for m in SPEED_M]
         bits = "same" if not row["bitwise_differs"] else f"DIFFERS at {len(row['bitwise_differs'])} M"
         print(f"{row['n']:6d} {row['k']:6d} {row['epilog']:10s} " + " ".join(cells) + f"  {bits}")
-    for row in part["rows"]:  # which rung ran where: where the ladder switches kernels
+    for row in part["rows"]:  # which kernel ran where: a member, a rung; where the default split K
         if "error" not in row:
-            kernels = [f"M={m}: {row['speed'][m]['kernel']}" for m in SPEED_M]
-            print(f"  kernels, N={row['n']} K={row['k']} {row['epilog']}: " + "; ".join(kernels))
+            figures = [row["speed"][m] for m in SPEED_M]
+            kernels = [f"M={m}: {f['kernel']}" + (f" ({f['served']})" if "served" in f else "") +
+                       (", default splits K" if f.get("default_splits_k") else "") for m, f in zip(SPEED_M, figures)]
+            members = sum(f.get("served") == "member" for f in figures)
+            print(f"  kernels, N={row['n']} K={row['k']} {row['epilog']} (a member at {members} of {len(SPEED_M)} M): "
+                  + "; ".join(kernels))
     for kind, bound in (("small", f"M ≤ {SMALL_M}"), ("large", f"M ≥ {LARGE_M}")):
         lowest = summary[f"lowest_{kind}"]
         shown = "no figure" if lowest is None else f"lowest {lowest:.3f}×"

@@ -196,6 +196,8 @@ def test_the_closing_lines_say_met_missed_or_no_figure_for_every_target():
 def test_invariance_report_judges_the_two_ends_and_shows_the_m_between(capsys):
     speed = {m: {"ratio": 1.0, "kernel": f"id 1 tile {2 if m > 64 else 1} split 1"} for m in invariance.SPEED_M}
     speed[128] = {"ratio": 0.5, "kernel": "id 1 tile 2 split 1"}  # between the two ends: reported, not judged
+    speed[1536] = {"ratio": 1.0, "kernel": "id 1 tile 7 split 1", "served": "member", "default_splits_k": False}
+    speed[12] = {"ratio": 1.0, "kernel": "id 1 tile 1 split 1", "served": "rung", "default_splits_k": True}
     part = {"rows": [{"n": 4096, "k": 4096, "epilog": "BIAS", "speed": speed, "bitwise_differs": [300, 4096]}],
             "pairs_left_out": [], "rounds": 3, "database": "pins.jsonl"}
     summary = invariance.summarize(part)
@@ -203,5 +205,8 @@ def test_invariance_report_judges_the_two_ends_and_shows_the_m_between(capsys):
                                                                       "N=4096 K=4096 BIAS: M=4096"]
     invariance.report(part, summary)
     shown = capsys.readouterr().out
-    assert "  0.500 " in shown and "DIFFERS at 2 M" in shown and "M=128: id 1 tile 2 split 1" in shown
+    assert "  0.500 " in shown and "DIFFERS at 2 M" in shown and "M=128: id 1 tile 2 split 1;" in shown
+    # which M ran a verified member and which a rung, and where the default split K
+    assert "M=1536: id 1 tile 7 split 1 (member);" in shown and "M=12: id 1 tile 1 split 1 (rung), default splits K;" \
+        in shown and "BIAS (a member at 1 of 22 M): " in shown
     assert {1, 300, 511, 512, 513, 8191} <= set(invariance.BITWISE_M) and 301 not in invariance.BITWISE_M
