@@ -1,7 +1,8 @@
 """Issue 35 on the GPU: a tiny tune into a tuning database, recalled in a fresh process through
 ``Matmul`` and ``nvblaslt.torch``; a measured batch-invariant ladder tuned for two (N, K) pairs, each M
-recalling its rung, rows bitwise equal for M = 1…300 and large M through ``Matmul`` and
-``nvblaslt.torch.linear``; and batch invariance, bitwise, for every M = 1…300 (three (N, K) pairs)
+recalling its rung or a verified member, rows bitwise equal for M = 1…300 and large M through ``Matmul`` and
+``nvblaslt.torch.linear``, and M between the ladder's points running the class's verified members with
+the same bits; and batch invariance, bitwise, for every M = 1…300 (three (N, K) pairs)
 and for M = 1…8192 sampled around every power of two (each (N, K) pair of ``nvblaslt tune``'s LLM suite),
 with the bias / ReLU / GELU epilogs through ``matmul()`` and ``nvblaslt.torch.linear``. Quick by design
 (about a minute on an H100/H200); the speed of batch invariance is a bench figure
@@ -110,16 +111,34 @@ def test_a_tiny_tune_is_recalled_in_a_fresh_process_and_under_torch(tmp_path):
 # ---- a measured batch-invariant ladder ------------------------------------------------------------------------
 LADDER_PAIRS = [(4096, 4096), (1024, 8192)]  # (N, K): the issue's two pairs whose default kernel changes with M
 LADDER_LARGE_M = (511, 512, 513, 1000, 1024, 1025, 2048, 4095, 4096, 6000, 8191)
+BETWEEN_M = (12, 24, 48, 96, 192, 384, 768, 1536, 3072, 6144)  # between the ladder's points, where members serve
 
 
-def test_a_measured_ladder_is_recalled_per_m_and_keeps_rows_bitwise_equal(tmp_path):
-    from nvblaslt import _invariant_choice, _tune_suite, _tuning_db
-    from nvblaslt.torch import linear
+@pytest.fixture(scope="module")
+def ladders(tmp_path_factory):
+    """(the path, the database, the tune's progress lines) of ``LADDER_PAIRS``' RELU_BIAS ladders."""
+    from nvblaslt import _tune_suite
 
-    path = tmp_path / "ladders.jsonl"
+    path = tmp_path_factory.mktemp("ladders") / "ladders.jsonl"
     lines: list[str] = []
     database = nvblaslt.tune(_tune_suite.invariant_suite(pairs=LADDER_PAIRS, epilogs=["RELU_BIAS"]), path,
                              budget_s=30, progress=lines.append)
+    return path, database, lines
+
+
+def _ladder_operands(n: int, k: int):
+    torch.manual_seed(n + k)
+    x = torch.randn(8192, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    return x, w, bias
+
+
+def test_a_measured_ladder_is_recalled_per_m_and_keeps_rows_bitwise_equal(ladders):
+    from nvblaslt import _invariant_choice, _tuning_db
+    from nvblaslt.torch import linear
+
+    path, database, lines = ladders
     assert len(database) == len(LADDER_PAIRS), lines
     nvblaslt.load_tuning(path)
     columns = {"batch_invariant": "columns"}
@@ -132,17 +151,17 @@ def test_a_measured_ladder_is_recalled_per_m_and_keeps_rows_bitwise_equal(tmp_pa
         assert {(r["config"]["SPLITK_NUM"] or 1, r["config"]["REDUCTION_SCHEME"]) for r in rungs} == {
             (entry["config"]["SPLITK_NUM"] or 1, entry["config"]["REDUCTION_SCHEME"])}, rungs
         assert not {r["source"] for r in rungs} & set(entry["bits_differ"])
-        torch.manual_seed(n + k)
-        x = torch.randn(8192, k, device="cuda", dtype=torch.bfloat16)
-        w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(torch.bfloat16)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        verified = {m["algo"] for m in _tuning_db.members_of(entry)}
+        assert {r["algo"] for r in rungs} <= verified, "every rung is a verified member of its class"
+        x, w, bias = _ladder_operands(n, k)
         with torch.no_grad():
             reference = nvblaslt.matmul(w, x.T, epilog="RELU_BIAS", epilog_inputs={"bias": bias}, options=columns)
             through_torch = linear(x, w, bias, "relu", batch_invariant=True)
             for m in (*range(1, 301), *LADDER_LARGE_M):
                 with nvblaslt.Matmul(w, x[:m].T, options=columns) as plan:
                     plan.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
-                    assert plan.algorithm.as_bytes().hex() == _tuning_db.pinned_algo(entry, m)[0], m  # its rung
+                    run = plan.algorithm.as_bytes().hex()
+                    assert run == _tuning_db.pinned_algo(entry, m)[0] or run in verified, m  # its rung, or a member
                     if not torch.equal(plan.execute(), reference[:, :m]):
                         differ.append(f"N={n} K={k} Matmul M={m}")
                 if not torch.equal(linear(x[:m], w, bias, "relu", batch_invariant=True), through_torch[:m]):
@@ -150,6 +169,39 @@ def test_a_measured_ladder_is_recalled_per_m_and_keeps_rows_bitwise_equal(tmp_pa
         del x, w, bias, reference, through_torch
         nvblaslt.clear_plan_cache()
     assert not differ, f"rows differ from those at M=8192: {differ}; {lines}"
+
+
+def test_members_serve_between_the_ladders_points_with_the_bits_of_m_1_and_8192(ladders):
+    from nvblaslt import _tuning_db
+
+    path, database, lines = ladders
+    nvblaslt.load_tuning(path)
+    columns = {"batch_invariant": "columns"}
+    differ, members_run = [], []
+    for n, k in LADDER_PAIRS:
+        (entry,) = [e for e in database.entries.values() if f"D {n}x*" in e["problem"]]
+        assert entry["member_at"], "the tune found no M whose split-K-off pick is a verified member"
+        verified = {m["algo"] for m in _tuning_db.members_of(entry)}
+        x, w, bias = _ladder_operands(n, k)
+        with torch.no_grad():
+            reference = nvblaslt.matmul(w, x.T, epilog="RELU_BIAS", epilog_inputs={"bias": bias}, options=columns)
+            first = nvblaslt.matmul(w, x[:1].T, epilog="RELU_BIAS", epilog_inputs={"bias": bias}, options=columns)
+            if not torch.equal(first, reference[:, :1]):
+                differ.append(f"N={n} K={k} M=1")
+            for m in BETWEEN_M:
+                with nvblaslt.Matmul(w, x[:m].T, options=columns) as plan:
+                    plan.plan(epilog="RELU_BIAS", epilog_inputs={"bias": bias})
+                    run = plan.algorithm.as_bytes().hex()
+                    assert run in verified, f"N={n} K={k} M={m}: runs a kernel not verified in the class"
+                    if run != _tuning_db.pinned_algo(entry, m)[0]:
+                        members_run.append(f"N={n} K={k} M={m}")
+                    if not torch.equal(plan.execute(), reference[:, :m]):
+                        differ.append(f"N={n} K={k} M={m}")
+        del x, w, bias, reference, first
+        nvblaslt.clear_plan_cache()
+    assert not differ, f"token columns differ from those at M=8192 (and M=1): {differ}"
+    # the design's point: between the points the default's own kernel runs, not the rung of the point above
+    assert members_run, f"no M between the points ran a member other than its rung; {lines}"
 
 
 # ---- batch invariance ------------------------------------------------------------------------------------------
