@@ -21,14 +21,16 @@ import jax
 import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 from .. import Matmul, _cuda, _memory
-from .._errors import NvblasltValueError
+from .._dtypes import FLOAT8
+from .._errors import NvblasltUnsupportedError, NvblasltValueError
 from . import _tuning
-from ._planning import Layout, Spec, outputs_of
+from ._planning import Layout, Spec, outputs_of, scale_attributes
 
 _ALIGN = 256  # what a plan assumes of D and its epilog outputs (and XLA's allocations give)
+_AMAX_ALIGN = 16  # what an amax output needs
 _local = threading.local()
 _stream_devices: dict[int, int] = {}  # XLA's stream → the GPU it belongs to (read once per stream)
 _latest: dict[tuple, _Entry] = {}  # (spec, GPU, alignments) → its newest plan, for a capture on another stream
@@ -120,6 +122,13 @@ def _batch_rule(arrays, dims, *, spec: Spec, capturable: bool):
     """vmap: the mapped axis becomes the leading batch axis of every mapped operand; unmapped operands
     stay single matrices, which nvblaslt broadcasts over the batch (a batched GEMM, one launch)."""
     layouts = [spec.a, spec.b, *(() if spec.c is None else (spec.c,)), *(layout for _, layout in spec.inputs)]
+    for key, d in zip(spec.scale_arrays, dims[len(layouts):]):
+        if d is not None:
+            name = "epilog_inputs['aux_quantization_scale']" if key == "aux" else f"quantization_scales['{key}']"
+            raise NvblasltValueError(f"{name}: vmap over a scale is not supported (cuBLASLt reads one scale per "
+                                     f"batched GEMM); map the operands and keep the scale unmapped")
+    scales = list(arrays[len(layouts):])
+    arrays, dims = arrays[:len(layouts)], dims[:len(layouts)]
     size = next(x.shape[d] for x, d in zip(arrays, dims) if d is not None)
     if dims[0] is None and dims[1] is None:  # only c or an epilog input is mapped
         arrays = [jax.numpy.broadcast_to(arrays[0], (size, *arrays[0].shape)), *arrays[1:]]
@@ -138,11 +147,11 @@ def _batch_rule(arrays, dims, *, spec: Spec, capturable: bool):
     count = 3 if spec.c is not None else 2
     new = Spec(new_layouts[0], new_layouts[1], new_layouts[2] if spec.c is not None else None,
                tuple((key, layout) for (key, _), layout in zip(spec.inputs, new_layouts[count:])),
-               spec.epilog, spec.alpha, spec.beta, spec.options, spec.preferences, spec.scales)
+               spec.epilog, spec.alpha, spec.beta, spec.options, spec.preferences, spec.scales, spec.scale_arrays)
     _, old_outputs = outputs_of(spec)
     _, new_outputs = outputs_of(new)
     results = []
-    for buffer, old, new_output in zip(bind(new, *moved, capturable=capturable), old_outputs, new_outputs):
+    for buffer, old, new_output in zip(bind(new, *moved, *scales, capturable=capturable), old_outputs, new_outputs):
         caller = jax.numpy.transpose(buffer, new_output.to_caller)  # (size, …) as the caller's batched array
         old_caller_shape = tuple(old.buffer_shape[axis] for axis in old.to_caller)
         caller = caller.reshape((size, *old_caller_shape))  # a batched bias gradient is (…, M, 1), one is (M,)
@@ -152,6 +161,20 @@ def _batch_rule(arrays, dims, *, spec: Spec, capturable: bool):
 
 
 batching.primitive_batchers[gemm_p] = _batch_rule
+
+
+def _refuse_gradient(primals, tangents, *, spec: Spec, capturable: bool):
+    """jax.grad reaches the primitive only where ``matmul``'s own gradient does not apply: refused by name."""
+    dtypes = (spec.a.dtype, spec.b.dtype)
+    if any(dtype in {d.name for d in FLOAT8} for dtype in dtypes):
+        raise NvblasltUnsupportedError(f"a, b: jax.grad through nvblaslt.jax.matmul takes real 16-, 32- or 64-bit "
+                                       f"operands, got fp8 ({' × '.join(dtypes)}); differentiate the "
+                                       f"higher-precision computation the fp8 one quantizes")
+    raise NvblasltUnsupportedError(f"epilog: jax.grad through nvblaslt.jax.matmul differentiates DEFAULT, BIAS, RELU* "
+                                   f"and GELU* (without fp8 scales); got {spec.epilog.name}")
+
+
+ad.primitive_jvps[gemm_p] = _refuse_gradient
 
 
 # ---- the launch, in XLA's callback ----------------------------------------------------------------
@@ -169,13 +192,19 @@ class _Entry:
     def __init__(self, spec: Spec, outputs, pointers: list, stream: int, device: int):
         layouts = [("a", spec.a), ("b", spec.b)] + ([("c", spec.c)] if spec.c is not None else [])
         ops = {name: layout.operand(name, pointer, device) for (name, layout), pointer in zip(layouts, pointers)}
-        inputs = {key: layout.operand(f"epilog_inputs['{key}']", pointer, device)
-                  for (key, layout), pointer in zip(spec.inputs, pointers[len(layouts):])}
+        inputs: dict[str, object] = {key: layout.operand(f"epilog_inputs['{key}']", pointer, device)
+                                     for (key, layout), pointer in zip(spec.inputs, pointers[len(layouts):])}
+        scales, aux_scale = spec.plan_scales()
         self.plan = Matmul._from_operands(ops["a"], ops["b"], ops.get("c"), stream=stream,
                                           options=spec.matmul_options(), alpha=spec.alpha, beta=spec.beta,
-                                          quantization_scales=dict(spec.scales) or None)
-        self.plan.plan(epilog=spec.epilog, epilog_inputs=inputs or None,
-                       preferences=dict(spec.preferences) or None)
+                                          quantization_scales=scales)
+        if aux_scale is not None:
+            inputs["aux_quantization_scale"] = aux_scale
+        self.plan.plan(epilog=spec.epilog, epilog_inputs=inputs or None, preferences=spec.plan_preferences())
+        # the scales given as arrays: read from XLA's buffers, their pointers set before each launch
+        self.scale_setters = [self.plan._launch.pointer_setter(attribute) for attribute in scale_attributes(spec)]
+        self.scale_pointers: list = [None] * len(self.scale_setters)
+        self._point_scales(pointers[len(pointers) - len(self.scale_setters):])  # for autotune's trial launches too
         tuning = _tuning.active()
         self.generation = tuning.generation if tuning is not None else 0
         if tuning is not None:  # timed into scratch memory on XLA's stream: XLA's buffers are left as they are
@@ -188,12 +217,24 @@ class _Entry:
         self.alpha, self.beta = spec.alpha, (0.0 if spec.beta is None else spec.beta)
         self.setters = [self.plan._launch.pointer_setter(o.attribute) for o in outputs[1:]]
         self.sizes = [int(np.prod(o.buffer_shape)) * np.dtype(jax.numpy.dtype(o.dtype)).itemsize for o in outputs]
-        self.scratch: list = [None] * len(outputs)  # for an output XLA placed below 256-byte alignment
+        # the alignment each output needs: an amax is one float (cuBLASLt reads 16 bytes' alignment there)
+        self.alignments = [_AMAX_ALIGN if o.key.endswith("amax") else _ALIGN for o in outputs]
+        self.scratch: list = [None] * len(outputs)  # for an output XLA placed below its alignment
+
+    def _point_scales(self, scale_pointers) -> None:
+        for index, (set_pointer, pointer) in enumerate(zip(self.scale_setters, scale_pointers)):
+            if pointer != self.scale_pointers[index]:
+                set_pointer(pointer)
+                self.scale_pointers[index] = pointer
 
     def run(self, pointers: list, out_pointers: list, stream: int) -> None:
+        if self.scale_setters:
+            self._point_scales(pointers[len(pointers) - len(self.scale_setters):])
+            pointers = pointers[:len(pointers) - len(self.scale_setters)]
         given = pointers if self.has_c else [pointers[0], pointers[1], None, *pointers[2:]]
         self.plan._rebind(given, self.names, self.alpha, self.beta)
-        targets = [p if _alignment(p) >= _ALIGN else self._scratch(i, stream) for i, p in enumerate(out_pointers)]
+        targets = [p if _alignment(p) >= need else self._scratch(i, stream)
+                   for i, (p, need) in enumerate(zip(out_pointers, self.alignments))]
         for set_pointer, target in zip(self.setters, targets[1:]):
             set_pointer(target)
         self.plan._launch.run(targets[0], stream)
@@ -243,15 +284,18 @@ def _launch(spec: Spec, outputs, ctx, outs, *ins) -> None:
     out_pointers = [_pointer(b) for b in (outs if isinstance(outs, (tuple, list)) else (outs,))]
     device = device_of(stream, out_pointers[0])
     _tuning.count_entry(device)
+    scales = len(spec.scale_arrays)
     if _cuda.several_devices() and _cuda.current_device() != device:
         with _cuda.on_device(device):  # the plan's handle and workspace, and the launch, belong to that GPU
-            _run(spec, outputs, device, stream, pointers, out_pointers)
+            _run(spec, outputs, device, stream, pointers, out_pointers, scales)
         return
-    _run(spec, outputs, device, stream, pointers, out_pointers)
+    _run(spec, outputs, device, stream, pointers, out_pointers, scales)
 
 
-def _run(spec: Spec, outputs, device: int, stream: int, pointers: list, out_pointers: list) -> None:
-    alignments = tuple(_alignment(p) for p in pointers)
+def _run(spec: Spec, outputs, device: int, stream: int, pointers: list, out_pointers: list, scales: int = 0) -> None:
+    """Launch ``spec``'s plan for this GPU, stream and the operands' alignments (the last ``scales`` pointers
+    are scale arrays', whose alignment no kernel choice depends on: a new one makes no new plan)."""
+    alignments = tuple(_alignment(p) for p in pointers[:len(pointers) - scales])
     key = (spec, device, stream, alignments)
     try:
         plans = _local.plans

@@ -10,10 +10,12 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from .._dtypes import FLOAT8
 from .._epilogs import SPECS, MatmulEpilog, as_epilog
 from .._errors import NvblasltTypeError, NvblasltValueError
+from .._options import MatmulQuantizationScales
 from ._bridge import bind
-from ._planning import Layout, Spec, dtype_of, options_of, outputs_of
+from ._planning import Layout, Spec, dtype_of, options_of, outputs_of, preference_pairs
 
 _REFUSED = {"qualifiers": "conjugate with jnp.conj before the call",
             "algorithm": "autotune with nvblaslt.Matmul on like CuPy arrays: the tuning cache applies here",
@@ -60,17 +62,41 @@ def as_array(value, name: str):
     return value
 
 
-def hashable_pairs(value, name: str) -> tuple:
-    if value is None:
-        return ()
-    if not isinstance(value, dict):
-        raise NvblasltTypeError(f"{name}: expected a dict, got {type(value).__name__}")
-    pairs = tuple(sorted(value.items()))
-    try:
-        hash(pairs)
-    except TypeError:
-        raise NvblasltTypeError(f"{name}: expected hashable values (static in a JAX program)") from None
-    return pairs
+def fp8_scales(quantization_scales, aux_scale) -> tuple[tuple, list]:
+    """The fp8 scales (``quantization_scales`` by key, ``aux_quantization_scale`` as "aux"): numbers as
+    static (key, float) pairs, JAX arrays as (key, array) to pass as buffers (a traced scale, new every
+    step, changes no plan). Which keys must or may have one is checked with the problem (``_planning``)."""
+    given = {}
+    if quantization_scales is not None:
+        if isinstance(quantization_scales, MatmulQuantizationScales):
+            quantization_scales = {key: getattr(quantization_scales, key) for key in "abcd"}
+        if not isinstance(quantization_scales, dict):
+            raise NvblasltTypeError(f"quantization_scales: expected a dict with keys among 'a', 'b', 'c', 'd' or "
+                                    f"MatmulQuantizationScales, got {type(quantization_scales).__name__}")
+        unknown = sorted(map(str, set(quantization_scales) - set("abcd")))
+        if unknown:
+            raise NvblasltValueError(f"quantization_scales: expected keys among 'a', 'b', 'c', 'd', got {unknown}")
+        given = {key: (value, f"quantization_scales['{key}']") for key, value in quantization_scales.items()}
+    if aux_scale is not None:
+        given["aux"] = (aux_scale, "epilog_inputs['aux_quantization_scale']")
+    fixed, arrays = [], []
+    for key, (value, name) in sorted(given.items()):
+        if value is None:
+            continue
+        if isinstance(value, (jax.Array, jax.core.Tracer)):
+            if value.dtype != jnp.float32 or value.shape not in ((), (1,)):
+                raise NvblasltValueError(f"{name}: expected a number or a float32 JAX array of shape () or (1,), "
+                                         f"got a {value.dtype} array of shape {value.shape}")
+            arrays.append((key, as_array(value, name)))
+            continue
+        if isinstance(value, bool) or not (isinstance(value, numbers.Real) or
+                                           getattr(value, "shape", None) in ((), (1,))):
+            raise NvblasltTypeError(f"{name}: expected a number or a float32 JAX array, got {type(value).__name__}")
+        number = float(value.reshape(()) if hasattr(value, "reshape") else value)  # NumPy scalars and arrays too
+        if not abs(number) <= float(jnp.finfo(jnp.float32).max):  # NaN and infinities are refused too
+            raise NvblasltValueError(f"{name}: {value!r} is not a finite float32 value")
+        fixed.append((key, number))
+    return tuple(fixed), arrays
 
 
 def gemm(a, b, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None, options=None, preferences=None,
@@ -82,6 +108,10 @@ def gemm(a, b, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None
     if epilog_inputs is not None and not isinstance(epilog_inputs, dict):
         raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
     a, b = as_array(a, "a"), as_array(b, "b")
+    if dtype_of(b.dtype, "b") in FLOAT8 and b.ndim >= 2 and not b_transposed:
+        # cuBLASLt's fp8 kernels read B column-major (the 'TN' layout); XLA's buffers are row-major: give it
+        # b's transpose, which XLA mostly fuses into the op that made b (its quantization)
+        b, b_transposed = jnp.swapaxes(b, -1, -2), True
     arrays = [a, b]
     c_layout = None
     if c is not None:
@@ -93,19 +123,20 @@ def gemm(a, b, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None
             arrays.append(c)
             c_layout = Layout(tuple(c.shape), dtype_of(c.dtype, "c").name)
     inputs = []
-    for key, value in sorted((epilog_inputs or {}).items()):
+    given = dict(epilog_inputs or {})
+    fixed_scales, scale_arrays = fp8_scales(quantization_scales, given.pop("aux_quantization_scale", None))
+    for key, value in sorted(given.items()):
         name = f"epilog_inputs['{key}']"
-        if key == "aux_quantization_scale":
-            raise NvblasltValueError(f"{name}: fp8 aux outputs are not available in nvblaslt.jax")
         value = as_array(value, name)
         transposed = key in ("relu_aux", "gelu_aux") and value.ndim >= 2  # as the forward returned it: column-major
         arrays.append(jnp.swapaxes(value, -1, -2) if transposed else value)
         inputs.append((key, Layout(tuple(arrays[-1].shape), dtype_of(value.dtype, name).name, transposed)))
+    arrays += [value for _, value in scale_arrays]
     spec = Spec(Layout(tuple(a.shape), dtype_of(a.dtype, "a").name, a_transposed and a.ndim >= 2),
                 Layout(tuple(b.shape), dtype_of(b.dtype, "b").name, b_transposed and b.ndim >= 2),
                 c_layout, tuple(inputs), epilog, 1 if alpha is None else scalar(alpha, "alpha"),
                 scalar(beta, "beta"), options_of(options, compute_type, result_type),
-                hashable_pairs(preferences, "preferences"), hashable_pairs(quantization_scales, "quantization_scales"))
+                preference_pairs(preferences), fixed_scales, tuple(key for key, _ in scale_arrays))
     if c is None and spec.beta is not None:
         raise NvblasltValueError("beta: given without c; pass c (the matrix beta scales) or drop beta")
     if c is not None and spec.beta is None:

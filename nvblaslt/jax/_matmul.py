@@ -20,7 +20,7 @@ from .._epilogs import SPECS, as_epilog
 from .._errors import NvblasltTypeError, NvblasltUnsupportedError
 from ._bridge import vary_alike
 from ._gemm import activation_of, as_array, gemm, keeping_aux, refuse_unavailable, scalar
-from ._planning import options_of
+from ._planning import options_of, preference_pairs, preferences_of
 
 
 def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs=None, qualifiers=None,
@@ -46,20 +46,27 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
         Any of the 16 epilogs.
     epilog_inputs : dict, optional
         ``"bias"`` (one value per row of D), ``"relu_aux"`` / ``"gelu_aux"`` as a forward epilog
-        returned them.
-    quantization_scales : dict, optional
-        fp8 scales as numbers (keys ``"a"``, ``"b"``, ``"c"``, ``"d"``).
+        returned them, and ``"aux_quantization_scale"`` (a number or a float32 JAX array of shape
+        () or (1,)) with an fp8 GELU aux (``preferences={"epilog": {"aux_type": …}}``).
+    quantization_scales : dict or MatmulQuantizationScales, optional
+        fp8 scales (keys ``"a"``, ``"b"``, ``"c"``, ``"d"``), each a number (static: planned for it)
+        or a float32 JAX array of shape () or (1,), traced or not, read on the GPU at each launch: a
+        new value every step (delayed scaling) makes no new trace or plan. Numbers and arrays mix.
+        A fp8 ``b`` is handed to cuBLASLt transposed (its fp8 kernels read B column-major), a
+        transpose XLA mostly fuses into the op that made ``b``.
     options, preferences, compute_type, result_type
-        As in ``nvblaslt.matmul`` (static). ``options.inplace``, ``handle`` and ``logger`` are refused.
+        As in ``nvblaslt.matmul`` (static). ``options.inplace``, ``handle`` and ``logger`` are refused;
+        ``options={"result_amax": True}`` returns an fp8 result's amax.
     qualifiers, algorithm, stream, out
         Refused by name: XLA owns the stream and the results.
 
     Returns
     -------
     jax.Array or tuple of (jax.Array, dict)
-        D, or ``(D, aux)`` for an epilog with outputs, ``aux`` holding JAX arrays by nvblaslt's keys
-        (``"relu_aux"``, ``"gelu_aux"``, ``"drelu_bgrad"``, ``"dgelu_bgrad"``, ``"bgrada"``,
-        ``"bgradb"``), each shaped as ``nvblaslt.matmul`` returns it.
+        D, or ``(D, aux)`` for an epilog with outputs or ``options.result_amax``, ``aux`` holding
+        JAX arrays by nvblaslt's keys (``"relu_aux"``, ``"gelu_aux"``, ``"drelu_bgrad"``,
+        ``"dgelu_bgrad"``, ``"bgrada"``, ``"bgradb"``, and the float32 (1,) amaxes
+        ``"gelu_aux_amax"`` and ``"result_amax"``), each shaped as ``nvblaslt.matmul`` returns it.
 
     Raises
     ------
@@ -68,11 +75,13 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
         know, unhashable options.
     NvblasltValueError
         Shapes that do not multiply, missing or unexpected epilog inputs, arrays not on a GPU (at
-        the call for concrete arrays, at lowering for traced ones), an argument refused inside JAX.
+        the call for concrete arrays, at lowering for traced ones), an argument refused inside JAX;
+        a missing or unexpected fp8 scale, a scale array not float32 of one element, ``vmap`` over
+        a scale, ``result_amax`` of a result that is not fp8.
     NvblasltArgumentError
         A combination of dtypes cuBLASLt cannot multiply, a bias of the wrong dtype.
     NvblasltUnsupportedError
-        ``jax.grad`` through a backward epilog, fp8, or complex operands.
+        ``jax.grad`` through a backward epilog, fp8 (scaled) operands, or complex operands.
 
     Notes
     -----
@@ -110,19 +119,11 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
                       result_type=result_type)
         return (d, aux) if aux else d
     static = (epilog, 1 if alpha is None else scalar(alpha, "alpha"), scalar(beta, "beta"),
-              options_of(options, compute_type, result_type), _pairs(preferences))
+              options_of(options, compute_type, result_type), preference_pairs(preferences))
     operands = vary_alike((as_array(a, "a"), as_array(b, "b"), None if c is None else as_array(c, "c"),
                            None if "bias" not in inputs else as_array(inputs["bias"], "epilog_inputs['bias']")))
     d, aux = _differentiable(static, *operands)  # under shard_map, its inputs vary alike (as its gradients do)
     return (d, aux) if SPECS[epilog].outputs else d
-
-
-def _pairs(preferences) -> tuple:
-    if preferences is None:
-        return ()
-    if not isinstance(preferences, dict):
-        raise NvblasltTypeError(f"preferences: expected a dict, got {type(preferences).__name__}")
-    return tuple(sorted(preferences.items()))
 
 
 def _forward(static, a, b, c, bias, keep: bool):
@@ -131,7 +132,7 @@ def _forward(static, a, b, c, bias, keep: bool):
     run_epilog = keeping_aux("gelu", bias is not None) if keep and activation == "gelu" else epilog
     return gemm(a, b, c, alpha=alpha, beta=beta, epilog=run_epilog,
                 epilog_inputs=None if bias is None else {"bias": bias}, options=dict(options),
-                preferences=dict(preferences) or None)
+                preferences=preferences_of(preferences))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -194,7 +195,8 @@ def _differentiable_bwd(static, residuals, cotangents):
     dz2 = dz if a.ndim >= 2 else jnp.expand_dims(dz, -2 if b.ndim >= 2 else 0)
     if b.ndim < 2:
         dz2 = jnp.expand_dims(dz2, -1)
-    keywords = dict(options=dict((k, v) for k, v in options if k != "result_type"), preferences=dict(preferences) or None)
+    keywords = dict(options=dict((k, v) for k, v in options if k != "result_type"),  # no epilog: no aux preferences
+                    preferences=preferences_of(tuple((k, v) for k, v in preferences if k != "epilog")))
     da, _ = gemm(dz2.astype(b2.dtype), b2, alpha=alpha, b_transposed=True, **keywords)
     db, _ = gemm(a2, dz2.astype(a2.dtype), alpha=alpha, a_transposed=True, **keywords)
     bias_grad = None

@@ -160,6 +160,7 @@ ALLOWED_PRIVATE_MODULE_IMPORTS: dict[tuple[str, str], str] = {
     ("nvblaslt.jax", "nvblaslt._operands"): "Operand: JAX's abstract arrays described as the core reads arrays",
     ("nvblaslt.jax", "nvblaslt._options"): "with_shortcuts: the options checked as matmul() checks them",
     ("nvblaslt.jax", "nvblaslt._problem"): "canonical: the problem planned at trace time, " + _LAYER_NEEDS,
+    ("nvblaslt.jax", "nvblaslt._scales"): "Scales.check: the fp8 scales checked at trace time as the plan checks them",
     ("nvblaslt.jax", "nvblaslt._strides"): "c_strides: the row-major strides of XLA's buffers",
     ("nvblaslt.torch", "nvblaslt._autotune"): "tuning_iterations: the one check of an autotune context's iterations",
     ("nvblaslt.torch", "nvblaslt._cuda"): "the few CUDA runtime calls the bound GEMMs make (device, capture)",
