@@ -127,6 +127,13 @@ def _batch_rule(arrays, dims, *, spec: Spec, capturable: bool):
             name = "epilog_inputs['aux_quantization_scale']" if key == "aux" else f"quantization_scales['{key}']"
             raise NvblasltValueError(f"{name}: vmap over a scale is not supported (cuBLASLt reads one scale per "
                                      f"batched GEMM); map the operands and keep the scale unmapped")
+    _, old_outputs = outputs_of(spec)
+    amax = [o.key for o in old_outputs if o.key.endswith("_amax")]
+    if amax:  # cuBLASLt's amax of a batched GEMM is one value over the batch: never one per mapped element
+        name = "options.result_amax" if "result_amax" in amax else "preferences.epilog.aux_amax"
+        raise NvblasltValueError(f"{name}: vmap of an fp8 GEMM with an amax is not supported (a batched GEMM has one "
+                                 f"amax over the whole batch, not one per mapped element); give the operands a batch "
+                                 f"axis to get that one amax, or call it per element")
     scales = list(arrays[len(layouts):])
     arrays, dims = arrays[:len(layouts)], dims[:len(layouts)]
     size = next(x.shape[d] for x, d in zip(arrays, dims) if d is not None)
@@ -148,7 +155,6 @@ def _batch_rule(arrays, dims, *, spec: Spec, capturable: bool):
     new = Spec(new_layouts[0], new_layouts[1], new_layouts[2] if spec.c is not None else None,
                tuple((key, layout) for (key, _), layout in zip(spec.inputs, new_layouts[count:])),
                spec.epilog, spec.alpha, spec.beta, spec.options, spec.preferences, spec.scales, spec.scale_arrays)
-    _, old_outputs = outputs_of(spec)
     _, new_outputs = outputs_of(new)
     results = []
     for buffer, old, new_output in zip(bind(new, *moved, *scales, capturable=capturable), old_outputs, new_outputs):
