@@ -15,11 +15,14 @@ refuses where cuBLASLt does not accept it: a different kernel would silently giv
 
 **Members between the ladder's points.** A ladder's rung is timed only at the top of its range; between
 two points the default plan may run another tile (wave quantization), which the rung never matches. So
-where the database's entry lists its class's verified members, a plan first asks the heuristics for its
-own M with the class's reduction (split-K off: the reduction-scheme mask NONE), and runs their first pick
-if it is one of those members (every config attribute equal; the member's verified bytes run), else the
-rung: wherever the default does not split K, the batch-invariant plan runs the default's kernel, with
-bits verified at tune time. Plans are cached per M, so this query is paid once per new M, never per call.
+where the database's entry lists its class's verified members, a plan asks the heuristics for its own M
+as the default plan does (the launch's own preference) and runs their first pick if it is one of those
+members (every config attribute equal, the split count among them; the member's verified bytes run),
+else the rung. So wherever the default plan's kernel is in the class, the batch-invariant plan runs that
+very kernel, with bits verified at tune time; where the default splits K, or picks a kernel never
+verified, the rung runs. (The heuristics' first pick with split-K merely excluded is no substitute: on an
+H200 it was a kernel 8–20× slower than the rung at small M.) Plans are cached per M, so this query is
+paid once per new M, never per call.
 
 A database's pin (``nvblaslt tune --batch-invariant`` measures one: ``_invariant_tune``) may split K into a
 count fixed for every M, with the COMPUTE_TYPE reduction (partial sums in the workspace, summed in a second
@@ -178,37 +181,25 @@ def rule_pin(launch, extent: str) -> bytes:
                                    f"results cannot be guaranteed for this problem")
 
 
-def class_pick(launch, splits: int):
-    """The heuristics' first pick (a HeuristicResult) for ``launch``'s own layouts with split-K excluded
-    (``splits`` 1: the reduction-scheme mask NONE) or, for a class that splits K, the COMPUTE_TYPE
-    reduction alone; None where they offer none. A preference of its own: the launch's is left as it is."""
-    api = launch.lib.api
-    preference = MatmulPreference(lib=launch.lib)
+def default_pick(launch):
+    """The heuristics' first pick (a HeuristicResult) for ``launch``'s own layouts and preference: the
+    kernel the same plan without ``batch_invariant`` would run; None where they offer none."""
+    a, b, c, d = launch.layouts
     try:
-        for name, value in launch.preference.attributes().items():
-            preference.set(name, value)
-        none = int(api.CUBLASLT_REDUCTION_SCHEME_NONE)  # the mask of NONE alone: no split-K
-        mask = none if splits <= 1 else int(api.CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
-        preference.set("REDUCTION_SCHEME_MASK", mask)
-        a, b, c, d = launch.layouts
-        try:
-            offered = heuristics(launch.handle, launch.desc, a, b, c, d, preference, count=1)
-        except CublasLtError:
-            return None
-    finally:
-        preference.close()
+        offered = heuristics(launch.handle, launch.desc, a, b, c, d, launch.preference, count=1)
+    except CublasLtError:
+        return None
     return offered[0] if offered else None
 
 
 def member_for(launch, entry: dict) -> bytes | None:
-    """The verified member of ``entry``'s class (a database's ladder) that the heuristics pick for
-    ``launch``'s own M (``class_pick``), as its recorded bytes; None where they pick none of them, or
-    where cuBLASLt refuses it here."""
-    members = _tuning_db.members_of(entry)
-    if not members:
+    """The verified member of ``entry``'s class (a database's ladder) that is the default plan's own pick
+    for ``launch``'s M (``default_pick``), as its recorded bytes; None where that pick is none of them (a
+    split-K pick of a class without split-K never is: the split count is a config attribute), or where
+    cuBLASLt refuses it here."""
+    if not _tuning_db.members_of(entry):
         return None
-    splits = max(1, int(members[0]["config"].get("SPLITK_NUM", 1)))  # one class: one split count
-    pick = class_pick(launch, splits)
+    pick = default_pick(launch)
     if pick is None:
         return None
     found = _tuning_db.member_matching(entry, pick.algorithm.config())
@@ -235,9 +226,9 @@ def pinned(launch, which: str):
     source = "tuning database"
     if entry is not None and entry.get("kind") == "pinned":
         member = member_for(launch, entry) if entry.get("ladder") else None
-        if member is not None:  # the heuristics' own pick for this M, verified in the ladder's class
+        if member is not None:  # the default's own pick for this M, verified in the ladder's class
             raw = member
-            source += f"'s ladder, the class member the heuristics pick at {extent.upper()} = {size}"
+            source += f"'s ladder, the class member the default plan picks at {extent.upper()} = {size}"
         else:
             algo, bound = _tuning_db.pinned_algo(entry, size)  # a ladder's rung for this M: verified in one bit class
             raw = bytes.fromhex(algo)

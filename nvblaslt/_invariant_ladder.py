@@ -24,9 +24,10 @@ over target, ties within ``TIE`` by the geometric mean), with each M's speed tha
 
 **Members.** Between the points the default plan may run a tile no rung matches (0.66–0.83× the default
 at M = 192, 768 and 1536 on an H200). So the kept class's members are recorded too: the timed ones, and
-the heuristics' split-K-off first pick at each M of ``MEMBER_M`` (the ladder's points, the M between them
-that the bench times, and quarter steps besides), each verified like a candidate; a plan runs the
-heuristics' pick for its own M where it is one of them (``_batch_invariant.member_for``).
+the default plan's own first pick at each M of ``MEMBER_M`` (the ladder's points, the M between them that
+the bench times, and quarter steps besides) where it has the class's split count, each verified like a
+candidate; a plan runs the default's pick for its own M where it is one of them
+(``_batch_invariant.member_for``), so a member runs only where it is what the default itself runs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ KEEP_WITHIN = TIE  # a member stays at the next M while this close to the fastes
 PER_M = 2  # besides the max-min finalists, each M's fastest screened candidates are timed in full
 VERIFY_M = tuple(sorted({*BITWISE_M, *SPEED_M, *(m + 1 for m in SPEED_M[:-1])}))  # each range's two ends too
 VERIFY_TOKENS = 128  # tokens compared at each M: a whole tile along M for the tiles seen (64, 128)
-# where the heuristics' split-K-off picks are verified as members: 1 … 8, then 1, 1.25, 1.5 and 1.75 times each
+# where the default plan's own picks are verified as members: 1 … 8, then 1, 1.25, 1.5 and 1.75 times each
 # power of two (the bench's M between points are the 1.5 steps; the others catch wave-count changes between)
 MEMBER_M = (*range(1, 8), *(p * q // 4 for p in SPEED_M[1:-1] for q in (4, 5, 6, 7)), SPEED_M[-1])
 

@@ -10,9 +10,9 @@ M of ``VERIFY_M`` and its first ``VERIFY_TOKENS`` tokens compared bitwise with i
 one whose bits change is dropped; the rest are grouped by those bits into classes, and the entry
 (``pinned``) records the best class's ladder (``_invariant_ladder``), its best single kernel as ``algo``,
 the ladder's and that kernel's speed × the default at each M, today's pin's, and the classes found.
-It records the class's ``members`` too: its timed candidates, and the heuristics' first pick with the
-class's reduction at each M of ``MEMBER_M`` where that pick's bits, verified the same way, are the class's
-(``member_at``: the M whose pick is a member). Split-K candidates are refused where their workspace grows
+It records the class's ``members`` too: its timed candidates, and the default plan's own first pick at each
+M of ``MEMBER_M`` where that pick has the class's split count and its bits, verified the same way, are the
+class's (``member_at``: the M whose pick is a member). Split-K candidates are refused where their workspace grows
 past the plan's limit before the largest M of ``ACCEPTED_AT``: ``split_refused`` says, per split count,
 the largest such M within the limit and the workspace needed at 8192 rows and at the largest M.
 
@@ -198,8 +198,8 @@ def _split_refused(needs: list[tuple[int, dict]], limit: int) -> dict:
 
 def _members(problem: _Problem, class_key, timed: list[bytes]) -> tuple[list[dict], list[int]]:
     """(the kept class's verified members: ``_tuning_db.algorithm_fields`` of each, one per configuration,
-    the M of ``MEMBER_M`` whose heuristic pick (``_batch_invariant.class_pick``) is one of them): ``timed``
-    (of the class already) and each pick whose bits (``_bits``) are the class's."""
+    the M of ``MEMBER_M`` whose default pick (``_batch_invariant.default_pick``) is one of them): ``timed``
+    (of the class already) and each pick with the class's split count whose bits (``_bits``) are the class's."""
     found: dict[tuple, dict] = {}
 
     def add(algo: bytes) -> tuple:
@@ -214,8 +214,10 @@ def _members(problem: _Problem, class_key, timed: list[bytes]) -> tuple[list[dic
     picks: dict[tuple, tuple[bytes, list[int]]] = {}
     with _batch_invariant.reference_launches(problem.reference, problem.extent, MEMBER_M) as references:
         for m, reference in zip(MEMBER_M, references):
-            pick = _batch_invariant.class_pick(reference, class_key[0])
-            if pick is not None:
+            pick = _batch_invariant.default_pick(reference)
+            # why: another split count is another summation order, never this class (and may need a workspace
+            # that grows past the limit with M, which _bits would run into)
+            if pick is not None and max(1, int(pick.algorithm.get("SPLITK_NUM"))) == class_key[0]:
                 config = tuple(sorted((k, int(v)) for k, v in pick.algorithm.config().items()))
                 picks.setdefault(config, (pick.as_bytes(), []))[1].append(m)
     member_at = []

@@ -29,7 +29,6 @@ TARGETS = {"small": 0.95, "large": 0.85}  # the batch-invariant plan's speed × 
 LARGEST_M = 8192
 BITWISE_M = (*range(1, 301), *(p + d for p in (512, 1024, 2048, 4096) for d in (-1, 0, 1)), 8191)
 INVARIANT = {"batch_invariant": "columns"}
-SPLIT_K_OFF = {"reduction_scheme_mask": 0}  # CUBLASLT_REDUCTION_SCHEME_NONE alone: the heuristics' split-K-off pick
 
 
 def _plan(w, x, bias, epilog: str, m: int, options, preferences=None):
@@ -71,8 +70,8 @@ def _speed(w, x, bias, epilog: str, rounds: int, flush, database: str | None) ->
                                  flush)
             config = invariant.algorithm.algorithm.config()
             kernel = f"id {config.get('ID')} tile {config.get('TILE_ID')} split {config.get('SPLITK_NUM')}"
-            plans.append(_plan(w, x, bias, epilog, m, None, SPLIT_K_OFF))  # the heuristics' pick, split-K excluded
-            served = "member" if config == plans[2].algorithm.algorithm.config() else "rung"
+            # a member runs only where it is the default's own kernel (_batch_invariant.member_for)
+            served = "member" if config == default.algorithm.algorithm.config() else "rung"
             default_splits = int(default.algorithm.algorithm.get("SPLITK_NUM")) > 1
         finally:
             for plan in plans:

@@ -1,6 +1,6 @@
 """A batch-invariant ladder's verified members (issue 35) without a GPU: the entry format (round trip, old
 entries load, corrupt members refused by name and line), the member-or-rung rule at plan time (stand-in
-heuristics: their split-K-off pick for the plan's own M runs where it is a verified member, the rung
+heuristics: the default plan's own pick for the plan's M runs where it is a verified member, the rung
 otherwise), and the tune's part that finds the members (stand-in bits and picks) and says how far a split
 count's workspace reaches."""
 
@@ -19,8 +19,18 @@ from tests.cpu.test_tuning_invariant_ladder import StandInProblem, ladder_entry,
 RUNG_TILES = ((16, 11), (256, 22), (None, 33))  # ladder_entry's rungs: M ≤ 16, ≤ 256, above
 
 
+def kernel(lib, tile: int, split_k: int = 1):
+    """A stand-in algorithm; one that splits K sums its parts with the COMPUTE_TYPE reduction (a split pin's)."""
+    algo = algo_with(lib, tile, split_k)
+    if split_k > 1:
+        from nvblaslt import Algorithm
+
+        Algorithm(algo, lib).set("REDUCTION_SCHEME", int(lib.api.CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE))
+    return algo
+
+
 def member(lib, tile: int, split_k: int = 1) -> dict:
-    return _tuning_db.algorithm_fields(result_of(lib, algo_with(lib, tile, split_k)))
+    return _tuning_db.algorithm_fields(result_of(lib, kernel(lib, tile, split_k)))
 
 
 def with_members(lib, launch, tiles=(11, 22, 33, 55)) -> tuple[str, dict]:
@@ -30,9 +40,10 @@ def with_members(lib, launch, tiles=(11, 22, 33, 55)) -> tuple[str, dict]:
 
 @pytest.fixture
 def picks(lib, monkeypatch):
-    """The stand-in heuristics: {M: the tile they pick} (absent: they offer nothing), and each query's
-    preference mask; cuBLASLt's check accepts everything but what ``refused`` names."""
-    picked: dict[int, int] = {}
+    """The stand-in heuristics: {M: the tile they pick, or (tile, split count)} (absent: they offer
+    nothing), and each query's preference mask; cuBLASLt's check accepts everything but what ``refused``
+    names."""
+    picked: dict[int, int | tuple[int, int]] = {}
     masks: list[int] = []
     refused: set[tuple[int, int]] = set()  # (M, tile)
 
@@ -41,7 +52,7 @@ def picks(lib, monkeypatch):
         tile = picked.get(d.get("ROWS"))
         if tile is None:
             raise CublasLtError("cublasLtMatmulAlgoGetHeuristic", 15, "CUBLAS_STATUS_NOT_SUPPORTED", "", "")
-        return [result_of(lib, algo_with(lib, tile))]
+        return [result_of(lib, kernel(lib, *tile) if isinstance(tile, tuple) else kernel(lib, tile))]
 
     def check(self, algo):
         from nvblaslt import Algorithm
@@ -109,18 +120,18 @@ def test_members_without_a_ladder_are_refused(tmp_path):
 
 
 # ---- the member-or-rung rule --------------------------------------------------------------------------------------
-def test_the_heuristics_pick_for_this_m_runs_where_it_is_a_verified_member_else_the_rung(lib, tmp_path, picks):
+def test_the_default_s_own_pick_for_this_m_runs_where_it_is_a_verified_member_else_the_rung(lib, tmp_path, picks):
     launch = launch_for(lib, 64, 4096, 4096)
     key, entry = with_members(lib, launch)
     picked, masks, _ = picks
     picked.update({12: 55, 192: 55, 1536: 55,  # a member between the points: it runs
-                   24: 77, 768: 77})  # not a member (never verified): the rung runs
+                   24: 77, 768: 77,  # not a member (never verified): the rung runs
+                   48: (55, 4)})  # the default splits K there: another summation order, the rung runs
     nvblaslt.load_tuning(write(tmp_path, launch, {key: entry}))
-    tiles = {m: tile_run_at(lib, m) for m in (12, 192, 1536, 24, 768, 40000)}
-    assert tiles == {12: 55, 192: 55, 1536: 55, 24: 22, 768: 33, 40000: 33}  # 40000: no pick offered
-    none = int(lib.api.CUBLASLT_REDUCTION_SCHEME_NONE)
-    assert masks == [none] * 6  # split-K excluded in every query
-    assert launch.preference.get("REDUCTION_SCHEME_MASK") != none  # on a preference of its own
+    tiles = {m: tile_run_at(lib, m) for m in (12, 192, 1536, 24, 768, 48, 40000)}
+    assert tiles == {12: 55, 192: 55, 1536: 55, 24: 22, 768: 33, 48: 22, 40000: 33}  # 40000: no pick offered
+    # asked as the default plan asks (its own preference: split-K not excluded), so a member is its kernel
+    assert masks == [launch.preference.get("REDUCTION_SCHEME_MASK")] * 7
     # the member runs its recorded (verified) bytes
     run = _batch_invariant.pinned(launch_for(lib, 1536, 4096, 4096), "rows")
     assert run.as_bytes().hex() == entry["members"][3]["algo"]
@@ -146,14 +157,14 @@ def test_a_member_cublaslt_refuses_at_this_m_leaves_the_rung(lib, tmp_path, pick
     assert tile_run_at(lib, 1536) == 33
 
 
-def test_a_split_class_asks_for_the_compute_type_reduction(lib, tmp_path, picks):
+def test_a_split_class_runs_a_member_only_where_the_default_splits_k_the_same(lib, tmp_path, picks):
     launch = launch_for(lib, 64, 4096, 4096)
     key, entry = ladder_entry(lib, launch)
     entry["members"] = [member(lib, 11, split_k=4)]
-    _, masks, _ = picks
+    picked, _, _ = picks
+    picked.update({100: (11, 4), 200: 11, 300: (11, 2)})
     nvblaslt.load_tuning(write(tmp_path, launch, {key: entry}))
-    tile_run_at(lib, 100)
-    assert masks == [int(lib.api.CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)]
+    assert [tile_run_at(lib, m) for m in (100, 200, 300)] == [11, 22, 33]  # 200 and 300: their rungs
 
 
 # ---- the tune's part ----------------------------------------------------------------------------------------------
@@ -170,19 +181,20 @@ def test_the_tune_keeps_the_picks_whose_bits_are_the_class_s_as_members(lib, mon
     problem.reference = launch_for(lib, 4, 1024, 4096)
     by_m = {m: 55 if m % 3 == 0 else 99 if m % 5 == 0 else 22 for m in _invariant_ladder.MEMBER_M}
     by_m[7] = None  # no pick offered there
-    splits_asked = set()
 
-    def class_pick(reference, splits):
-        splits_asked.add(splits)
+    by_m[6] = (55, 2)  # the default splits K there: never a member of a class without split-K
+
+    def default_pick(reference):
         tile = by_m[reference.layouts[3].get("COLS")]
-        return None if tile is None else result_of(lib, algo_with(lib, tile))
-    monkeypatch.setattr(_batch_invariant, "class_pick", class_pick)
+        if tile is None:
+            return None
+        return result_of(lib, kernel(lib, *tile) if isinstance(tile, tuple) else kernel(lib, tile))
+    monkeypatch.setattr(_batch_invariant, "default_pick", default_pick)
     timed = [bytes(algo_with(lib, 11)), bytes(algo_with(lib, 22))]
     class_key = _invariant_tune._bits(problem, timed[0])
     members, member_at = _invariant_tune._members(problem, class_key, timed)
     assert [m["config"]["TILE_ID"] for m in members] == [11, 22, 55]  # one per configuration, 99 left out
     assert member_at == sorted(m for m, tile in by_m.items() if tile in (22, 55))
-    assert splits_asked == {1}
     assert set(_invariant_ladder.MEMBER_M) >= {12, 24, 48, 96, 192, 384, 768, 1536, 3072, 6144}  # the bench's
 
 

@@ -180,7 +180,7 @@ def test_members_serve_between_the_ladders_points_with_the_bits_of_m_1_and_8192(
     differ, members_run = [], []
     for n, k in LADDER_PAIRS:
         (entry,) = [e for e in database.entries.values() if f"D {n}x*" in e["problem"]]
-        assert entry["member_at"], "the tune found no M whose split-K-off pick is a verified member"
+        assert entry["member_at"], "the tune found no M whose default pick is a verified member"
         verified = {m["algo"] for m in _tuning_db.members_of(entry)}
         x, w, bias = _ladder_operands(n, k)
         with torch.no_grad():
