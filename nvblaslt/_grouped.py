@@ -29,6 +29,7 @@ from . import _cuda, _dtypes, _grouped_problem, _grouped_tuning, _memory, _opera
 from ._tuning_result import TuningReport
 from ._descriptors import GroupedMatrixLayout, Handle, HeuristicResult, MatmulDesc, MatmulPreference
 from ._errors import CublasLtError, NvblasltStateError, NvblasltTypeError, NvblasltValueError
+from ._frameworks import fast_reader
 from ._grouped_arrays import GroupedArrays
 from ._grouped_version import require_grouped
 from ._grouped_problem import GroupedProblem
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from ._protocols import GroupedPlanInternals
 
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
+_FAST_LIMIT = 16  # execute()'s layout keys per plan (token totals that vary without end start it afresh)
 _ENV_CHECK = "NVBLASLT_CHECK_OFFSETS"
 
 
@@ -164,7 +166,16 @@ class GroupedMatmul:
         bound = bind(a, b, offs, stream_h, self._out_dtype)
         self._lib = library()
         require_grouped(self._lib)
-        self._problem, self._operands = bound.problem, bound.operands
+        self._problem = bound.problem
+        self._operands: tuple | None = bound.operands
+        # execute()'s defaults as given (a, b, offs); _operands is None where the last call took the fast path,
+        # which reads no Operand: read again from these when the checked path or autotune needs them
+        self._given: tuple = tuple(None if op is None else op.obj for op in bound.operands)
+        # execute()'s fast path: a layout key (each array's shape, strides, dtype, device, pointer alignment, as
+        # the package's layout reader gives them) a checked call passed -> (the problem, 64-bit offsets)
+        self._fast: dict[tuple, tuple[GroupedProblem, bool]] = {}
+        self._fast_last: tuple | None = None  # the key found last, compared first
+        self._fast_last_found: tuple[GroupedProblem, bool] | None = None
         self._captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
         a_op = bound.operands[0]
         self.device, self._framework = a_op.device, a_op.framework
@@ -353,10 +364,11 @@ class GroupedMatmul:
         _grouped_tuning.check_arguments(iterations, budget_s)
         if not self.algorithms or self.algorithm is None:
             raise NvblasltStateError("autotune: plan() first: there are no algorithms to time")
-        if self._operands[0] is None or self._operands[1] is None:
+        if self._given[0] is None or self._given[1] is None:
             raise NvblasltStateError("autotune: the plan's operands were released (release_operands); execute() "
                                      "with operands first")
         stream = self._last_stream
+        self._operands = self._kept_operands(stream)
         bound = bind(None, None, None, stream, self._out_dtype, defaults=self._operands)
         return self._apply_tuning(_grouped_tuning.autotune(self, bound, stream, iterations=iterations, search=search,
                                                           remember=remember, budget_s=budget_s))
@@ -404,26 +416,71 @@ class GroupedMatmul:
         array
             The result, in the operands' package (``out`` if given).
         """
-        missing = [name for name, given, kept in zip(("a", "b", "offs"), (a, b, offs), self._operands)
-                   if given is None and kept is None and not (name == "offs" and self._problem.form == "3d3d")]
+        given = self._given
+        first = a if a is not None else given[0]
+        path = fast_reader(first) if first is not None else None
+        found = fast_key = entry = None
+        if path is not None:  # CuPy / PyTorch: layouts read straight off the arrays, no DLPack export
+            arrays = (first, b if b is not None else given[1], offs if offs is not None else given[2], scale_a,
+                      scale_b, out)
+            try:
+                found = path[1](arrays)
+                if found is not None:
+                    fast_key = found[1]
+                    entry = self._fast_last_found if fast_key == self._fast_last else self._fast.get(fast_key)
+                    if entry is not None:
+                        self._fast_last, self._fast_last_found = fast_key, entry
+            except Exception:  # noqa: BLE001 - an odd array or argument: the checked path says what is wrong
+                found = fast_key = entry = None
+            if found is not None and entry is not None:
+                pointers, layouts = found
+                self._given, self._operands = arrays[:3], None  # the next call's defaults, read only if needed
+                return self._run_pointers(entry[0], pointers[0], pointers[1], pointers[2] or 0, entry[1], out=out,
+                                          out_pointer=pointers[5], check_offsets=check_offsets,
+                                          stream=path[2](layouts[0][3]) if stream is None else stream_handle(stream),
+                                          scales=(pointers[3] or 0, pointers[4] or 0))
+        result, bound = self._checked_execute(a, b, offs, out, stream, check_offsets, scale_a, scale_b)
+        if fast_key is not None:  # every check passed on arrays of these layouts: the next like call skips them
+            if len(self._fast) >= _FAST_LIMIT:
+                self._fast.clear()
+            offs_op = bound.operands[2]
+            self._fast[fast_key] = (bound.problem, offs_op is not None and offs_op.dtype == _dtypes.INT64)
+        return result
+
+    def _checked_execute(self, a, b, offs, out, stream, check_offsets, scale_a, scale_b) -> tuple[Array, Bound]:
+        """``execute`` with every array read and checked (the first call of a layout, or a package with no
+        layout reader)."""
+        given = self._given
+        missing = [name for name, new, kept in zip(("a", "b", "offs"), (a, b, offs), given)
+                   if new is None and kept is None and not (name == "offs" and self._problem.form == "3d3d")]
         if missing:
             raise NvblasltStateError(f"{', '.join(missing)}: expected arrays: the plan's were released "
                                      f"(release_operands), so execute must be given them")
-        first = a if a is not None else self._operands[0].obj
+        first = a if a is not None else given[0]
         stream_h = stream_of(first, stream)
-        bound = bind(a, b, offs, stream_h, self._out_dtype, defaults=self._operands)
+        bound = bind(a, b, offs, stream_h, self._out_dtype, defaults=self._kept_operands(stream_h, (a, b, offs)))
         if bound.problem.key != self._problem.key:
             raise NvblasltValueError(
                 f"a, b, offs: expected operands this plan was made for ({self._describe()}, alignment "
                 f"{self._problem.b.alignment}/{self._problem.a.alignment} bytes), got ones that differ in more than "
                 f"the ragged extent; make a new plan (grouped_matmul keeps one per problem)")
-        self._operands = bound.operands  # the defaults of the next execute
         scales = read_scales(scale_a, scale_b, bound.problem, self.device, stream_h)
-        return self.run(bound, out=out, stream=stream_h, check_offsets=check_offsets, scales=scales)
+        result = self.run(bound, out=out, stream=stream_h, check_offsets=check_offsets, scales=scales)
+        self._operands = bound.operands  # the defaults of the next execute
+        self._given = tuple(None if op is None else op.obj for op in bound.operands)
+        return result, bound
+
+    def _kept_operands(self, stream: int, given: tuple = (None, None, None)) -> tuple:
+        """The last execute's operands as ``Operand``s, read again where that call took the fast path (those
+        replaced by arrays in ``given`` are not read: None in their place)."""
+        if self._operands is not None:
+            return self._operands
+        return tuple(None if kept is None or new is not None else _read(kept, name, stream)
+                     for kept, new, name in zip(self._given, given, ("a", "b", "offs")))
 
     def release_operands(self) -> None:
         """Drop the plan's references to its last operands (``execute`` must then be given them)."""
-        self._operands = (None, None, None)
+        self._operands = self._given = (None, None, None)
 
     def run(self, bound: Bound, *, out: Array | None, stream: int, check_offsets: bool | None,
             scales: tuple[int, int] = (0, 0), trial: bool = False) -> Array:
@@ -454,11 +511,13 @@ class GroupedMatmul:
 
     def _run_pointers(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int,
                       offs_64: bool, *, out: Array | None, stream: int, check_offsets: bool | None,
-                      scales: tuple[int, int] = (0, 0), trial: bool = False, capturing: bool | None = None) -> Array:
+                      scales: tuple[int, int] = (0, 0), trial: bool = False, capturing: bool | None = None,
+                      out_pointer: int | None = None) -> Array:
         """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
         ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
         ``capturing``: whether ``stream`` is capturing a CUDA graph, where the caller has asked its own
-        package (None: asked here).
+        package (None: asked here). ``out_pointer``: ``out``'s pointer, where its layout is known to be the
+        result's (a layout key proved it); None: ``out`` is read and checked.
 
         Returns
         -------
@@ -477,6 +536,8 @@ class GroupedMatmul:
                     self._framework, problem.out_shape, problem.out_strides, out_dtype, self.device)
             result, out_pointer = allocate(stream, stream)
             result = self._framework.hand_back(result)
+        elif out_pointer is not None:
+            result = out
         else:
             out_op = _read(out, "out", stream)
             if out_op.shape != problem.out_shape or out_op.strides != problem.out_strides or out_op.dtype != out_dtype:

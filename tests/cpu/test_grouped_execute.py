@@ -1,0 +1,158 @@
+"""``GroupedMatmul.execute()``'s fast path without a GPU: after a checked call, a call whose arrays have the
+same layouts (shapes, strides, dtypes, devices, pointer alignment; ``out``'s and the scales' too) reads only
+their pointers, and every other call is read and checked as before. The stand-ins of test_grouped_plan
+record what reaches the derive kernel and cuBLASLt; a stand-in layout reader (what CuPy and PyTorch have)
+reads the fake arrays, and a DLPack export (``FakeDLPack.streams``) is what the checked path's read leaves."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvblaslt import GroupedMatmul, NvblasltStateError, NvblasltTypeError, NvblasltValueError, _frameworks, _grouped
+from tests.cpu.test_grouped_plan import A, B, OFFS, OUT, OUT2, gpu_standins, operands  # noqa: F401 - a fixture
+from tests.fakes import FakeDLPack
+
+STREAM = 0  # the stand-in current stream: what stream_of gives a fake array (a new one would be waited on)
+
+
+@pytest.fixture
+def reader(monkeypatch):
+    """FakeDLPack arrays read as a package's layout reader reads its own: no export, the reads counted."""
+    reads: list = []
+
+    def read(arrays):
+        reads.append(len(arrays))
+        layouts = tuple(None if x is None else (x.shape, x.strides, x.dtype, x.device, x.ptr & 255 and x.ptr & -x.ptr)
+                        for x in arrays)
+        return [None if x is None else x.ptr for x in arrays], layouts
+
+    monkeypatch.setitem(_frameworks._fast_readers, FakeDLPack, (None, read, lambda device: STREAM))
+    return reads
+
+
+@pytest.fixture
+def allocations(monkeypatch):
+    """Results allocated without GPU memory: a fake array at ``RESULT`` per call (the calls counted)."""
+    made: list = []
+
+    def strided_allocator(framework, shape, strides, dtype, device):
+        def allocate(stream, framework_stream):
+            made.append(shape)
+            return FakeDLPack(shape, strides, dtype.name, ptr=RESULT), RESULT
+        return allocate
+    monkeypatch.setattr(_grouped._memory, "strided_allocator", strided_allocator)
+    return made
+
+
+RESULT = 0x7F0000600000
+
+
+def _out(tokens=40, ptr=OUT, dtype="bfloat16"):
+    return FakeDLPack((tokens, 96), dtype=dtype, ptr=ptr)
+
+
+def _planned():
+    a, b, offs, _ = operands()
+    plan = GroupedMatmul(a, b, offs)
+    plan.plan()
+    return plan, a, b, offs
+
+
+def test_a_like_call_reads_only_pointers_and_runs_the_new_ones(gpu_standins, reader, allocations):
+    plan, a, b, offs = _planned()
+    out = _out()
+    assert plan.execute(a, b, offs, out=out) is out  # checked: read, and its layouts remembered
+    exported = (len(a.streams), len(b.streams), len(offs.streams), len(out.streams))
+    a2 = FakeDLPack((40, 64), dtype="bfloat16", ptr=A + 0x1000)  # new pointers, the same layouts
+    offs2 = FakeDLPack((4,), dtype="int32", ptr=OFFS + 0x100)  # other offsets: other values, the same call
+    out2 = _out(ptr=OUT2)
+    assert plan.execute(a2, b, offs2, out=out2) is out2
+    assert a2.streams == offs2.streams == out2.streams == []  # nothing exported: the key proved the checks
+    assert (len(a.streams), len(b.streams), len(offs.streams), len(out.streams)) == exported
+    first, second = gpu_standins["derive"]
+    assert second[:5] == (OFFS + 0x100, False, 40, (B, A + 0x1000, OUT2), first[4]) and second[5] == STREAM
+    assert len(gpu_standins["matmul"]) == 2
+    # without out= a result is allocated: checked once for this key (no out), then the fast path
+    for _ in range(2):
+        assert plan.execute(a2, b, offs2).ptr == RESULT
+    assert gpu_standins["derive"][-1][:4] == (OFFS + 0x100, False, 40, (B, A + 0x1000, RESULT))
+    assert len(a2.streams) == 1 and allocations == [(40, 96)] * 2
+
+
+def test_defaults_after_a_fast_call_are_its_arrays(gpu_standins, reader):
+    plan, a, b, offs = _planned()
+    plan.execute(a, b, offs, out=_out())
+    a2 = FakeDLPack((40, 64), dtype="bfloat16", ptr=A + 0x2000)
+    plan.execute(a2, out=_out())  # b and offs: the last ones
+    plan.execute(out=_out(ptr=OUT2))  # every operand the last one: a2 now
+    assert gpu_standins["derive"][-1][3] == (B, A + 0x2000, OUT2) and a2.streams == []
+    # the checked path after a fast one reads the kept arrays again (a layout it has not seen: float32 out)
+    with pytest.raises(NvblasltValueError, match=r"out: expected a bfloat16 array of shape \(40, 96\)"):
+        plan.execute(out=_out(dtype="float32"))
+    plan.execute(out=_out())
+    assert gpu_standins["derive"][-1][3] == (B, A + 0x2000, OUT)
+    plan.release_operands()
+    with pytest.raises(NvblasltStateError, match="a, b, offs: expected arrays"):
+        plan.execute(out=_out())
+    with pytest.raises(NvblasltStateError, match="b, offs: expected arrays"):
+        plan.execute(a2, out=_out())
+
+
+CHANGES = {  # what no fast key of the first call proves: each is read and checked (and refused where wrong)
+    "another token total": lambda a, b, offs, out: (FakeDLPack((88, 64), dtype="bfloat16", ptr=A), b, offs,
+                                                    _out(88)),
+    "64-bit offsets": lambda a, b, offs, out: (a, b, FakeDLPack((4,), dtype="int64", ptr=OFFS), out),
+    "offsets of another length": lambda a, b, offs, out: (a, b, FakeDLPack((5,), dtype="int32", ptr=OFFS), out),
+    "offsets on another device": lambda a, b, offs, out: (a, b, FakeDLPack((4,), dtype="int32", ptr=OFFS, device=1),
+                                                          out),
+    "strided offsets": lambda a, b, offs, out: (a, b, FakeDLPack((4,), (2,), dtype="int32", ptr=OFFS), out),
+    "a float16": lambda a, b, offs, out: (FakeDLPack((40, 64), dtype="float16", ptr=A), b, offs, out),
+    "a off the alignment": lambda a, b, offs, out: (FakeDLPack((40, 64), dtype="bfloat16", ptr=A + 2), b, offs, out),
+    "out float32": lambda a, b, offs, out: (a, b, offs, _out(dtype="float32")),
+    "out off the alignment": lambda a, b, offs, out: (a, b, offs, _out(ptr=OUT + 2)),
+    "out of another shape": lambda a, b, offs, out: (a, b, offs, FakeDLPack((40, 95), dtype="bfloat16", ptr=OUT)),
+}
+REFUSED = {"offsets of another length", "offsets on another device", "strided offsets", "a float16",
+           "a off the alignment", "out float32", "out off the alignment", "out of another shape"}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_what_the_key_does_not_prove_is_read_and_checked(gpu_standins, reader, change):
+    plan, a, b, offs = _planned()
+    plan.execute(a, b, offs, out=_out())
+    plan.execute(a, b, offs, out=_out())  # the fast path
+    runs = len(gpu_standins["derive"])
+    args = CHANGES[change](a, b, offs, _out())
+    exports = sum(len(x.streams) for x in args)
+    if change in REFUSED:
+        with pytest.raises((NvblasltValueError, NvblasltTypeError)):
+            plan.execute(*args[:3], out=args[3])
+        assert len(gpu_standins["derive"]) == runs  # refused before any work
+        plan.execute(a, b, offs, out=_out())  # a refused call leaves the plan's defaults and keys as they were
+        assert gpu_standins["derive"][-1][3] == (B, A, OUT)
+        return
+    plan.execute(*args[:3], out=args[3])
+    assert sum(len(x.streams) for x in args) > exports  # read: the checked path
+    derived = gpu_standins["derive"][-1]
+    assert derived[1] == (change == "64-bit offsets") and derived[2] == (88 if "total" in change else 40)
+    again = CHANGES[change](a, b, offs, _out())
+    plan.execute(*again[:3], out=again[3])  # now known: the fast path, the same values reach the kernel
+    assert all(x.streams == [] for x in again if x is not a and x is not b and x is not offs)
+    assert gpu_standins["derive"][-1][:3] == derived[:3]
+
+
+def test_a_package_without_a_layout_reader_takes_the_checked_path_every_call(gpu_standins):
+    plan, a, b, offs = _planned()
+    for _ in range(3):
+        plan.execute(a, b, offs, out=_out())
+    assert len(a.streams) == 1 + 3 and len(gpu_standins["derive"]) == 3  # made, then each execute
+
+
+def test_an_odd_argument_on_the_fast_path_is_named_by_the_checked_path(gpu_standins, reader):
+    plan, a, b, offs = _planned()
+    plan.execute(a, b, offs, out=_out())
+    plan.execute(a, b, offs, out=_out())  # the fast path
+    with pytest.raises(NvblasltValueError, match="out: its pointer is aligned to 2 bytes; this plan needs 64"):
+        plan.execute(a, b, offs, out=_out(ptr=OUT + 2))
+    with pytest.raises(NvblasltTypeError, match="offs: expected int32 or int64, got dtype float32"):
+        plan.execute(a, b, FakeDLPack((4,), dtype="float32", ptr=OFFS), out=_out())
