@@ -52,7 +52,7 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
         fp8 scales (keys ``"a"``, ``"b"``, ``"c"``, ``"d"``), each a number (static: planned for it)
         or a float32 JAX array of shape () or (1,), traced or not, read on the GPU at each launch: a
         new value every step (delayed scaling) makes no new trace or plan. Numbers and arrays mix.
-        A fp8 ``b`` is handed to cuBLASLt transposed (its fp8 kernels read B column-major), a
+        An fp8 ``b`` is handed to cuBLASLt transposed (its fp8 kernels read B column-major), a
         transpose XLA mostly fuses into the op that made ``b``.
     options, preferences, compute_type, result_type
         As in ``nvblaslt.matmul`` (static). ``options.inplace``, ``handle`` and ``logger`` are refused;
