@@ -36,12 +36,14 @@ from ._grouped_problem import GroupedProblem
 from ._hints import Array, Stream
 from ._launch import Launch
 from ._loader import library
+from ._plan_cache import PlanCaches
 from ._streams import stream_handle
 
 if TYPE_CHECKING:
     from ._protocols import GroupedPlanInternals
 
 WORKSPACE_BYTES = 32 << 20  # what cuBLASLt's grouped kernels on Hopper ask for, with room
+_MAX_PLANS = 64
 _FAST_LIMIT = 16  # execute()'s layout keys per plan (token totals that vary without end start it afresh)
 _ENV_CHECK = "NVBLASLT_CHECK_OFFSETS"
 
@@ -203,6 +205,19 @@ class GroupedMatmul:
                                         workspace_limit=workspace_bytes, device=self.device,
                                         pointers=(self._arrays.pointer_array(0), self._arrays.pointer_array(1),
                                                   self._d_array), description=self._describe())
+
+    @classmethod
+    def _cached(cls, a: Array, b: Array, offs: Array | None, out_dtype: Any) -> tuple[GroupedMatmul, GroupedProblem]:
+        """``grouped_matmul``'s plan in this thread for these operands (made and cached where there is none),
+        and their problem: the torch layer's bound calls run it, so one plan serves both and
+        ``clear_grouped_plans()`` frees it."""
+        stream_h = stream_of(a, None)
+        cache = function_plans.plans
+        if cache.generation != _tuning_cache.generation:  # a search stored a choice since
+            cache.retire_tuned(lambda: stream_h)
+        dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
+        bound = bind(a, b, offs, stream_h, dtype)
+        return cached_plan(bound, a, b, offs, dtype, stream_h)[0], bound.problem
 
     # ---- the launch's algorithms, read through the plan -------------------------------------------------
     @property
@@ -603,6 +618,29 @@ class GroupedMatmul:
 
     def __exit__(self, *exc: object) -> None:
         self.free()
+
+
+# grouped_matmul()'s plans, one cache per thread (cuBLASLt handles are per thread); the torch layer's bound
+# calls run the same plans (GroupedMatmul._cached): one plan per problem, and clear_grouped_plans() frees them all
+function_plans = PlanCaches(_MAX_PLANS, alias_limit=4 * _MAX_PLANS)
+
+
+def cached_plan(bound: Bound, a: Array | None, b: Array | None, offs: Array | None, out_dtype: _dtypes.DType | None,
+                stream: int) -> tuple[GroupedMatmul, tuple]:
+    """This thread's cached plan for ``bound``'s problem and its key, made, planned and cached where there
+    is none, or where a CUDA graph captured the one cached (the graph keeps that one)."""
+    cache = function_plans.plans
+    key = (bound.problem.key, bound.problem.d.dtype, bound.operands[0].device)
+    plan = cache.get(key)
+    if plan is not None and plan._captured:  # captured through another caller of the plan: eager calls get a new one
+        cache.keep_captured(key)
+        plan = None
+    if plan is None:
+        plan = GroupedMatmul(a, b, offs, out_dtype=out_dtype, stream=stream)
+        plan.plan()
+        plan.release_operands()  # the cache keeps no caller's array alive
+        cache.add(key, plan)
+    return plan, key
 
 
 if TYPE_CHECKING:

@@ -12,15 +12,14 @@ from typing import Any, TypeVar
 
 from . import _dtypes, _tuning_cache
 from ._frameworks import fast_reader
-from ._grouped import GroupedMatmul, bind, read_scales, stream_of
+from ._grouped import bind, cached_plan, function_plans, read_scales, stream_of
 from ._hints import Array, Stream
-from ._plan_cache import PlanCaches
 
 ArrayT = TypeVar("ArrayT")  # the result is an array of the operands' package: a torch.Tensor for tensors
 
-_MAX_PLANS = 64
-# one per thread (cuBLASLt handles are per thread); a plan's fast keys vary with the token count
-_local = PlanCaches(_MAX_PLANS, alias_limit=4 * _MAX_PLANS)
+# one per thread (cuBLASLt handles are per thread), shared with the torch layer's bound calls (_grouped's);
+# a plan's fast keys vary with the token count
+_local = function_plans
 
 
 def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype: Any = None, out: ArrayT | None = None,
@@ -102,6 +101,9 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
                     entry = cache.last_found if fast_key == cache.last_key else cache.find(fast_key)
             except Exception:  # noqa: BLE001 - an odd array or argument: the checked path says what is wrong
                 found = fast_key = None
+            if found is not None and entry is not None and entry[0]._captured:
+                cache.keep_captured(entry[1])  # a graph captured it through the torch layer: a new plan
+                entry = None
             if found is not None and entry is not None:
                 (a_pointer, b_pointer, offs_pointer, scale_a_pointer, scale_b_pointer), layouts = found
                 plan, key, problem, offs_64 = entry
@@ -115,13 +117,7 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
     dtype = _dtypes.parse(out_dtype, "out_dtype") if out_dtype is not None else None
     bound = bind(a, b, offs, stream_h, dtype)
     scales = read_scales(scale_a, scale_b, bound.problem, bound.operands[0].device, stream_h)
-    key = (bound.problem.key, bound.problem.d.dtype, bound.operands[0].device)
-    plan = cache.get(key)
-    if plan is None:
-        plan = GroupedMatmul(a, b, offs, out_dtype=dtype, stream=stream_h)
-        plan.plan()
-        plan.release_operands()  # the cache keeps no caller's array alive
-        cache.add(key, plan)
+    plan, key = cached_plan(bound, a, b, offs, dtype, stream_h)
     if fast_key is not None:
         offs_op = bound.operands[2]
         offs_64 = offs_op is not None and offs_op.dtype == _dtypes.INT64
@@ -134,6 +130,9 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
 
 def clear_grouped_plans() -> None:
     """Free this thread's cached grouped plans (stream-ordered): their workspaces and arrays.
+
+    These are ``grouped_matmul``'s plans and those ``nvblaslt.torch.grouped_mm``'s bound calls run (the same
+    plans); a plan a CUDA graph captured stays held.
 
     Examples
     --------

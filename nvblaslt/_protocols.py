@@ -140,8 +140,9 @@ class PlanInternals(Protocol):
 @runtime_checkable
 class GroupedPlanInternals(Protocol):
     """What the package calls on a ``GroupedMatmul`` beside its public API: the function forms' hot path
-    (``_run_pointers``, the operands as pointers), the problem it was made for, and whether a CUDA graph
-    captured it (the plan caches then keep it for the graph)."""
+    (``_run_pointers``, the operands as pointers), the problem it was made for, whether a CUDA graph
+    captured it (the plan caches then keep it for the graph), and ``grouped_matmul``'s cached plan for
+    some operands (``_cached``: the torch layer's bound calls run it)."""
 
     @property
     def _problem(self) -> Any: ...
@@ -152,6 +153,9 @@ class GroupedPlanInternals(Protocol):
     def _run_pointers(self, problem: Any, a_pointer: int, b_pointer: int, offs_pointer: int, offs_64: bool, *,
                       out: Any, stream: int, check_offsets: bool | None, scales: tuple[int, int] = (0, 0),
                       trial: bool = False) -> Any: ...
+
+    @classmethod
+    def _cached(cls, a: Any, b: Any, offs: Any, out_dtype: Any) -> tuple[Any, Any]: ...
 
 
 __all__ = ["GroupedPlanInternals", "PlanInternals", "PlannedLaunch", "TunablePlan", "TunedPlan"]

@@ -8,12 +8,14 @@ bit; the result's dtype), and a hit reads the pointers, allocates the result and
 GEMM. Offsets with other values are the same call: they never leave the GPU.
 
 A key is bound the second time the checked path passes it: a loop over the same shapes (a training step)
-binds at once, while token totals that vary without end (inference) stay on ``grouped_matmul``'s plans,
-which one problem shares across totals. A thread's bound plans are its own, at most ``_LIMIT``, the least
-recently used freed first. A plan a CUDA graph captured is kept for the thread's life (the graph holds its
-arrays and workspace) and its key bound anew for later eager calls. When a search stores a choice (the
-tuning cache's generation moves) the bound plans are freed, to be made again and recall it, never while a
-graph is captured. What no key proves is asked on every call: the stream, and whether it is capturing.
+binds at once, while token totals that vary without end (inference) stay on the checked path. The plan a key
+binds is ``grouped_matmul``'s own for the problem (``GroupedMatmul._cached``): one plan per problem, owned by
+the function form's cache, which frees it when it leaves the cache or ``nvblaslt.clear_grouped_plans()`` is
+called; a bound key whose plan was freed, or captured by a CUDA graph through either path, is dropped and bound
+anew. A thread keeps at most ``_LIMIT`` keys, the least recently used forgotten first. When a search stores a
+choice (the tuning cache's generation moves) the keys are forgotten, to be bound again to plans that recall it,
+never while a graph is captured. What no key proves is asked on every call: the stream, and whether it is
+capturing.
 """
 
 from __future__ import annotations
@@ -41,19 +43,19 @@ _current_capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStrea
 
 
 class Entry:
-    """One bound call: the plan, the problem it was made for, whether the offsets are 64-bit, the device."""
+    """One bound call: the plan, the call's problem, whether the offsets are 64-bit, the device."""
 
     __slots__ = ("plan", "problem", "offs_64", "device", "several_devices")
 
-    def __init__(self, plan: Any, offs_64: bool, device: int) -> None:
-        self.plan, self.problem, self.offs_64, self.device = plan, plan._problem, offs_64, device
+    def __init__(self, plan: Any, problem: Any, offs_64: bool, device: int) -> None:
+        self.plan, self.problem, self.offs_64, self.device = plan, problem, offs_64, device
         # torch answers for the current device's stream: with one GPU, always the operands'
         self.several_devices = _cuda.several_devices()
 
 
 class _Bound(threading.local):
     """One thread's bound calls by key (least recently used first), the keys checked once, the tuning
-    cache's generation the plans recall, and the plans a CUDA graph captured."""
+    cache's generation the plans recall, and the plans a CUDA graph captured through a bound call."""
 
     def __init__(self) -> None:
         self.entries: dict[tuple, Entry] = {}
@@ -91,6 +93,11 @@ def run(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype | None
         return None
     if entry is None:
         return None
+    plan = entry.plan
+    if plan._captured or plan.algorithm is None:  # a graph holds it, or its cache freed it: bound anew
+        local.entries.pop(key, None)
+        _local.last_key = _local.last_entry = None
+        return None
     if entry is not local.last_entry:
         local.entries[key] = entry  # the most recently used last
         _local.last_key, _local.last_entry = key, entry
@@ -98,10 +105,10 @@ def run(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype | None
     capturing = _cuda.is_capturing(stream) if entry.several_devices else _current_capturing()
     if local.generation != _tuning_cache.generation and not capturing:
         return None  # a search stored a choice: the checked path, whose bind() makes the plans again
-    out = entry.plan._run_pointers(entry.problem, a_pointer, b_pointer, offs_pointer, entry.offs_64, out=None,
+    out = plan._run_pointers(entry.problem, a_pointer, b_pointer, offs_pointer, entry.offs_64, out=None,
                                    stream=stream, check_offsets=None, capturing=capturing)
     if capturing:  # the graph holds the plan now: eager calls bind one of their own, never racing its replays
-        local.captured.append(entry.plan)
+        local.captured.append(plan)
         del local.entries[key]
         _local.last_key = _local.last_entry = None
     return out
@@ -118,7 +125,7 @@ def bind(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype) -> T
     if _cuda.is_capturing(_raw_stream(device)):
         return None
     if local.generation != _tuning_cache.generation:
-        _free()
+        _forget()
         _local.generation = _tuning_cache.generation
     if key not in local.entries:
         if key not in local.seen:
@@ -128,36 +135,27 @@ def bind(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype) -> T
             return None
         local.seen.discard(key)
         local.entries[key] = _planned(a, b, offs, out_dtype, device)
-        while len(local.entries) > _LIMIT:
-            oldest = next(iter(local.entries))
-            local.entries.pop(oldest).plan.free()  # stream-ordered; nothing else holds it
+        while len(local.entries) > _LIMIT:  # forgotten, not freed: the function form's cache owns the plan
+            del local.entries[next(iter(local.entries))]
             _local.last_key = _local.last_entry = None
     return run(a, b, offs, out_dtype)
 
 
 def _planned(a: Tensor, b: Tensor, offs: Tensor | None, out_dtype: torch.dtype, device: int) -> Entry:
-    """The call's plan as ``grouped_matmul`` makes one (the tuning cache recalled), keeping no tensor."""
+    """The call bound to ``grouped_matmul``'s plan for its problem (made and cached where there is none)."""
     import nvblaslt
 
-    plan = nvblaslt.GroupedMatmul(a, b, offs, out_dtype=out_dtype)
-    try:
-        plan.plan()
-        plan.release_operands()
-    except BaseException:
-        plan.free()
-        raise
-    return Entry(plan, offs is not None and offs.dtype == torch.int64, device)
+    plan, problem = nvblaslt.GroupedMatmul._cached(a, b, offs, out_dtype)
+    return Entry(plan, problem, offs is not None and offs.dtype == torch.int64, device)
 
 
-def _free() -> None:
-    entries, _local.entries = _local.entries, {}
+def _forget() -> None:
+    _local.entries = {}
     _local.last_key = _local.last_entry = None
-    for entry in entries.values():
-        entry.plan.free()
 
 
 def clear() -> None:
-    """Free this thread's bound plans (stream-ordered) and forget the keys checked once; plans a CUDA
-    graph captured stay held."""
-    _free()
+    """Forget this thread's bound calls and the keys checked once (``nvblaslt.clear_grouped_plans()`` frees
+    the plans, which the function form's cache owns); plans a CUDA graph captured stay held."""
+    _forget()
     _local.seen.clear()

@@ -49,6 +49,17 @@ def plans(monkeypatch):
         def free(self):
             self.freed = True
 
+        @property
+        def algorithm(self):
+            return None if self.freed else "the selected one"
+
+        @classmethod
+        def _cached(cls, a, b, offs, out_dtype):  # grouped_matmul's cache, stood in: a plan per call
+            plan = cls(a, b, offs, out_dtype=out_dtype)
+            plan.plan()
+            plan.release_operands()
+            return plan, plan._problem
+
         def _run_pointers(self, problem, a_pointer, b_pointer, offs_pointer, offs_64, *, out, stream, check_offsets,
                           capturing):
             assert problem is self._problem and out is None and check_offsets is None
@@ -183,8 +194,9 @@ def test_a_stored_tuning_choice_makes_the_plans_again_but_not_inside_a_capture(p
     assert _grouped_bound.run(x, w, offs, None) is not None  # a capture runs the plan it has (and keeps it)
     plans.capturing = False
     assert _grouped_bound.run(x2, w2, offs2, None) is None  # the checked path: grouped_matmul recalls the choice
-    assert bound(x2, w2, offs2) is not None  # its bind freed the plans made before the choice
-    assert second.freed and not first.freed and len(plans.made) == 3  # made again: it recalls the choice
+    assert bound(x2, w2, offs2) is not None  # its bind forgot the plans bound before the choice
+    assert len(plans.made) == 3 and plans.made[2].runs  # bound again: the cache's new plan recalls the choice
+    assert not first.freed and not second.freed  # the function form's cache retires them (a graph may hold them)
 
 
 def test_inside_an_autotune_context_the_checked_path_runs(plans):
@@ -194,14 +206,27 @@ def test_inside_an_autotune_context_the_checked_path_runs(plans):
         assert _grouped_bound.run(x, w, offs, None) is None
 
 
-def test_bound_plans_are_bounded_the_least_recently_used_freed(plans, monkeypatch):
+def test_bound_calls_are_bounded_the_least_recently_used_forgotten(plans, monkeypatch):
     monkeypatch.setattr(_grouped_bound, "_LIMIT", 2)
     calls = [experts(tokens=tokens) for tokens in (8, 16, 24)]
     for call in calls[:2]:
         bound(*call)
     assert _grouped_bound.run(*calls[0], None) is not None  # the first is now the most recently used
     bound(*calls[2])
-    assert [plan.freed for plan in plans.made] == [False, True, False]
+    assert [_grouped_bound.run(*call, None) is not None for call in calls] == [True, False, True]
+    assert not any(plan.freed for plan in plans.made)  # forgotten: the function form's cache owns the plans
+
+
+def test_a_plan_its_cache_freed_or_a_graph_captured_elsewhere_is_bound_anew(plans):
+    x, w, offs = experts()
+    bound(x, w, offs)
+    first, = plans.made
+    first.free()  # what clear_grouped_plans() or the cache's eviction does to the plan
+    assert _grouped_bound.run(x, w, offs, None) is None and len(first.runs) == 1  # never run once freed
+    assert bound(x, w, offs) is not None and len(plans.made) == 2
+    second = plans.made[1]
+    second._captured = True  # captured through grouped_matmul(), which shares it: a graph's now
+    assert _grouped_bound.run(x, w, offs, None) is None and len(second.runs) == 1
 
 
 def test_the_capture_query_is_the_runtimes_answer(monkeypatch):
