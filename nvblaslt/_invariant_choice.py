@@ -31,7 +31,9 @@ REFERENCE = 1024  # rows the search beyond the heuristics runs at
 # timed against the default plan, at every power of two the heuristics switch kernels between: a ladder's
 # rung serves the M up to its point, and a coarser grid (1, 16, 64, 256, 1024, 8192) left M = 32 and 512 on
 # rungs chosen for 64 and 1024, at 0.60-0.74x the default (H200, bench.tuning's invariance part)
-SPEED_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# every power of two but 2 and 4, and the M halfway between each two from 8 up: where the default switches
+# to split-K (K 14336 → N 4096 at M = 48 on an H200), only a rung timed there can follow it
+SPEED_M = (1, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 CANDIDATE_M = SPEED_M  # the heuristics' picks at each
 BITWISE_M = (1, 7, 64, 300, 8192)  # rows compared with those at M = 1 (and 7)
 ACCEPTED_AT = tuple(sorted({*SPEED_M, *BITWISE_M, 32768}))  # cuBLASLt must accept a pin at each

@@ -43,7 +43,7 @@ VERIFY_M = tuple(sorted({*BITWISE_M, *SPEED_M, *(m + 1 for m in SPEED_M[:-1])}))
 VERIFY_TOKENS = 128  # tokens compared at each M: a whole tile along M for the tiles seen (64, 128)
 # where the default plan's own picks are verified as members: 1 … 8, then 1, 1.25, 1.5 and 1.75 times each
 # power of two (the bench's M between points are the 1.5 steps; the others catch wave-count changes between)
-MEMBER_M = (*range(1, 8), *(p * q // 4 for p in SPEED_M[1:-1] for q in (4, 5, 6, 7)), SPEED_M[-1])
+MEMBER_M = (*range(1, 8), *(2 ** e * q // 4 for e in range(3, 13) for q in (4, 5, 6, 7)), SPEED_M[-1])
 
 
 @dataclass(frozen=True)

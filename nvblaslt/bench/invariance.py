@@ -20,9 +20,10 @@ from .common import free_memory, progress
 from .tuning_problems import burst_calls, gpu_rounds, paired, suite_pairs
 
 EPILOGS = ("BIAS", "RELU_BIAS", "GELU_BIAS")
-# the ladder's points (_invariant_choice.SPEED_M: 1, 8, 16, 32, … 8192) and an M between each two of them,
-# which the next point's rung serves without ever having been timed there
-SPEED_M = (1, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+# the ladder's points (_invariant_choice.SPEED_M: 1, 8, 12, 16, 24, … 8192), and M the tune never timed (40, 80,
+# 320, 1280, 5120): a member or the next point's rung serves them
+SPEED_M = (1, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 192, 256, 320, 384, 512, 768, 1024, 1280, 1536, 2048, 3072,
+           4096, 5120, 6144, 8192)
 SMALL_M = 64  # at or below: the small-M target; from LARGE_M up: the large-M target
 LARGE_M = 256
 TARGETS = {"small": 0.95, "large": 0.85}  # the batch-invariant plan's speed × the default's
