@@ -3,8 +3,9 @@
 For each experts shape (Mixtral-8x7B up, Qwen3-30B-A3B, DeepSeek-V3 and gpt-oss-20b at 8192 tokens, Qwen3 at
 1024; bf16, balanced routing, the bench's split) two things are timed in interleaved rounds:
 
-- the forward, no gradient: ``torch._grouped_mm`` (the baseline), ``nvblaslt.torch.grouped_mm`` and
-  ``nvblaslt.grouped_matmul()``;
+- the forward, no gradient: ``torch._grouped_mm`` (the baseline), ``nvblaslt.torch.grouped_mm``,
+  ``nvblaslt.grouped_matmul()``, and a ``GroupedMatmul`` plan's ``execute()`` given its operands each call, and
+  with ``out=`` (the stateful plan: its layout key proved on the first call, pointers alone after);
 - the training step, the bench's way (``nvblaslt/bench/grouped.py``: ``.grad`` cleared, ``forward().backward(g)``
   into the input's and the weights' ``.grad``): through ``torch._grouped_mm`` (the baseline) and
   ``nvblaslt.torch.grouped_mm``; beside them the step's three GEMMs through ``grouped_matmul()`` without
@@ -49,7 +50,7 @@ class Shape(NamedTuple):
 SHAPES = (Shape("Mixtral up", 8, 4096, 14336, 8192), Shape("Qwen3", 128, 2048, 768, 8192),
           Shape("DeepSeek-V3", 256, 7168, 2048, 8192), Shape("gpt-oss-20b", 32, 2880, 5760, 8192),
           Shape("Qwen3 1k", 128, 2048, 768, 1024))
-FORWARD = ("torch._grouped_mm", "nvt.grouped_mm", "grouped_matmul()")
+FORWARD = ("torch._grouped_mm", "nvt.grouped_mm", "grouped_matmul()", "execute()", "execute(out=)")
 STEP = ("torch._grouped_mm step", "nvt.grouped_mm step", "grouped_matmul() x3")
 PIECES = ("result allocation", "derive kernel", "cublasLtMatmul", "torch._grouped_mm")
 BUDGET_S = 0.08  # GPU time per measurement: enough calls to average, few enough for the whole run to fit
@@ -74,6 +75,10 @@ def _case(shape: Shape) -> dict[str, Any]:
             return x_train.grad, weights_train.grad
         return run
 
+    plan = nvblaslt.GroupedMatmul(x, w, offs)  # the stateful form, given its operands on every call
+    plan.plan()
+    into = plan.execute(x, w, offs)
+
     def function_form_step():  # the step's three GEMMs as the op's backward runs them, no autograd
         return (nvblaslt.grouped_matmul(x, w, offs), nvblaslt.grouped_matmul(grad, weights, offs),
                 nvblaslt.grouped_matmul(grad.T, x, offs))
@@ -81,6 +86,8 @@ def _case(shape: Shape) -> dict[str, Any]:
         "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
         "nvt.grouped_mm": lambda: nvt.grouped_mm(x, w, offs),
         "grouped_matmul()": lambda: nvblaslt.grouped_matmul(x, w, offs),
+        "execute()": lambda: plan.execute(x, w, offs),
+        "execute(out=)": lambda: plan.execute(x, w, offs, out=into),
         "torch._grouped_mm step": step(lambda a, b: torch._grouped_mm(a, b, offs=offs)),
         "nvt.grouped_mm step": step(lambda a, b: nvt.grouped_mm(a, b, offs)),
         "grouped_matmul() x3": function_form_step,
@@ -95,7 +102,7 @@ def _case(shape: Shape) -> dict[str, Any]:
         for _ in range(3):
             call()
     torch.cuda.synchronize()
-    return {"calls": calls, "operands": (x, w, offs)}
+    return {"calls": calls, "operands": (x, w, offs), "plan": plan}
 
 
 def _calls_for(call, most: int) -> int:
@@ -143,13 +150,15 @@ def _measure(shape: Shape, rounds: int, most_calls: int) -> tuple[dict, dict[str
                               shuffler=random.Random(shape.groups + shape.tokens))
     print(f"{shape.label} ({shape.groups} experts, K {shape.k}, N {shape.n}, {shape.tokens} tokens; "
           f"{min(calls.values())}-{max(calls.values())} calls per measurement)")
-    return {entry: statistics.median(s) for entry, s in zip(entries, samples)}, _pieces(case, min(most_calls, 100))
+    pieces = _pieces(case, min(most_calls, 100))
+    torch.cuda.synchronize()
+    case["plan"].free()
+    return {entry: statistics.median(s) for entry, s in zip(entries, samples)}, pieces
 
 
 def table(shapes: list[Shape], rounds: int, most_calls: int) -> None:
-    print(f"{'':12s} {'how':5s} " + " ".join(f"{name:>16s}" for name in ("torch._grouped_mm", "nvt.grouped_mm",
-                                                                             "grouped_matmul()"))
-          + "   (train step: grouped_matmul() x3, no autograd)")
+    print(f"{'':12s} {'how':5s} " + " ".join(f"{name:>16s}" for name in FORWARD)
+          + "   (train step: torch, nvt.grouped_mm, grouped_matmul() x3 with no autograd)")
     floors = {}
     for shape in shapes:
         medians, floors[shape.label] = _measure(shape, rounds, most_calls)

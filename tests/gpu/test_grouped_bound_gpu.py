@@ -85,3 +85,26 @@ def test_a_captured_bound_call_replays_and_eager_calls_keep_their_own_plan():
     torch.cuda.synchronize()
     torch.testing.assert_close(out.double(), _reference(x, weights, offs), atol=0.1, rtol=0.02)
     torch.testing.assert_close(eager, out)
+
+
+@needs_grouped
+def test_bound_calls_run_the_function_forms_plan_and_clearing_frees_it():
+    _grouped_bound.clear()
+    nvblaslt.clear_grouped_plans()
+    weights = torch.randn(4, 48, 64, device="cuda", dtype=BF16)
+    offs = _offsets([16, 8, 24, 16])
+    for _ in range(3):  # checked, bound, run bound
+        x = torch.randn(64, 64, device="cuda", dtype=BF16)
+        grouped_mm(x, weights.transpose(1, 2), offs)
+    entry, = _grouped_bound._local.entries.values()
+    plan = entry.plan
+    cached, _ = nvblaslt.GroupedMatmul._cached(x, weights.transpose(1, 2), offs, BF16)
+    assert cached is plan  # one plan per problem: the function form's
+    nvblaslt.clear_grouped_plans()
+    assert plan.algorithm is None  # freed: its workspace and arrays given back
+    for _ in range(3):  # the bound key is dropped and bound anew, with right results throughout
+        x = torch.randn(64, 64, device="cuda", dtype=BF16)
+        out = grouped_mm(x, weights.transpose(1, 2), offs)
+        torch.testing.assert_close(out.double(), _reference(x, weights, offs), atol=0.1, rtol=0.02)
+    entry, = _grouped_bound._local.entries.values()
+    assert entry.plan is not plan and entry.plan.algorithm is not None

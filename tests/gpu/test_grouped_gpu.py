@@ -212,6 +212,58 @@ def test_a_plan_runs_again_with_new_offsets_and_a_new_token_count():
                      dtype=torch.bfloat16), _ends([1, 2, 3, 4]))
 
 
+def _nan_filled(shape, dtype=torch.bfloat16):
+    """A result array whose every element must be written: NaN until then, rows on 16 bytes."""
+    return torch.empty_strided(shape, _grouped_problem.padded_strides(shape, dtype.itemsize), device="cuda",
+                               dtype=dtype).fill_(float("nan"))
+
+
+@needs_grouped
+@pytest.mark.parametrize("into", [False, True], ids=["new result", "out="])
+def test_execute_s_fast_path_after_new_offsets_a_layout_change_and_back(into):
+    # execute() reads pointers alone for layouts a checked call passed: results on fresh inputs each call, through
+    # new offsets values (the same key), another token total and a column-major a (new keys: checked, then fast)
+    torch.manual_seed(5)
+    w = torch.randn(4, 64, 32, device="cuda", dtype=torch.bfloat16)
+    b = w.transpose(1, 2)
+    first = torch.randn(96, 32, device="cuda", dtype=torch.bfloat16)
+    plan = GroupedMatmul(first, b, _ends([24, 24, 24, 24]))
+    plan.plan()
+    calls = [(96, "row", [24, 24, 24, 24]), (96, "row", [0, 90, 3, 3]), (96, "row", [96, 0, 0, 0]),
+             (160, "row", [10, 50, 0, 100]), (160, "row", [40, 40, 40, 40]), (96, "col", [1, 2, 3, 90]),
+             (96, "col", [30, 30, 30, 6]), (96, "row", [5, 5, 5, 81])]
+    for tokens, layout, sizes in calls:
+        a = _operand((tokens, 32), torch.bfloat16, layout)
+        ends = _ends(sizes)
+        out = _nan_filled((tokens, 64)) if into else None
+        got = plan.execute(a, b, ends, out=out)
+        assert got is out or out is None
+        _check(got, _reference("2d3d", a, b, ends, 4), torch.bfloat16)  # NaN-free: every element written
+    assert len(plan._fast) == 3  # one key per layout: 96 row, 160 row, 96 col
+    with pytest.raises(NvblasltValueError, match="out: expected a bfloat16 array of shape"):
+        plan.execute(a, b, ends, out=_nan_filled((96, 64), torch.float32))  # not what a key proved: checked
+    offs64 = _ends([20, 20, 20, 36]).to(torch.int64)  # 64-bit offsets: another key, read as 64-bit on the GPU
+    for _ in range(2):
+        a = _operand((96, 32), torch.bfloat16, "row")
+        _check(plan.execute(a, b, offs64, out=_nan_filled((96, 64)) if into else None),
+               _reference("2d3d", a, b, offs64, 4), torch.bfloat16)
+
+
+@needs_grouped
+def test_execute_with_its_defaults_after_a_fast_call_runs_that_calls_arrays():
+    torch.manual_seed(6)
+    a = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2, 32, 48, device="cuda", dtype=torch.bfloat16)
+    plan = GroupedMatmul(a, b, _ends([32, 32]))
+    plan.plan()
+    plan.execute(a, b, _ends([32, 32]))  # checked: the key is known from here
+    a2, ends2 = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16), _ends([60, 4])
+    plan.execute(a2, b, ends2)  # the fast path
+    _check(plan.execute(), _reference("2d3d", a2, b, ends2, 2), torch.bfloat16)
+    plan.autotune(iterations=1, remember=False)  # reads the fast call's arrays as the checked path would
+    _check(plan.execute(out=_nan_filled((64, 48))), _reference("2d3d", a2, b, ends2, 2), torch.bfloat16)
+
+
 @needs_grouped
 def test_autotune_times_every_algorithm_and_keeps_the_results_right(monkeypatch, tmp_path):
     monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path))  # the choice is remembered: not in the user's cache
