@@ -23,7 +23,7 @@ from jax.experimental.buffer_callback import buffer_callback
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from .. import Matmul, _cuda, _memory
+from .. import Matmul, _cuda, _dlpack, _memory
 from .._dtypes import FLOAT8
 from .._errors import NvblasltUnsupportedError, NvblasltValueError
 from . import _tuning
@@ -185,6 +185,12 @@ ad.primitive_jvps[gemm_p] = _refuse_gradient
 
 # ---- the launch, in XLA's callback ----------------------------------------------------------------
 def _pointer(buffer) -> int:
+    if buffer.dtype.itemsize == 1 and buffer.dtype.kind not in "iub":
+        # why: XLA's buffers have no __cuda_array_interface__ for fp8 (no typestr: "Unimplemented primitive type
+        # F8E4M3FN" on the GPU, JAX 0.11); their DLPack capsule names the type
+        capsule = buffer.__dlpack__()
+        tensor = _dlpack.read_capsule(capsule)[0]
+        return int(tensor.data or 0) + int(tensor.byte_offset)
     return buffer.__cuda_array_interface__["data"][0]
 
 

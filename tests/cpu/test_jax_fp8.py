@@ -172,6 +172,8 @@ class _StandIn(StandInEntry):
 
 
 class _Buffer:
+    dtype = np.dtype(np.float32)  # a scale's: read through __cuda_array_interface__
+
     def __init__(self, pointer):
         self.__cuda_array_interface__ = {"data": (pointer, False)}
 
@@ -311,3 +313,13 @@ def test_numpy_scalars_are_numbers():
     spec = spec_of(lambda a, b: nj.matmul(a, b, quantization_scales={"a": np.float32(0.5), "b": np.array([2.0]),
                                                                      "d": 1}), A, B)
     assert spec.scales == (("a", 0.5), ("b", 2.0), ("d", 1.0)) and spec.scale_arrays == ()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_an_fp8_buffer_s_pointer_is_read_through_dlpack(dtype):
+    # XLA's fp8 buffers have no __cuda_array_interface__ on the GPU; a JAX array (which has DLPack) stands in
+    from nvblaslt.jax import _bridge
+
+    x = jnp.arange(8, dtype=jnp.float32).astype(dtype)[2:]
+    x = jnp.array(x)  # its own buffer
+    assert _bridge._pointer(x) == x.unsafe_buffer_pointer()

@@ -147,6 +147,7 @@ ALLOWED_PRIVATE_MODULE_IMPORTS: dict[tuple[str, str], str] = {
     ("nvblaslt.bench", "nvblaslt.torch._im2col"): "the conv bench times the layer's im2col against its baseline",
     ("nvblaslt.jax", "nvblaslt._autotune"): "tuning_iterations: the one check of an autotune context's iterations",
     ("nvblaslt.jax", "nvblaslt._cuda"): "the few CUDA runtime calls the XLA bridge makes (device, stream)",
+    ("nvblaslt.jax", "nvblaslt._dlpack"): "read_capsule: an fp8 buffer's pointer, which XLA gives through DLPack alone",
     ("nvblaslt.jax", "nvblaslt._dtypes"): "the element types as JAX names them, read at trace time",
     ("nvblaslt.jax", "nvblaslt._epilogs"): "every epilog rule (inputs, outputs, shapes), which tracing must know",
     ("nvblaslt.jax", "nvblaslt._errors"): "the exception classes, public as nvblaslt.Nvblaslt*Error; the jax "
