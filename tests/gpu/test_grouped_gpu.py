@@ -222,7 +222,8 @@ def _nan_filled(shape, dtype=torch.bfloat16):
 @pytest.mark.parametrize("into", [False, True], ids=["new result", "out="])
 def test_execute_s_fast_path_after_new_offsets_a_layout_change_and_back(into):
     # execute() reads pointers alone for layouts a checked call passed: results on fresh inputs each call, through
-    # new offsets values (the same key), another token total and a column-major a (new keys: checked, then fast)
+    # new offsets values (the same key) and another token total (a new key: checked, then fast); a column-major a
+    # is another problem, refused by name, and the plan runs on after it
     torch.manual_seed(5)
     w = torch.randn(4, 64, 32, device="cuda", dtype=torch.bfloat16)
     b = w.transpose(1, 2)
@@ -236,10 +237,14 @@ def test_execute_s_fast_path_after_new_offsets_a_layout_change_and_back(into):
         a = _operand((tokens, 32), torch.bfloat16, layout)
         ends = _ends(sizes)
         out = _nan_filled((tokens, 64)) if into else None
+        if layout == "col":
+            with pytest.raises(NvblasltValueError, match="differ in more than the ragged extent"):
+                plan.execute(a, b, ends, out=out)
+            continue
         got = plan.execute(a, b, ends, out=out)
         assert got is out or out is None
         _check(got, _reference("2d3d", a, b, ends, 4), torch.bfloat16)  # NaN-free: every element written
-    assert len(plan._fast) == 3  # one key per layout: 96 row, 160 row, 96 col
+    assert len(plan._fast) == 2  # one key per layout: 96 row, 160 row
     with pytest.raises(NvblasltValueError, match="out: expected a bfloat16 array of shape"):
         plan.execute(a, b, ends, out=_nan_filled((96, 64), torch.float32))  # not what a key proved: checked
     offs64 = _ends([20, 20, 20, 36]).to(torch.int64)  # 64-bit offsets: another key, read as 64-bit on the GPU

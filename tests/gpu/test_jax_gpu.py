@@ -366,9 +366,16 @@ def test_fp8_relu_aux_bias_with_result_amax():
     _needs_fp8()
     a, b = _fp8_operands()
     bias = rand(128, dtype="bfloat16")
-    d, aux = jax.jit(lambda a, b, bias, s: nj.matmul(
+    step = jax.jit(lambda a, b, bias, s: nj.matmul(
         a, b, quantization_scales={"a": s, "b": 1.0, "d": 0.5}, epilog="RELU_AUX_BIAS", epilog_inputs={"bias": bias},
-        options={"result_amax": True}))(a, b, bias, jnp.float32(2.0))
+        options={"result_amax": True}))
+    try:
+        d, aux = jax.block_until_ready(step(a, b, bias, jnp.float32(2.0)))
+    except Exception as error:  # noqa: BLE001 - XLA wraps the callback's error; cuBLASLt's refusal is in its text
+        if "CUBLAS_STATUS_NOT_SUPPORTED" not in str(error):
+            raise
+        pytest.xfail(f"cuBLASLt {nvblaslt.library().version} refused RELU_AUX_BIAS with an fp8 result and its amax "
+                     f"(refused by name at the first run, as on the H200 with 13.1): {str(error)[:300]}")
     z = 2.0 * (f64(a) @ f64(b)) + f64(bias)[:, None]
     _close_fp8(d, _quantized(np.maximum(z, 0), 0.5, E4M3), E4M3)
     assert (unpack_relu_mask(host(aux["relu_aux"]), 128) == (z > 0)).mean() > 0.99  # ties at 0 may round either way
