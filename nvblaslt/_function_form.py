@@ -14,7 +14,7 @@ from . import _cuda, _operands, _tuning_cache
 from ._errors import NvblasltTypeError, NvblasltValueError
 from ._outputs import check_out_allowed
 from ._plan import Matmul
-from ._plan_cache import PlanCache, PlanCaches
+from ._plan_cache import PlanCache, PlanCaches, forget_layer_plans
 from ._frameworks import fast_reader, framework_of
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, Result, ScalarLike, Stream
 from ._request import MatmulRequest, read_request
@@ -372,8 +372,10 @@ def clear_plan_cache() -> None:
     """Free the plans ``matmul()`` has cached in the calling thread.
 
     Each plan's descriptors, workspace and other device memory are released, stream-ordered after
-    the work already queued with them; the next ``matmul()`` call plans again. Other threads'
-    caches are left as they are. Calling it with nothing cached does nothing.
+    the work already queued with them; the next ``matmul()`` call plans again. The bound steps of
+    ``nvblaslt.torch``'s layers in this thread are forgotten too (each is freed, stream-ordered, once
+    no autograd graph still holds it; those a CUDA graph captured stay). Other threads' caches are
+    left as they are. Calling it with nothing cached does nothing.
 
     Use it to give back device memory held by plans no longer needed, or so that the next calls
     plan afresh, for example to start from what a later ``Matmul.autotune(search=True)`` remembered
@@ -389,6 +391,7 @@ def clear_plan_cache() -> None:
     >>> nvblaslt.clear_plan_cache()   # nothing cached in this thread yet: nothing to free
     """
     _local.plans.clear()
+    forget_layer_plans()
 
 
 def _stream_of(a, stream) -> int:

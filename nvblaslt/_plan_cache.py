@@ -151,4 +151,21 @@ class PlanCaches(threading.local):
         self.plans: PlanCache[Any] = PlanCache(limit, alias_limit)
 
 
-__all__ = ["CachedPlan", "PlanCache", "PlanCaches"]
+# Layers over the core that keep plans of their own for a hot step (nvblaslt.torch's bound steps) forget them
+# with matmul()'s: one clear_plan_cache() gives back what the calling thread's plans hold.
+_layer_forgets: list[Callable[[], None]] = []
+
+
+def forget_with_clear(forget: Callable[[], None]) -> None:
+    """Have ``clear_plan_cache()`` call ``forget()`` too (once per function; it runs in the calling thread)."""
+    if forget not in _layer_forgets:
+        _layer_forgets.append(forget)
+
+
+def forget_layer_plans() -> None:
+    """Each layer's ``forget`` given to ``forget_with_clear``, in the order given."""
+    for forget in list(_layer_forgets):
+        forget()
+
+
+__all__ = ["CachedPlan", "PlanCache", "PlanCaches", "forget_layer_plans", "forget_with_clear"]

@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from .. import Matmul, MatmulEpilog
-from .. import _cuda, _tuning_cache
+from .. import _cuda, _plan_cache, _tuning_cache
 
 # Bound steps per thread, the least recently used dropped first: each holds up to four plans with a
 # workspace of up to 32 MiB, and a step is made per input shape (an inference loop over many token
@@ -164,5 +164,8 @@ def keep_captured(found) -> None:
 
 def clear() -> None:
     """Forget this thread's bound steps but those a CUDA graph captured (their plans are freed when no
-    autograd graph holds them any more)."""
+    autograd graph holds them any more). ``nvblaslt.clear_plan_cache()`` calls it."""
     _local.entries = {}
+
+
+_plan_cache.forget_with_clear(clear)

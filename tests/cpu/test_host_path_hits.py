@@ -115,6 +115,18 @@ def test_the_least_recently_found_step_leaves_first(steps):
     assert list(_bound.steps()) == [("d", 0), ("c", 0), ("e", 0)]
 
 
+def test_clear_plan_cache_forgets_this_thread_s_bound_steps_but_captured_ones(steps):
+    import nvblaslt
+
+    _bound.step("a", 0, lambda: ["step a"])
+    captured = _bound.step("a", 9, lambda: pytest.fail("planned inside a capture"))  # borrowed and kept
+    nvblaslt.clear_plan_cache()
+    assert _bound.steps() == {} and _bound.find("a", 0) is None  # made again on its next use
+    assert any(kept is captured for kept in _bound._local.captured)  # a graph's replay still reads it
+    made = _bound.step("a", 0, lambda: ["step a, again"])
+    assert made == ["step a, again"]
+
+
 def test_a_capture_borrows_the_least_recently_used_step_of_its_key(steps):
     first = _bound.step("k", 0, lambda: ["made on stream 0"])
     second = _bound.step("k", 1, lambda: ["made on stream 1"])

@@ -168,6 +168,7 @@ ALLOWED_PRIVATE_MODULE_IMPORTS: dict[tuple[str, str], str] = {
     ("nvblaslt.torch", "nvblaslt._epilogs"): "the aux outputs' leading dimensions the composite ops allocate",
     ("nvblaslt.torch", "nvblaslt._grouped_problem"): "padded_strides: the grouped op's result layout, allocated "
                                                      "by torch",
+    ("nvblaslt.torch", "nvblaslt._plan_cache"): "forget_with_clear: clear_plan_cache() forgets the bound steps too",
     ("nvblaslt.torch", "nvblaslt._tuning_cache"): "the tuning cache's generation, which retires bound plans as "
                                                   "matmul() retires its own",
 }
