@@ -8,26 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from nvblaslt import GroupedMatmul, NvblasltStateError, NvblasltTypeError, NvblasltValueError, _frameworks, _grouped
-from tests.cpu.test_grouped_plan import A, B, OFFS, OUT, OUT2, gpu_standins, operands  # noqa: F401 - a fixture
+from nvblaslt import GroupedMatmul, NvblasltStateError, NvblasltTypeError, NvblasltValueError, _grouped
+from tests.cpu.test_grouped_plan import (STREAM, A, B, OFFS, OUT, OUT2, gpu_standins, operands,  # noqa: F401 - fixtures
+                                         reader)
 from tests.fakes import FakeDLPack
 
-STREAM = 0  # the stand-in current stream: what stream_of gives a fake array (a new one would be waited on)
-
-
-@pytest.fixture
-def reader(monkeypatch):
-    """FakeDLPack arrays read as a package's layout reader reads its own: no export, the reads counted."""
-    reads: list = []
-
-    def read(arrays):
-        reads.append(len(arrays))
-        layouts = tuple(None if x is None else (x.shape, x.strides, x.dtype, x.device, x.ptr & 255 and x.ptr & -x.ptr)
-                        for x in arrays)
-        return [None if x is None else x.ptr for x in arrays], layouts
-
-    monkeypatch.setitem(_frameworks._fast_readers, FakeDLPack, (None, read, lambda device: STREAM))
-    return reads
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import re
 import pytest
 
 import nvblaslt
-from nvblaslt import GroupedMatmul, NvblasltStateError, NvblasltValueError, _grouped, _grouped_function, _launch
+from nvblaslt import (GroupedMatmul, NvblasltStateError, NvblasltValueError, _frameworks, _grouped, _grouped_function,
+                      _launch)
 from nvblaslt._descriptors import HeuristicResult
 from tests.fakes import FakeDLPack
 
@@ -152,16 +153,26 @@ def test_check_offsets_reaches_the_kernel_and_the_environment_sets_it_when_a_pla
     assert [call[-1] for call in gpu_standins["derive"]] == [True, False, True, False, True, False]
 
 
-def test_the_function_form_recalls_a_known_layout_without_reading_the_arrays_again(gpu_standins, monkeypatch):
-    # a package with a layout reader (CuPy, PyTorch): a layout seen before runs its plan on the new pointers
-    from nvblaslt import _frameworks
+STREAM = 0  # the stand-in current stream: what stream_of gives a fake array (a new one would be waited on)
+
+
+@pytest.fixture
+def reader(monkeypatch):
+    """FakeDLPack arrays read as a package's layout reader reads its own: no export, the reads counted."""
+    reads: list = []
 
     def read(arrays):
+        reads.append(len(arrays))
         layouts = tuple(None if x is None else (x.shape, x.strides, x.dtype, x.device, x.ptr & 255 and x.ptr & -x.ptr)
                         for x in arrays)
         return [None if x is None else x.ptr for x in arrays], layouts
 
-    monkeypatch.setitem(_frameworks._fast_readers, FakeDLPack, (None, read, lambda device: 0))
+    monkeypatch.setitem(_frameworks._fast_readers, FakeDLPack, (None, read, lambda device: STREAM))
+    return reads
+
+
+def test_the_function_form_recalls_a_known_layout_without_reading_the_arrays_again(gpu_standins, reader):
+    # a package with a layout reader (CuPy, PyTorch): a layout seen before runs its plan on the new pointers
     a, b, offs, _ = operands()
     out = FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT)
     nvblaslt.grouped_matmul(a, b, offs, out=out)

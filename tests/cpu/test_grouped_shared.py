@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import nvblaslt
 from nvblaslt import GroupedMatmul, _grouped_function
-from tests.cpu.test_grouped_plan import OUT, gpu_standins, operands  # noqa: F401 - a fixture
+from tests.cpu.test_grouped_plan import OUT, gpu_standins, operands, reader  # noqa: F401 - fixtures
 from tests.fakes import FakeDLPack
 
 
@@ -41,15 +41,7 @@ def test_a_plan_captured_through_one_caller_is_left_to_the_graph_by_the_other(gp
     assert GroupedMatmul._cached(a, b, offs, None)[0] not in (plan, fresh)
 
 
-def test_the_function_forms_fast_path_leaves_a_captured_plan_to_the_graph(gpu_standins, monkeypatch):
-    from nvblaslt import _frameworks
-
-    def read(arrays):
-        layouts = tuple(None if x is None else (x.shape, x.strides, x.dtype, x.device, x.ptr & 255 and x.ptr & -x.ptr)
-                        for x in arrays)
-        return [None if x is None else x.ptr for x in arrays], layouts
-
-    monkeypatch.setitem(_frameworks._fast_readers, FakeDLPack, (None, read, lambda device: 0))
+def test_the_function_forms_fast_path_leaves_a_captured_plan_to_the_graph(gpu_standins, reader):
     a, b, offs, _ = operands()
     out = FakeDLPack((40, 96), dtype="bfloat16", ptr=OUT)
     nvblaslt.grouped_matmul(a, b, offs, out=out)  # checked: the fast key aliased

@@ -14,7 +14,7 @@ from nvblaslt._errors import CublasLtError
 from nvblaslt._launch import Launch
 from nvblaslt._tuning_db import TuningDatabase
 from tests.cpu.test_tuning_batch_invariant import DRIVER, algo_with, isolated, launch_for, result_of  # noqa: F401
-from tests.cpu.test_tuning_invariant_ladder import StandInProblem, ladder_entry, write
+from tests.cpu.test_tuning_invariant_ladder import StandInProblem, ladder_entry, refused_on_load, write
 
 RUNG_TILES = ((16, 11), (256, 22), (None, 33))  # ladder_entry's rungs: M ≤ 16, ≤ 256, above
 
@@ -101,22 +101,14 @@ def test_an_entry_without_members_loads_and_runs_its_rungs_without_asking_the_he
     ([{"algo": "ab" * 64, "config": {"TILE_ID": 5}}, "x"], r"members\[1\]: expected an object with algo"),
 ])
 def test_corrupt_members_are_refused_by_name_and_line(tmp_path, members, fault):
-    fingerprint = {"gpu": "G", "cc": [9, 0], "sms": 1, "driver": 1, "cublaslt": [13, 1, 0], "keys": 1}
     ladder = [{"up_to": None, "algo": "cd" * 64}]
-    path = tmp_path / "bad.jsonl"
-    TuningDatabase(fingerprint, {"ab" * 20: {"kind": "pinned", "algo": "cd" * 64, "ladder": ladder,
-                                             "members": members}}).write(path)
-    with pytest.raises(nvblaslt.NvblasltValueError, match=f"bad.jsonl: line 2: {fault}"):
-        nvblaslt.load_tuning(path)
+    refused_on_load(tmp_path, {"kind": "pinned", "algo": "cd" * 64, "ladder": ladder, "members": members}, fault)
 
 
 def test_members_without_a_ladder_are_refused(tmp_path):
-    fingerprint = {"gpu": "G", "cc": [9, 0], "sms": 1, "driver": 1, "cublaslt": [13, 1, 0], "keys": 1}
     members = [{"algo": "ab" * 64, "config": {"TILE_ID": 5}}]
-    path = tmp_path / "bad.jsonl"
-    TuningDatabase(fingerprint, {"ab" * 20: {"kind": "pinned", "algo": "cd" * 64, "members": members}}).write(path)
-    with pytest.raises(nvblaslt.NvblasltValueError, match="line 2: members: only a pinned entry with a ladder"):
-        nvblaslt.load_tuning(path)
+    refused_on_load(tmp_path, {"kind": "pinned", "algo": "cd" * 64, "members": members},
+                    "members: only a pinned entry with a ladder")
 
 
 # ---- the member-or-rung rule --------------------------------------------------------------------------------------

@@ -169,6 +169,15 @@ def test_an_older_single_pin_entry_still_serves_every_m(lib, monkeypatch, tmp_pa
     assert _tuning_db.pinned_algo(old, 5) == (old["algo"], None)
 
 
+def refused_on_load(tmp_path, entry: dict, fault: str) -> None:
+    """A database of ``entry`` alone is refused where loaded, with ``fault`` (a regex) after its file and line."""
+    fingerprint = {"gpu": "G", "cc": [9, 0], "sms": 1, "driver": 1, "cublaslt": [13, 1, 0], "keys": 1}
+    path = tmp_path / "bad.jsonl"
+    TuningDatabase(fingerprint, {"ab" * 20: entry}).write(path)
+    with pytest.raises(nvblaslt.NvblasltValueError, match=f"bad.jsonl: line 2: {fault}"):
+        nvblaslt.load_tuning(path)
+
+
 @pytest.mark.parametrize("ladder, fault", [
     ([], "ladder: expected a list of 1 to"),
     ("rungs", "ladder: expected a list"),
@@ -179,15 +188,8 @@ def test_an_older_single_pin_entry_still_serves_every_m(lib, monkeypatch, tmp_pa
     ([{"up_to": True, "algo": "ab" * 64}, {"up_to": None, "algo": "ab" * 64}], r"ladder\[0\].up_to: expected an int"),
 ])
 def test_a_corrupt_ladder_is_refused_by_name_and_line(tmp_path, ladder, fault):
-    fingerprint = {"gpu": "G", "cc": [9, 0], "sms": 1, "driver": 1, "cublaslt": [13, 1, 0], "keys": 1}
-    entry = {"kind": "pinned", "algo": "cd" * 64, "ladder": ladder}
-    path = tmp_path / "bad.jsonl"
-    TuningDatabase(fingerprint, {"ab" * 20: entry}).write(path)
-    with pytest.raises(nvblaslt.NvblasltValueError, match=f"bad.jsonl: line 2: {fault}"):
-        nvblaslt.load_tuning(path)
-    TuningDatabase(fingerprint, {"ab" * 20: {"kind": "tuned", "algo": "cd" * 64, "ladder": ladder}}).write(path)
-    with pytest.raises(nvblaslt.NvblasltValueError, match="line 2: ladder: only a 'pinned' entry"):
-        nvblaslt.load_tuning(path)
+    refused_on_load(tmp_path, {"kind": "pinned", "algo": "cd" * 64, "ladder": ladder}, fault)
+    refused_on_load(tmp_path, {"kind": "tuned", "algo": "cd" * 64, "ladder": ladder}, "ladder: only a 'pinned' entry")
 
 
 def test_show_diff_and_merge_handle_ladders(lib, tmp_path, capsys):
