@@ -89,7 +89,7 @@ class PlanCache(Generic[PlanT]):
         while len(self._plans) > self._limit:
             old_key, old = self._plans.popitem(last=False)
             self._drop_aliases(old_key)
-            old.free()
+            self._free(old)
 
     def add_alias(self, alias: Hashable, key: Hashable, found: Any) -> None:
         """Let ``alias`` name the plan under ``key``, ``find`` returning ``found`` (the plan, or what the
@@ -127,9 +127,17 @@ class PlanCache(Generic[PlanT]):
         self.last_key = self.last_found = None
         self._aliases.clear()
         while self._plans:
-            self._plans.popitem()[1].free()
+            self._free(self._plans.popitem()[1])
         retired, self._retired = self._retired, []
         for plan in retired:
+            self._free(plan)
+
+    def _free(self, plan: PlanT) -> None:
+        # a plan another caller ran under a capture (the torch layer's bound grouped calls share these plans)
+        # while it sat here: the graph's replays read its memory, so it is kept, never freed
+        if getattr(plan, "_captured", False):
+            self._captured.append(plan)
+        else:
             plan.free()
 
     def _remove(self, key: Hashable) -> PlanT:

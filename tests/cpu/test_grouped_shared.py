@@ -50,3 +50,24 @@ def test_the_function_forms_fast_path_leaves_a_captured_plan_to_the_graph(gpu_st
     nvblaslt.grouped_matmul(a, b, offs, out=out)
     fresh, = _cached_plans()
     assert fresh is not plan and len(gpu_standins["matmul"]) == 2 and gpu_standins["arrays"] == [4, 4]
+
+
+def test_a_plan_captured_through_the_bound_path_is_never_freed_by_the_function_forms_cache(gpu_standins):
+    a, b, offs, _ = operands()
+    plan, _ = GroupedMatmul._cached(a, b, offs, None)
+    plan._captured = True  # a bound call under capture: the plan is still in grouped_matmul's cache
+    nvblaslt.clear_grouped_plans()  # no grouped_matmul() call in between to give it up
+    assert plan.algorithm is not None  # the graph's replays read its arrays and workspace
+    assert _cached_plans() == []
+    # nor when the cache is full and it is the least recently used
+    plan2, _ = GroupedMatmul._cached(a, b, offs, None)
+    plan2._captured = True
+    cache = _grouped_function._local.plans
+    limit = cache._limit
+    try:
+        cache._limit = 0  # the next plan added pushes out the captured one
+        a_other, b_other, offs_other, _ = operands(k=128)
+        GroupedMatmul._cached(a_other, b_other, offs_other, None)
+    finally:
+        cache._limit = limit
+    assert plan2.algorithm is not None
