@@ -176,8 +176,9 @@ class GroupedMatmul:
         # execute()'s fast path: a layout key (each array's shape, strides, dtype, device, pointer alignment, as
         # the package's layout reader gives them) a checked call passed -> (the problem, 64-bit offsets)
         self._fast: dict[tuple, tuple[GroupedProblem, bool]] = {}
-        self._fast_last: tuple | None = None  # the key found last, compared first
-        self._fast_last_found: tuple[GroupedProblem, bool] | None = None
+        # (the key found last, what it names), compared first: one attribute, so a thread sharing the plan never
+        # reads one call's key with another's problem
+        self._fast_hit: tuple[tuple | None, tuple[GroupedProblem, bool] | None] = (None, None)
         self._captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
         a_op = bound.operands[0]
         self.device, self._framework = a_op.device, a_op.framework
@@ -442,9 +443,10 @@ class GroupedMatmul:
                 found = path[1](arrays)
                 if found is not None:
                     fast_key = found[1]
-                    entry = self._fast_last_found if fast_key == self._fast_last else self._fast.get(fast_key)
+                    last_key, last_entry = self._fast_hit
+                    entry = last_entry if fast_key == last_key else self._fast.get(fast_key)
                     if entry is not None:
-                        self._fast_last, self._fast_last_found = fast_key, entry
+                        self._fast_hit = (fast_key, entry)
             except Exception:  # noqa: BLE001 - an odd array or argument: the checked path says what is wrong
                 found = fast_key = entry = None
             if found is not None and entry is not None:

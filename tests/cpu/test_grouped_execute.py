@@ -141,3 +141,30 @@ def test_an_odd_argument_on_the_fast_path_is_named_by_the_checked_path(gpu_stand
         plan.execute(a, b, offs, out=_out(ptr=OUT + 2))
     with pytest.raises(NvblasltTypeError, match="offs: expected int32 or int64, got dtype float32"):
         plan.execute(a, b, FakeDLPack((4,), dtype="float32", ptr=OFFS), out=_out())
+
+
+def test_another_threads_call_between_the_fast_paths_stores_never_runs_another_layouts_problem(gpu_standins, reader):
+    # two threads share a plan (its launches are serialized): one thread's call may run while another is
+    # between the writes that remember the layout found last, and must still run its own layout's problem
+    class Interleaved(GroupedMatmul):
+        between = None  # a call to make after the next write of the fast path's state
+
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            call = type(self).between
+            if call is not None and name.startswith("_fast"):
+                type(self).between = None
+                call()
+
+    a, b, offs, _ = operands()
+    plan = Interleaved(a, b, offs)
+    plan.plan()
+    a88 = FakeDLPack((88, 64), dtype="bfloat16", ptr=A)
+    for _ in range(2):  # both layouts checked, then each found once: 88 is the one found last
+        plan.execute(a, b, offs, out=_out())
+        plan.execute(a88, b, offs, out=_out(88))
+    Interleaved.between = lambda: plan.execute(a, b, offs, out=_out(ptr=OUT2))
+    plan.execute(a, b, offs, out=_out())
+    assert Interleaved.between is None
+    interleaved = [run for run in gpu_standins["derive"] if run[3][2] == OUT2]
+    assert [run[2] for run in interleaved] == [40]  # 40 rows of a: never the 88 of the layout found before
