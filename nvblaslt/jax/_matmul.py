@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from .._epilogs import SPECS, as_epilog
 from .._errors import NvblasltTypeError, NvblasltUnsupportedError
 from ._bridge import vary_alike
-from ._gemm import activation_of, as_array, gemm, keeping_aux, refuse_unavailable, scalar
+from ._gemm import activation_of, as_array, fp8_scales, gemm, keeping_aux, refuse_unavailable, scalar
 from ._planning import options_of, preference_pairs, preferences_of
 
 
@@ -113,6 +113,8 @@ def matmul(a, b, /, c=None, *, alpha=None, beta=None, epilog=None, epilog_inputs
         raise NvblasltTypeError(f"epilog_inputs: expected a dict, got {type(epilog_inputs).__name__}")
     activation = activation_of(epilog)
     inputs = dict(epilog_inputs or {})
+    if quantization_scales is not None and fp8_scales(quantization_scales, None) == ((), []):
+        quantization_scales = None  # no scale in it (an empty dict, MatmulQuantizationScales()): differentiable
     if activation is None or quantization_scales is not None or set(inputs) - {"bias"}:
         d, aux = gemm(a, b, c, alpha=alpha, beta=beta, epilog=epilog, epilog_inputs=epilog_inputs, options=options,
                       preferences=preferences, quantization_scales=quantization_scales, compute_type=compute_type,

@@ -301,6 +301,15 @@ def test_jax_grad_through_fp8_is_refused_by_name():
             jax.eval_shape(jax.grad(loss, argnums=argnums), S((64, 32), jnp.float32), SCALE, B)
 
 
+@pytest.mark.parametrize("scales", [{}, {"a": None, "b": None}, MatmulQuantizationScales()], ids=repr)
+def test_scales_that_give_no_scale_leave_a_wide_matmul_differentiable(scales):
+    # nothing to scale (nvmath-python code passes an empty MatmulQuantizationScales): jax.grad as without them
+    a, b = S((64, 32), jnp.bfloat16), S((32, 48), jnp.bfloat16)
+    grads = jax.eval_shape(jax.grad(lambda a, b: nj.matmul(a, b, quantization_scales=scales).astype(jnp.float32)
+                                    .sum(), argnums=(0, 1)), a, b)
+    assert [(g.shape, g.dtype) for g in grads] == [((64, 32), jnp.bfloat16), ((32, 48), jnp.bfloat16)]
+
+
 def test_jax_grad_through_a_backward_epilog_is_refused_by_name():
     a, b, aux = S((64, 32), jnp.float32), S((32, 16), jnp.float32), S((16, 16), jnp.uint8)
     with pytest.raises(NvblasltUnsupportedError, match=r"^epilog: jax.grad through nvblaslt.jax.matmul differentiates "
