@@ -16,9 +16,10 @@ Every other line is one entry, keyed like the tuning cache (``_tuning_cache.prob
   (``_invariant_ladder``); ``algo`` is then that class's best single kernel, which an nvblaslt
   without ladders runs for every M, with the same bits. A ladder's entry may add ``members``: every
   kernel verified at tune time to be of the ladder's class, ``{"algo": …, "config": {…}}`` (its config
-  attributes by name); a plan whose M the heuristics, split-K excluded, give one of them runs it, and the
-  rung otherwise (``_batch_invariant``). A ``pinned`` entry without ``ladder`` (older files, problems the
-  tuner could not vary) serves every M with ``algo``; one without ``members`` runs its rungs.
+  attributes by name); a plan whose M the heuristics, asked as the default plan asks them (split-K not
+  excluded), give one of them runs it, and the rung otherwise (``_batch_invariant.member_for``). A
+  ``pinned`` entry without ``ladder`` (older files, problems the tuner could not vary) serves every M
+  with ``algo``; one without ``members`` runs its rungs.
 
 Loaded with ``load_tuning(path)`` or ``$NVBLASLT_TUNING`` (paths joined by ``os.pathsep``). A file
 whose fingerprint does not match a GPU is ignored for it, with one log line. A corrupt file is

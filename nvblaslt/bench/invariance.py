@@ -6,8 +6,8 @@ M = 1 … 8192, the points a ladder is chosen at and the M between them (the tok
 none, today's single pin), in interleaved rounds; and D's token columns at every M of a dense set
 (1 … 300, and each power of two from 512 with its neighbours) compared bitwise with those at M = 8192.
 ``tests/gpu/test_tuning_db_gpu.py`` checks the same through ``nvblaslt.torch.linear`` too. Each M says
-which kernel the invariant plan ran: a verified member of the ladder's class that the heuristics pick
-for that M with split-K excluded (``member``: the same config as that pick), or its rung, and whether the
+which kernel the invariant plan ran: a verified member of the ladder's class that is the default plan's
+own kernel for that M (``member``: the same config as the default's), or its rung, and whether the
 default plan split K there."""
 
 from __future__ import annotations
