@@ -40,9 +40,9 @@ class PlanCache(Generic[PlanT]):
     many of the tuning cache's stored choices the plans have been checked against."""
 
     __slots__ = ("last_key", "last_found", "generation", "_plans", "_aliases", "_limit", "_alias_limit",
-                 "_retired", "_captured")
+                 "_retired", "_captured", "_held")
 
-    def __init__(self, limit: int, alias_limit: int) -> None:
+    def __init__(self, limit: int, alias_limit: int, held: Callable[[PlanT], bool] | None = None) -> None:
         self.last_key: Hashable | None = None
         self.last_found: Any = None
         self.generation = _tuning_cache.generation  # a new cache holds no plan made before a stored choice
@@ -51,6 +51,9 @@ class PlanCache(Generic[PlanT]):
         self._limit, self._alias_limit = limit, alias_limit
         self._retired: list[PlanT] = []  # a stored choice replaced them: kept until clear()
         self._captured: list[PlanT] = []  # a CUDA graph holds them: never freed here
+        # whether a CUDA graph captured a cached plan through another caller (grouped plans, which the torch
+        # layer's bound calls run too): such a plan is kept, never freed, when it leaves the cache
+        self._held = held
 
     # ---- lookups ----------------------------------------------------------------------------------
     def get(self, key: Hashable) -> PlanT | None:
@@ -133,9 +136,7 @@ class PlanCache(Generic[PlanT]):
             self._free(plan)
 
     def _free(self, plan: PlanT) -> None:
-        # a plan another caller ran under a capture (the torch layer's bound grouped calls share these plans)
-        # while it sat here: the graph's replays read its memory, so it is kept, never freed
-        if getattr(plan, "_captured", False):
+        if self._held is not None and self._held(plan):  # a graph's replays read its memory
             self._captured.append(plan)
         else:
             plan.free()
@@ -153,10 +154,10 @@ class PlanCache(Generic[PlanT]):
 
 class PlanCaches(threading.local):
     """One ``PlanCache`` per thread (cuBLASLt handles and the plans' streams are per thread), as
-    ``plans``: made on a thread's first use, with the same limits in every thread."""
+    ``plans``: made on a thread's first use, with the same limits (and ``held``) in every thread."""
 
-    def __init__(self, limit: int, alias_limit: int) -> None:
-        self.plans: PlanCache[Any] = PlanCache(limit, alias_limit)
+    def __init__(self, limit: int, alias_limit: int, held: Callable[[Any], bool] | None = None) -> None:
+        self.plans: PlanCache[Any] = PlanCache(limit, alias_limit, held)
 
 
 # Layers over the core that keep plans of their own for a hot step (nvblaslt.torch's bound steps) forget them
