@@ -623,8 +623,8 @@ class GroupedMatmul:
 
 
 # grouped_matmul()'s plans, one cache per thread (cuBLASLt handles are per thread); the torch layer's bound
-# calls run the same plans (GroupedMatmul._cached): one plan per problem, and clear_grouped_plans() frees them all
-# a plan captured through a bound call sits in the cache until its next lookup: clearing or eviction keeps it
+# calls run the same plans (GroupedMatmul._cached): one plan per problem, and clear_grouped_plans() frees them;
+# one a graph captured through a bound call sits here until its next lookup, and clearing or eviction keeps it
 function_plans = PlanCaches(_MAX_PLANS, alias_limit=4 * _MAX_PLANS, held=lambda plan: plan._captured)
 
 
