@@ -3,10 +3,12 @@
 ``batch_invariant=True`` pins the heuristics' kernel for 1024 rows with split-K off, and runs at 0.26–0.72×
 the default plan's speed for M ≤ 64 on an H200 (issue 35). A split count fixed for every M, with a
 reduction scheme whose order does not depend on M (COMPUTE_TYPE: partial sums in the workspace, summed in
-a second step), should keep row i's bits the same for every M. This probe takes candidate pins — today's,
-today's with a split-K of 2 and 4, and the heuristics' picks at 16 and 64 rows with their split-K kept (the reduction made COMPUTE_TYPE) — and
-for each M of ``--rows`` prints its speed × the default plan's and whether D's first 8 token columns equal
-those at M = 8 bit for bit.
+a second step) or INPLACE (the parts added into D in order, counters in the workspace), should keep row i's
+bits the same for every M. This probe prints the default plan's algorithm at each M of ``--rows`` (its split-K
+and reduction scheme), then takes candidate pins — today's, today's with a split-K of 2 and 4, and the
+heuristics' picks at 16 and 64 rows with their split-K kept, each with either reduction — and for each M prints
+its speed × the default plan's, whether D's first 8 token columns equal those at M = 8 bit for bit, and the
+workspace cuBLASLt asks for it.
 
     python -m tools.probe_invariant_splitk [--pairs 4096x14336,8192x28672] [--rows 1,16,64,256,1024,8192]
 """
@@ -22,7 +24,8 @@ import nvblaslt
 from nvblaslt import Matmul, MatmulEpilog
 from nvblaslt._descriptors import Algorithm
 
-COMPUTE_TYPE = 2  # CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+INPLACE, COMPUTE_TYPE = 1, 2  # CUBLASLT_REDUCTION_SCHEME_INPLACE (counters in the workspace), _COMPUTE_TYPE
+SCHEMES = {INPLACE: "INPLACE", COMPUTE_TYPE: "COMPUTE_TYPE"}
 
 
 def _plan(w, x, bias, algorithms=None, invariant=False):
@@ -32,14 +35,21 @@ def _plan(w, x, bias, algorithms=None, invariant=False):
     return plan
 
 
-def _with_deterministic_split(plan) -> tuple[bytes, str]:
+def _with_split(raw: bytes, splits: int | None, scheme: int) -> bytes:
+    """``raw`` with split-K ``splits`` (None: its own) and, where it splits, the reduction ``scheme``."""
     lib = nvblaslt.library()
-    algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(plan.algorithm.as_bytes())
+    algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw)
     config = Algorithm(algo, lib)
-    splits = config.get("SPLITK_NUM")
-    if splits > 1:
-        config.set("REDUCTION_SCHEME", COMPUTE_TYPE)
-    return bytes(algo), f"split-K {splits}"
+    if splits is not None:
+        config.set("SPLITK_NUM", splits)
+    if config.get("SPLITK_NUM") > 1:
+        config.set("REDUCTION_SCHEME", scheme)
+    return bytes(algo)
+
+
+def _described(raw: bytes) -> str:
+    config = Algorithm(nvblaslt.library().api.cublasLtMatmulAlgo_t.from_buffer_copy(raw), nvblaslt.library()).config()
+    return " ".join(f"{k}={v}" for k, v in sorted(config.items()))
 
 
 def _ms(plan, calls: int = 20) -> float:
@@ -65,25 +75,25 @@ def probe(n: int, k: int, rows: list[int]) -> None:
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     candidates = {}
     with _plan(w, x[:1024], bias, invariant=True) as today:
-        candidates["today's pin (1024 rows, no split-K)"] = (today.algorithm.as_bytes(), "split-K 1")
-        for splits in (2, 4):
-            lib = nvblaslt.library()
-            algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(today.algorithm.as_bytes())
-            config = Algorithm(algo, lib)
-            config.set("SPLITK_NUM", splits)
-            config.set("REDUCTION_SCHEME", COMPUTE_TYPE)
-            candidates[f"today's pin, split-K {splits}, COMPUTE_TYPE reduction"] = (bytes(algo), f"split-K {splits}")
+        pin = today.algorithm.as_bytes()
+    candidates["today's pin (1024 rows, no split-K)"] = (pin, "split-K 1")
+    for splits in (2, 4):
+        for scheme, name in SCHEMES.items():
+            candidates[f"today's pin, split-K {splits}, {name}"] = (_with_split(pin, splits, scheme), f"split-K {splits}")
     for at in (16, 64):
         with _plan(w, x[:at], bias) as plan:
-            raw, note = _with_deterministic_split(plan)
-            candidates[f"heuristics at {at} rows, {note}, COMPUTE_TYPE reduction"] = (raw, note)
-    print(f"\nN {n}, K {k}, bf16 RELU_BIAS, D = W xᵀ; speed × the default plan at each M; bits: D's first 8 token "
-          f"columns against M = 8")
-    print(f"  {'candidate':58s} " + " ".join(f"{'M=' + str(m):>14s}" for m in rows))
+            own = plan.algorithm.as_bytes()
+        for scheme, name in SCHEMES.items():
+            candidates[f"heuristics at {at} rows, own split, {name}"] = (_with_split(own, None, scheme), "")
+    print(f"\nN {n}, K {k}: the default plan's algorithm at each M")
     defaults = {}
     for m in rows:
         with _plan(w, x[:m], bias) as plan:
             defaults[m] = _ms(plan)
+            print(f"  M={m:<6d} {_described(plan.algorithm.as_bytes())} workspace {(plan.algorithm.workspace_size or 0) / 2**20:.1f} MiB")
+    print(f"\nN {n}, K {k}, bf16 RELU_BIAS, D = W xᵀ; speed × the default plan at each M; bits: D's first 8 token "
+          f"columns against M = 8")
+    print(f"  {'candidate':58s} " + " ".join(f"{'M=' + str(m):>20s}" for m in rows))
     for name, (raw, _) in candidates.items():
         cells = []
         reference = None
@@ -99,9 +109,10 @@ def probe(n: int, k: int, rows: list[int]) -> None:
                 if m == 8 and reference is None:
                     reference = first
                     continue
-                same = torch.equal(first, reference[:, :first.shape[1]])
-                cells.append(f"{defaults[m] / _ms(plan):.3f}× {'same' if same else 'DIFF'}")
-        print(f"  {name:58s} " + " ".join(f"{c:>14s}" for c in cells))
+                same = reference is not None and torch.equal(first, reference[:, :first.shape[1]])
+                cells.append(f"{defaults[m] / _ms(plan):.3f}× {'same' if same else 'DIFF'}"
+                             f" {(plan.algorithm.workspace_size or 0) / 2**20:.1f}M")
+        print(f"  {name:58s} " + " ".join(f"{c:>20s}" for c in cells))
 
 
 def main(argv=None) -> None:

@@ -108,3 +108,41 @@ def test_bound_calls_run_the_function_forms_plan_and_clearing_frees_it():
         torch.testing.assert_close(out.double(), _reference(x, weights, offs), atol=0.1, rtol=0.02)
     entry, = _grouped_bound._local.entries.values()
     assert entry.plan is not plan and entry.plan.algorithm is not None
+
+
+@needs_grouped
+def test_a_plan_a_graph_captured_survives_clearing_and_eviction():
+    """A grouped plan captured through a bound call lives in ``grouped_matmul``'s cache until its next lookup:
+    ``clear_grouped_plans()`` and eviction past the cache's limit must keep it, or the replays read freed memory."""
+    from nvblaslt import _grouped
+
+    _grouped_bound.clear()
+    nvblaslt.clear_grouped_plans()
+    weights = torch.randn(4, 48, 64, device="cuda", dtype=BF16)
+    x = torch.randn(64, 64, device="cuda", dtype=BF16)
+    offs = _offsets([16, 16, 16, 16])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # checked, bound, run bound
+            grouped_mm(x, weights.transpose(1, 2), offs)
+    torch.cuda.current_stream().wait_stream(side)
+    entry, = _grouped_bound._local.entries.values()
+    captured = entry.plan  # the function form's plan, run bound
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = grouped_mm(x, weights.transpose(1, 2), offs)
+    assert captured._captured
+    nvblaslt.clear_grouped_plans()
+    for rows in range(1, _grouped._MAX_PLANS + 8):  # past the limit: every plan made before is evicted
+        nvblaslt.grouped_matmul(torch.randn(rows * 16, 64, device="cuda", dtype=BF16), weights.transpose(1, 2),
+                                _offsets([rows * 4] * 4))
+    nvblaslt.clear_grouped_plans()
+    assert captured.algorithm is not None  # held: its workspace and arrays are the graph's
+    torch.cuda.synchronize()
+    for sizes in ([0, 40, 8, 16], [64, 0, 0, 0]):
+        x.copy_(torch.randn_like(x))
+        offs.copy_(_offsets(sizes))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.double(), _reference(x, weights, offs), atol=0.1, rtol=0.02)
