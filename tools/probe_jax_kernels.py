@@ -1,11 +1,13 @@
-"""Where the jitted MLP step's GPU time goes, kernel by kernel (bench.jax's steps, one process, CUPTI).
+"""Where the MLP training step's GPU time goes, kernel by kernel (bench.jax's and bench.mlp's steps, CUPTI).
 
 For each row of ``bench.jax`` (nvblaslt.jax.dense, XLA's jnp.dot + bias + activation, the GEMM-only floor,
-and the ablations), prints the kernels one step runs: count and µs a step for each, the sum, and the wall time
-a step waited for beside it (the difference is the GPU idle between kernels). torch.profiler's CUPTI
-activity records every kernel of the process, XLA's and cuBLASLt's alike. On a GPU:
+and the ablations), and with ``--torch`` of ``bench.mlp`` (FusedLinear's step per backward mode, nn.Linear's,
+the floor), prints the kernels one step runs: count and µs a step for each, the sum, and the wall time a step
+waited for beside it (the difference is the GPU idle between kernels). torch.profiler's CUPTI activity
+records every kernel of the process, XLA's and cuBLASLt's alike. The GPU's clock moves a few % between rows
+seconds apart: compare kernels within a row, and rows only through the bench's interleaved rounds. On a GPU:
 
-    PYTHONPATH=. python tools/probe_jax_kernels.py [--steps 3] [--activations relu,gelu] [--tokens 8192]
+    PYTHONPATH=. python tools/probe_jax_kernels.py [--steps 3] [--activations relu,gelu] [--tokens 8192] [--torch]
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--widths", default="4096,16384,4096,16384,4096")
     parser.add_argument("--activations", default="relu,gelu")
+    parser.add_argument("--torch", action="store_true", help="also bench.mlp's torch steps")
     options = parser.parse_args(argv)
     widths = [int(w) for w in options.widths.split(",")]
     key = jax.random.key(0)
@@ -64,9 +67,11 @@ def main(argv=None) -> None:
     print(f"{torch.cuda.get_device_name()}, JAX {jax.__version__}, torch {torch.__version__}; bf16, {options.tokens} "
           f"tokens, MLP {'→'.join(map(str, widths))}; µs per step over {options.steps} steps")
     for activation in options.activations.split(","):
-        rows = steps(jax, activation, len(widths) - 1, ablation=True)
-        for label, (step, _, _) in rows.items():
-            run = lambda: step(params, x, dy)  # noqa: E731
+        rows = {label: (lambda step=step: step(params, x, dy))
+                for label, (step, _, _) in steps(jax, activation, len(widths) - 1, ablation=True).items()}
+        if options.torch:
+            rows.update(_torch_steps(activation, widths, options.tokens))
+        for label, run in rows.items():
             for _ in range(3):
                 jax.block_until_ready(run())
             found, wall = _kernels(run, options.steps)
@@ -75,6 +80,28 @@ def main(argv=None) -> None:
                   f"(idle {wall - total / 1e3:.3f} ms)")
             for name, (calls, us) in sorted(found.items(), key=lambda item: -item[1][1]):
                 print(f"  {us / options.steps:9.1f} µs  {calls / options.steps:4.1f}×  {_short(name)}")
+
+
+def _torch_steps(activation: str, widths: list[int], tokens: int) -> dict:
+    """bench.mlp's eager steps (each synchronized, so that ``block_until_ready`` of None waits for it)."""
+    from nvblaslt import torch as nvtorch
+    from nvblaslt.bench.mlp import MODES, _mlp, _step
+
+    torch.manual_seed(0)
+    x = torch.randn(tokens, widths[0], device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(tokens, widths[-1], device="cuda", dtype=torch.bfloat16)
+    reference = _mlp(torch, widths, activation, True, "cuda", torch.bfloat16)
+    floor = _mlp(torch, widths, None, False, "cuda", torch.bfloat16)
+    models = {"torch: nn.Linear + activation": reference, "torch: GEMM-only floor": floor}
+    models.update({f"torch: FusedLinear, backward={mode!r}": nvtorch.fuse(reference, backward=mode) for mode in MODES})
+
+    def synced(step):
+        def run():
+            step()
+            torch.cuda.synchronize()
+        return run
+
+    return {label: synced(_step(model, list(model.parameters()), x, grad)) for label, model in models.items()}
 
 
 if __name__ == "__main__":
