@@ -62,20 +62,19 @@ def probe(tokens: int, n_in: int, n_out: int) -> None:
     kernel = torch.randn(n_in, n_out, device="cuda", dtype=bf16) / n_in ** 0.5  # flax's (in, out)
     weight = kernel.t().contiguous()  # torch's (out, in)
     dz = torch.randn(tokens, n_out, device="cuda", dtype=bf16)
-    below_kernel = torch.randn(1024, n_in, device="cuda", dtype=bf16) / 32
+    below_kernel = torch.randn(1024, n_in, device="cuda", dtype=bf16) / 32  # (in₀, in)
     bias = torch.randn(n_in, device="cuda", dtype=bf16)
     print(f"\ninput gradient dx ({tokens}, {n_in}) = dz ({tokens}, {n_out}) @ kernelᵀ, bf16; GPU ms (spin)")
-    # the GELU aux of the layer below, made by its forward in each orientation (x0 @ kernel and x0 @ weightᵀ)
-    _, aux_tn = nvblaslt.matmul(x0, below_kernel, epilog=MatmulEpilog.GELU_AUX_BIAS, epilog_inputs={"bias": bias})
-    _, aux_nn = nvblaslt.matmul(x0, below_kernel.t().contiguous().t(), epilog=MatmulEpilog.GELU_AUX_BIAS,
-                                epilog_inputs={"bias": bias})
+    # nvblaslt's problem as the JAX layer poses it: D = dxᵀ (in, T) = kernel @ dzᵀ, the bias and aux along D's rows;
+    # the GELU aux of the layer below is its forward's, D (in, T) = below @ x0ᵀ
+    _, aux = nvblaslt.matmul(below_kernel.t().contiguous(), x0.t(), epilog=MatmulEpilog.GELU_AUX_BIAS,
+                             epilog_inputs={"bias": bias})
+    gelu_aux = {"gelu_aux": aux["gelu_aux"]}
     cases = {
-        "TN plain (jax, kernel as flax keeps it)": lambda: nvblaslt.matmul(dz, kernel.t()),
-        "TN DGELU": lambda: nvblaslt.matmul(dz, kernel.t(), epilog=MatmulEpilog.DGELU,
-                                            epilog_inputs={"gelu_aux": aux_tn["gelu_aux"]}),
-        "NN plain (torch's weight)": lambda: nvblaslt.matmul(dz, weight),
-        "NN DGELU": lambda: nvblaslt.matmul(dz, weight, epilog=MatmulEpilog.DGELU,
-                                            epilog_inputs={"gelu_aux": aux_nn["gelu_aux"]}),
+        "TN plain (jax: kernel as flax keeps it)": lambda: nvblaslt.matmul(kernel, dz.t()),
+        "TN DGELU": lambda: nvblaslt.matmul(kernel, dz.t(), epilog=MatmulEpilog.DGELU, epilog_inputs=gelu_aux),
+        "NN plain (torch's weight)": lambda: nvblaslt.matmul(weight.t(), dz.t()),
+        "NN DGELU": lambda: nvblaslt.matmul(weight.t(), dz.t(), epilog=MatmulEpilog.DGELU, epilog_inputs=gelu_aux),
         "kernel transposed (a copy)": lambda: kernel.t().contiguous(),
         "elementwise DGELU (unfused)": lambda: _gelu_backward(dz.new_empty(tokens, n_in), x0.new_empty(tokens, n_in)),
     }
