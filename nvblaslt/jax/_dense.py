@@ -8,9 +8,9 @@ How each step maps onto cuBLASLt, for x (T, in), kernel (in, out), all buffers r
   the layer above's backward, GELU_AUX_BIAS keeping the pre-activation).
 - weight and bias gradient: D = dzᵀ @ x, (out, in) column-major = dkernel (in, out). Where a fused
   epilog made dz, BGRADA sums dzᵀ over T into the bias gradient in the same call (cuBLASLt's BGRADB of
-  the transposed product); where XLA made dz (the activation's backward unfused, or no activation), XLA
-  sums it inside the fusion that made it: on an H200 BGRADA ran as a kernel of its own after this GEMM
-  (75 µs at 8192 × 16384), the fused sum cost nothing measurable.
+  the transposed product); where XLA made dz through ReLU's mask (unfused) or no activation, XLA sums it
+  inside the fusion that made it: on an H200 BGRADA ran as a kernel of its own after this GEMM (75 µs at
+  8192 × 16384), the fused sum cost nothing measurable (``XLA_SUMS``).
 - input gradient: D = kernel @ dzᵀ, (in, T) column-major = dx (T, in); with the layer below's aux,
   DRELU_BGRAD / DGELU_BGRAD turn it into that layer's dz and sum its bias gradient in the same call
   (``backward="epilog"``), or DRELU / DGELU leave the bias sum to that layer's BGRADA ("bgradb"), or
@@ -40,6 +40,10 @@ BACKWARDS = ("auto", "unfused", "bgradb", "epilog")
 # the GEMM plus a separate epilogue kernel. ReLU's mask applied by XLA, and DGELU without the bias sum, each with
 # the bias gradient from the weight gradient's BGRADA, are the torch layer's choices for the same reason.
 AUTO_BACKWARD = {"relu": "unfused", "gelu": "bgradb"}
+# The activations whose dz XLA makes in a fusion that sums the bias gradient too (ReLU's mask: one select), where
+# XLA makes it: on an H200 the sum cost nothing beside BGRADA's 75–95 µs kernel. After GELU's elementwise backward
+# XLA ran the sum as a pass of its own (188 µs at 8192 × 16384), slower than BGRADA, which that layer keeps.
+XLA_SUMS = ("relu", "none")
 
 
 def dense(x, layers, activations, *, backward: str = "auto"):
@@ -154,12 +158,12 @@ def _stack_bwd(static, residuals, dy):
     dz = activation_backward(dy, activations[-1], y, _pre_activation(kept[-1], y.shape[-1]))
     grads = [None] * count
     bias_grad = None  # the bias gradient of the layer below, where its backward ran fused
-    by_xla = True  # whether XLA made dz (the layer's activation backward unfused, or none)
+    summed_by_xla = activations[-1] in XLA_SUMS  # XLA made dz, in a fusion it also sums in
     dx = None
     for index in reversed(range(count)):
         kernel, bias = layers[index]
         x2 = inputs[index]
-        if bias is not None and bias_grad is None and by_xla:
+        if bias is not None and bias_grad is None and summed_by_xla:
             bias_grad = _summed_over_tokens(dz).astype(bias.dtype)
         dz = dz.astype(kernel.dtype)
         if bias is not None and bias_grad is None:
@@ -168,14 +172,15 @@ def _stack_bwd(static, residuals, dy):
         else:
             dkernel, _ = gemm(dz, x2, a_transposed=True)
         grads[index] = (jnp.swapaxes(dkernel, -1, -2), None if bias is None else bias_grad)
-        bias_grad, by_xla = None, True
+        bias_grad = None
+        summed_by_xla = index > 0 and activations[index - 1] in XLA_SUMS  # unless a fused epilog makes it
         below = activations[index - 1] if index else "none"
         if index and _fusable(below, chains[index - 1], kernel):
             below_bias = layers[index - 1][1] is not None and chains[index - 1] == "epilog"
             epilog = backward_epilog(below, below_bias)
             key = f"{below}_aux"
             d, extra = gemm(kernel, dz, epilog=epilog, epilog_inputs={key: kept[index - 1]}, b_transposed=True)
-            dz, by_xla = jnp.swapaxes(d, -1, -2), False
+            dz, summed_by_xla = jnp.swapaxes(d, -1, -2), False
             if below_bias:
                 bias_grad = extra[f"d{below}_bgrad"].astype(layers[index - 1][1].dtype)
             continue
@@ -187,8 +192,7 @@ def _stack_bwd(static, residuals, dy):
 
 
 def _summed_over_tokens(dz):
-    """The bias gradient of a dz XLA made, in float32: XLA fuses the sum into the fusion that made dz (the
-    ReLU mask's select), where BGRADA runs as a kernel of its own after the weight-gradient GEMM."""
+    """The bias gradient of a dz XLA made (``XLA_SUMS``), in float32."""
     return jnp.sum(dz, axis=0, dtype=jnp.float32)
 
 

@@ -121,11 +121,11 @@ def test_gradients_trace_with_the_primal_shapes(epilog):
     assert jaxpr.count("nvblaslt_gemm") == 3  # the forward, then da and db
 
 
-EPILOGS_BY_BACKWARD = {  # (backward, activation): the epilogs the traced training step runs. The top layer's dz
-    # is XLA's (its activation's backward is never fused: no GEMM follows it), and so is its bias sum; BGRADA runs
-    # only below a fused DRELU / DGELU, and DRELU_BGRAD / DGELU_BGRAD give their own bias gradient
+EPILOGS_BY_BACKWARD = {  # (backward, activation): the epilogs the traced training step runs. XLA makes the top
+    # layer's dz (no GEMM follows it) and every unfused one; where that is ReLU's mask, XLA sums its bias gradient
+    # too. BGRADA sums GELU's, and those below a fused DRELU / DGELU; DRELU_BGRAD / DGELU_BGRAD give their own
     ("auto", "relu"): {"RELU_BIAS", "DEFAULT"}, ("auto", "gelu"): {"GELU_AUX_BIAS", "DGELU", "BGRADA", "DEFAULT"},
-    ("unfused", "relu"): {"RELU_BIAS", "DEFAULT"}, ("unfused", "gelu"): {"GELU_AUX_BIAS", "DEFAULT"},
+    ("unfused", "relu"): {"RELU_BIAS", "DEFAULT"}, ("unfused", "gelu"): {"GELU_AUX_BIAS", "BGRADA", "DEFAULT"},
     ("bgradb", "relu"): {"RELU_AUX_BIAS", "RELU_BIAS", "DRELU", "BGRADA", "DEFAULT"},
     ("bgradb", "gelu"): {"GELU_AUX_BIAS", "DGELU", "BGRADA", "DEFAULT"},
     ("epilog", "relu"): {"RELU_AUX_BIAS", "RELU_BIAS", "DRELU_BGRAD", "DEFAULT"},
