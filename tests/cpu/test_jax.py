@@ -129,7 +129,7 @@ EPILOGS_BY_BACKWARD = {  # (backward, activation): the epilogs the traced traini
     ("bgradb", "relu"): {"RELU_AUX_BIAS", "RELU_BIAS", "DRELU", "BGRADA", "DEFAULT"},
     ("bgradb", "gelu"): {"GELU_AUX_BIAS", "DGELU", "BGRADA", "DEFAULT"},
     ("epilog", "relu"): {"RELU_AUX_BIAS", "RELU_BIAS", "DRELU_BGRAD", "DEFAULT"},
-    ("epilog", "gelu"): {"GELU_AUX_BIAS", "DGELU_BGRAD", "DEFAULT"},
+    ("epilog", "gelu"): {"GELU_AUX_BIAS", "DGELU_BGRAD", "BGRADA", "DEFAULT"},
 }
 
 
