@@ -8,9 +8,9 @@ How each step maps onto cuBLASLt, for x (T, in), kernel (in, out), all buffers r
   the layer above's backward, GELU_AUX_BIAS keeping the pre-activation).
 - weight and bias gradient: D = dzᵀ @ x, (out, in) column-major = dkernel (in, out). Where a fused
   epilog made dz, BGRADA sums dzᵀ over T into the bias gradient in the same call (cuBLASLt's BGRADB of
-  the transposed product); where XLA made dz through ReLU's mask (unfused) or no activation, XLA sums it
-  inside the fusion that made it: on an H200 BGRADA ran as a kernel of its own after this GEMM (75 µs at
-  8192 × 16384), the fused sum cost nothing measurable (``XLA_SUMS``).
+  the transposed product); where XLA made dz through ReLU's mask (unfused), XLA sums it inside the fusion
+  that made it, and the top layer's dy too: on an H200 BGRADA ran as a kernel of its own after this GEMM
+  (75 µs at 8192 × 16384), the fused sum cost nothing measurable.
 - input gradient: D = kernel @ dzᵀ, (in, T) column-major = dx (T, in); with the layer below's aux,
   DRELU_BGRAD / DGELU_BGRAD turn it into that layer's dz and sum its bias gradient in the same call
   (``backward="epilog"``), or DRELU / DGELU leave the bias sum to that layer's BGRADA ("bgradb"), or
@@ -40,10 +40,11 @@ BACKWARDS = ("auto", "unfused", "bgradb", "epilog")
 # the GEMM plus a separate epilogue kernel. ReLU's mask applied by XLA, and DGELU without the bias sum, each with
 # the bias gradient from the weight gradient's BGRADA, are the torch layer's choices for the same reason.
 AUTO_BACKWARD = {"relu": "unfused", "gelu": "bgradb"}
-# The activations whose dz XLA makes in a fusion that sums the bias gradient too (ReLU's mask: one select), where
-# XLA makes it: on an H200 the sum cost nothing beside BGRADA's 75–95 µs kernel. After GELU's elementwise backward
-# XLA ran the sum as a pass of its own (188 µs at 8192 × 16384), slower than BGRADA, which that layer keeps.
-XLA_SUMS = ("relu", "none")
+# Which bias gradients XLA sums (python tools/probe_jax_kernels.py, H200, cuBLASLt 13.1, the bench's step): a dz
+# XLA makes through ReLU's mask, in the select's own fusion (no cost measured, against BGRADA's kernel of its own
+# after the weight-gradient GEMM, 75–95 µs at 8192 × 16384), and the step's incoming dy (20 µs at 8192 × 4096).
+# After GELU's elementwise backward XLA summed in a pass of its own (188 µs), and a GEMM's dz (no activation) is a
+# pass of its own too: BGRADA sums those.
 
 
 def dense(x, layers, activations, *, backward: str = "auto"):
@@ -158,7 +159,7 @@ def _stack_bwd(static, residuals, dy):
     dz = activation_backward(dy, activations[-1], y, _pre_activation(kept[-1], y.shape[-1]))
     grads = [None] * count
     bias_grad = None  # the bias gradient of the layer below, where its backward ran fused
-    summed_by_xla = activations[-1] in XLA_SUMS  # XLA made dz, in a fusion it also sums in
+    summed_by_xla = activations[-1] in ("relu", "none")  # dz is XLA's ReLU mask, or the step's incoming dy
     dx = None
     for index in reversed(range(count)):
         kernel, bias = layers[index]
@@ -173,7 +174,7 @@ def _stack_bwd(static, residuals, dy):
             dkernel, _ = gemm(dz, x2, a_transposed=True)
         grads[index] = (jnp.swapaxes(dkernel, -1, -2), None if bias is None else bias_grad)
         bias_grad = None
-        summed_by_xla = index > 0 and activations[index - 1] in XLA_SUMS  # unless a fused epilog makes it
+        summed_by_xla = index > 0 and activations[index - 1] == "relu"  # XLA's mask, unless an epilog makes dz
         below = activations[index - 1] if index else "none"
         if index and _fusable(below, chains[index - 1], kernel):
             below_bias = layers[index - 1][1] is not None and chains[index - 1] == "epilog"
@@ -192,7 +193,7 @@ def _stack_bwd(static, residuals, dy):
 
 
 def _summed_over_tokens(dz):
-    """The bias gradient of a dz XLA made (``XLA_SUMS``), in float32."""
+    """The bias gradient of a dz XLA made through ReLU's mask, or of the step's dy, in float32."""
     return jnp.sum(dz, axis=0, dtype=jnp.float32)
 
 

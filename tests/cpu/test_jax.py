@@ -130,6 +130,7 @@ EPILOGS_BY_BACKWARD = {  # (backward, activation): the epilogs the traced traini
     ("bgradb", "gelu"): {"GELU_AUX_BIAS", "DGELU", "BGRADA", "DEFAULT"},
     ("epilog", "relu"): {"RELU_AUX_BIAS", "RELU_BIAS", "DRELU_BGRAD", "DEFAULT"},
     ("epilog", "gelu"): {"GELU_AUX_BIAS", "DGELU_BGRAD", "BGRADA", "DEFAULT"},
+    ("auto", "none"): {"BIAS", "BGRADA", "DEFAULT"},  # the top layer sums its dy by XLA, the one below by BGRADA
 }
 
 
