@@ -43,8 +43,8 @@ AUTO_BACKWARD = {"relu": "unfused", "gelu": "bgradb"}
 # Which bias gradients XLA sums (python tools/probe_jax_kernels.py, H200, cuBLASLt 13.1, the bench's step): a dz
 # XLA makes through ReLU's mask, in the select's own fusion (no cost measured, against BGRADA's kernel of its own
 # after the weight-gradient GEMM, 75–95 µs at 8192 × 16384), and the step's incoming dy (20 µs at 8192 × 4096).
-# After GELU's elementwise backward XLA summed in a pass of its own (188 µs), and a GEMM's dz (no activation) is a
-# pass of its own too: BGRADA sums those.
+# After GELU's elementwise backward XLA summed in a pass of its own (188 µs), and a GEMM's dz (no activation) would
+# need a pass of its own too: BGRADA sums those.
 
 
 def dense(x, layers, activations, *, backward: str = "auto"):
