@@ -366,3 +366,33 @@ def test_each_candidate_has_its_workspace_before_its_trial_run():
     kept = _autotune._runnable(Plan(), list(launch.algorithms), stream=0)
     assert [r.algorithm.id for r in kept] == [1, 2, 3]
     assert seen == [(1, True), (2, True), (3, True)]
+
+
+# ---- the search's pool ------------------------------------------------------------------------------
+def _stand_in_kernel(custom_max: int, split_support: int, schemes: int, allowed: int):
+    capabilities = {"CUSTOM_OPTION_MAX": custom_max, "SPLITK_SUPPORT": split_support, "REDUCTION_SCHEME_MASK": schemes}
+    algorithm = types.SimpleNamespace(algo=b"base", capability=capabilities.__getitem__)
+    launch = types.SimpleNamespace(preference=types.SimpleNamespace(get={"REDUCTION_SCHEME_MASK": allowed}.__getitem__))
+    return launch, types.SimpleNamespace(algorithm=algorithm)
+
+
+def test_option_variants_try_each_custom_option_and_split_count_with_the_allowed_reductions(monkeypatch):
+    tried = []
+    monkeypatch.setattr(_search, "_configured", lambda launch, algo, settings, limit: tried.append(settings) or settings)
+    # the kernel takes INPLACE and COMPUTE_TYPE and OUTPUT_TYPE; the launch allows INPLACE | COMPUTE_TYPE (16-bit D)
+    launch, base = _stand_in_kernel(custom_max=2, split_support=1, schemes=7, allowed=3)
+    found = list(_search._option_variants(launch, base, 1 << 25))
+    assert found == tried
+    assert {s["CUSTOM_OPTION"] for s in found} == {0, 1, 2}
+    assert {(s["SPLITK_NUM"], s["REDUCTION_SCHEME"]) for s in found} == \
+        {(1, 0)} | {(n, scheme) for n in _search.SPLITS[1:] for scheme in (1, 2)}  # never OUTPUT_TYPE (4)
+    assert len(found) == 3 * (1 + 2 * (len(_search.SPLITS) - 1))
+
+
+def test_option_variants_keep_split_k_off_where_the_kernel_cannot_split(monkeypatch):
+    monkeypatch.setattr(_search, "_configured", lambda launch, algo, settings, limit: settings)
+    launch, base = _stand_in_kernel(custom_max=0, split_support=0, schemes=7, allowed=7)
+    assert list(_search._option_variants(launch, base, 1 << 25)) == \
+        [{"CUSTOM_OPTION": 0, "SPLITK_NUM": 1, "REDUCTION_SCHEME": 0}]
+    launch, base = _stand_in_kernel(custom_max=1000, split_support=0, schemes=7, allowed=7)
+    assert len(list(_search._option_variants(launch, base, 1 << 25))) == _search.MAX_CUSTOM_OPTIONS
