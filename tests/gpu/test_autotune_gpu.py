@@ -4,6 +4,7 @@ cannot break a plan (risky cases in their own process)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -173,3 +174,44 @@ def test_an_unwritable_cache_does_not_fail_the_search(tmp_path, monkeypatch):
     assert any(issubclass(w.category, _tuning_cache.TuningCacheWarning) for w in record)
     again = planned(a, b, bias, "RELU_BIAS")  # the choice is still in this process's memory
     assert again.algorithm.algorithm.config() == mm.algorithm.algorithm.config()
+
+
+@pytest.mark.parametrize("m, k, n, epilog", [(64, 4096, 1024, "RELU_BIAS"), (256, 2048, 512, "GELU_AUX_BIAS"),
+                                             (8, 8192, 1024, "BIAS")])
+def test_every_algorithm_the_search_offers_gives_the_right_result(m, k, n, epilog):
+    """The search's pool (other custom options and split-K counts included) on fresh random operands: each
+    candidate, planned alone, gives D (and the GELU aux) of the float64 reference, every element written."""
+    from nvblaslt import _search
+
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=generator)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=generator) / k ** 0.5
+    bias = torch.randn(m, device="cuda", dtype=torch.bfloat16, generator=generator)
+    z = a.double() @ b.double() + bias.double()[:, None]
+    if epilog == "RELU_BIAS":
+        expected = torch.relu(z)
+    elif epilog == "GELU_AUX_BIAS":
+        expected = 0.5 * z * (1 + torch.tanh(0.7978845608028654 * (z + 0.044715 * z ** 3)))
+    else:
+        expected = z
+    mm = planned(a, b, bias, epilog)
+    launch = mm._launch
+    pool = list(itertools.islice(_search.candidates(launch, workspace_limit=launch.workspace_limit,
+                                                    incumbent=mm.algorithm), 400))
+    assert pool, "the search offered nothing"
+    splits = 0
+    for candidate in pool:
+        splits += candidate.algorithm.get("SPLITK_NUM") > 1
+        with Matmul(a, b) as one:
+            one.plan(epilog=epilog, epilog_inputs={"bias": bias}, algorithms=[candidate.as_bytes()])
+            out = one.execute()
+            d, aux = out if isinstance(out, tuple) else (out, {})
+            torch.cuda.synchronize()
+            name = _tuning_cache.describe_algorithm(candidate)
+            assert torch.isfinite(d).all(), name
+            error = float((d.double() - expected).abs().max() / expected.abs().max())
+            assert error < 2e-2, f"{name}: relative error {error:.3g}"
+            if epilog == "GELU_AUX_BIAS":
+                pre = aux["gelu_aux"][..., :m, :].double()  # rows past M are padding
+                assert float((pre - z).abs().max() / z.abs().max()) < 2e-2, f"{name}: the GELU aux"
+    print(f"{len(pool)} candidates, {splits} with split-K, all right")
