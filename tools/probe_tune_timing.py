@@ -1,0 +1,74 @@
+"""Probe (GPU): does the way a kernel is timed change which of two kernels is faster?
+
+``nvblaslt tune`` keeps a pick when it beats the heuristics' first pick in ``_autotune``'s duel: one call per
+sample, the L2 flushed before it, no work queued ahead (``_timing.Timer``: the GPU idles between samples
+while the host waits). ``bench.tuning`` re-times the pair in its own duel: each sample behind a spin kernel
+(the GPU busy, as in a training step), the L2 flushed, two plans. On an H200 both runs of 2026-11-28 kept
+qwen3-8b's BGRADB pick at 0.972–0.979× the first pick's time and both bench duels read it 1.011–1.012×
+slower. For each tuned problem of a database, this times the first pick and the database's pick both ways,
+in the same interleaved rounds, and prints pick / first for each.
+
+    PYTHONPATH=. python -m tools.probe_tune_timing PROBLEMS.jsonl DATABASE.jsonl [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from nvblaslt import _tuning_db
+from nvblaslt._tuning_cache import key_of
+from nvblaslt.bench.timing import event_rounds
+from nvblaslt.bench.tuning_problems import flush_buffer, operands, planned
+
+SPIN_CYCLES = 2_000_000  # about 1 ms of queued GPU work ahead of a spin sample
+
+
+def _ratio(pick: list[float], first: list[float]) -> float:
+    return statistics.median(p / f for p, f in zip(pick, first))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("problems")
+    parser.add_argument("database")
+    parser.add_argument("--rounds", type=int, default=30)
+    options = parser.parse_args(argv)
+    database = _tuning_db.read(options.database)
+    flush = flush_buffer()
+    specs = [json.loads(line) for line in open(options.problems) if line.strip()]
+    print(f"{torch.cuda.get_device_name()}; pick / first pick, median of {options.rounds} interleaved rounds "
+          f"(below 1: the pick is faster)")
+    print(f"  {'problem':66s} {'idle, as the tune':>18s} {'spin, as the bench':>19s}  tune's own")
+    for spec in specs:
+        if spec.get("kind") != "matmul":
+            continue
+        ops = operands(spec)
+        first = planned(spec, ops)
+        entry = database.entries.get(key_of(first._launch))
+        if entry is None or entry.get("kind") != "tuned":
+            first.free()
+            continue
+        pick = planned(spec, ops, bytes.fromhex(entry["algo"]))
+
+        def idle():
+            flush.zero_()
+
+        def spin():
+            torch.cuda._sleep(SPIN_CYCLES)
+            flush.zero_()
+
+        cases = [("first", first.execute), ("pick", pick.execute)]
+        cold = event_rounds(torch, cases, options.rounds, before=idle)
+        warm = event_rounds(torch, cases, options.rounds, before=spin)
+        print(f"  {spec['name'][:66]:66s} {_ratio(cold[1], cold[0]):18.3f} {_ratio(warm[1], warm[0]):19.3f}"
+              f"  {entry.get('ratio', float('nan')):.3f}")
+        first.free()
+        pick.free()
+
+
+if __name__ == "__main__":
+    main()
