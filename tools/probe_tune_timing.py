@@ -5,8 +5,9 @@ sample, the L2 flushed before it, no work queued ahead (``_timing.Timer``: the G
 while the host waits). ``bench.tuning`` re-times the pair in its own duel: each sample behind a spin kernel
 (the GPU busy, as in a training step), the L2 flushed, two plans. On an H200 both runs of 2026-11-28 kept
 qwen3-8b's BGRADB pick at 0.972–0.979× the first pick's time and both bench duels read it 1.011–1.012×
-slower. For each tuned problem of a database, this times the first pick and the database's pick both ways,
-in the same interleaved rounds, and prints pick / first for each.
+slower. For each tuned problem of a database, this times the first pick and the database's pick three ways
+(the GPU idle while the host issues each sample; a spin queued ahead; ``_timing.Timer`` as the tune uses it
+now), and prints pick / first for each, beside the ratio the tune recorded.
 
     PYTHONPATH=. python -m tools.probe_tune_timing PROBLEMS.jsonl DATABASE.jsonl [--rounds 30]
 """
@@ -19,7 +20,9 @@ import statistics
 
 import torch
 
-from nvblaslt import _tuning_db
+import random
+
+from nvblaslt import _timing, _tuning_db
 from nvblaslt._tuning_cache import key_of
 from nvblaslt.bench.timing import event_rounds
 from nvblaslt.bench.tuning_problems import flush_buffer, operands, planned
@@ -42,7 +45,8 @@ def main(argv=None) -> None:
     specs = [json.loads(line) for line in open(options.problems) if line.strip()]
     print(f"{torch.cuda.get_device_name()}; pick / first pick, median of {options.rounds} interleaved rounds "
           f"(below 1: the pick is faster)")
-    print(f"  {'problem':66s} {'idle, as the tune':>18s} {'spin, as the bench':>19s}  tune's own")
+    print(f"  {'problem':66s} {'idle':>8s} {'spin, as the bench':>19s} {'_timing.Timer':>14s}  tune's own")
+    timer = _timing.Timer(0, torch.cuda.current_stream().cuda_stream)
     for spec in specs:
         if spec.get("kind") != "matmul":
             continue
@@ -64,8 +68,9 @@ def main(argv=None) -> None:
         cases = [("first", first.execute), ("pick", pick.execute)]
         cold = event_rounds(torch, cases, options.rounds, before=idle)
         warm = event_rounds(torch, cases, options.rounds, before=spin)
-        print(f"  {spec['name'][:66]:66s} {_ratio(cold[1], cold[0]):18.3f} {_ratio(warm[1], warm[0]):19.3f}"
-              f"  {entry.get('ratio', float('nan')):.3f}")
+        timed = _timing.shuffled_rounds(cases, options.rounds, lambda case: timer(case[1]), shuffler=random.Random(0))
+        print(f"  {spec['name'][:66]:66s} {_ratio(cold[1], cold[0]):8.3f} {_ratio(warm[1], warm[0]):19.3f}"
+              f" {_ratio(timed[1], timed[0]):14.3f}  {entry.get('ratio', float('nan')):.3f}")
         first.free()
         pick.free()
 
