@@ -26,22 +26,12 @@ def _l2_bytes(device: int) -> int:
     return _cuda.device_properties(device).l2CacheSize
 
 
-QUEUED_AHEAD_BYTES = 384 << 20  # written ahead of each timed call (the flush, repeated): ~0.1 ms of an H200's time
-
-
 class Timer:
-    """Milliseconds of one call on ``stream``, L2 flushed before it, CUDA events around it.
-
-    The flush is queued several times over (``QUEUED_AHEAD_BYTES``), so that the GPU is still busy with it
-    when the host has issued the call: the interval then holds the GPU's time alone, as in a loop that keeps
-    the GPU busy. With the GPU idle while the host issued the call, on an H200 two tuned picks of the LLM
-    suite read 2–9 % faster than the first pick and 2–3 % slower behind queued work
-    (``tools/probe_tune_timing.py``): the host's time to issue the call fell inside the interval."""
+    """Milliseconds of one call on ``stream``, L2 flushed before it, CUDA events around it."""
 
     def __init__(self, device: int, stream: int):
         self.stream = stream
         self._flush = DeviceBuffer(max(2 * _l2_bytes(device), 1 << 20), stream)
-        self._repeats = max(1, -(-QUEUED_AHEAD_BYTES // self._flush.size))
         self._start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
         self._stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
 
@@ -50,8 +40,7 @@ class Timer:
         if prepare is not None:
             prepare()
         stream = self.stream
-        for _ in range(self._repeats):
-            _cuda.check(cudart.cudaMemsetAsync(self._flush.pointer, 0, self._flush.size, stream), "cudaMemsetAsync")
+        _cuda.check(cudart.cudaMemsetAsync(self._flush.pointer, 0, self._flush.size, stream), "cudaMemsetAsync")
         _cuda.check(cudart.cudaEventRecord(self._start, stream), "cudaEventRecord")
         run()
         _cuda.check(cudart.cudaEventRecord(self._stop, stream), "cudaEventRecord")

@@ -396,39 +396,3 @@ def test_option_variants_keep_split_k_off_where_the_kernel_cannot_split(monkeypa
         [{"CUSTOM_OPTION": 0, "SPLITK_NUM": 1, "REDUCTION_SCHEME": 0}]
     launch, base = _stand_in_kernel(custom_max=1000, split_support=0, schemes=7, allowed=7)
     assert len(list(_search._option_variants(launch, base, 1 << 25))) == _search.MAX_CUSTOM_OPTIONS
-
-
-# ---- the clock ----------------------------------------------------------------------------------------------
-def test_the_timer_queues_work_ahead_of_the_timed_call_so_the_gpu_never_waits_on_the_host(monkeypatch):
-    from nvblaslt import _timing
-
-    calls = []
-    success = _timing._cuda.SUCCESS
-
-    class FakeRuntime:
-        def cudaEventCreate(self):
-            return success, "event"
-
-        def cudaMemsetAsync(self, pointer, value, size, stream):
-            calls.append(("memset", size))
-            return (success,)
-
-        def cudaEventRecord(self, event, stream):
-            calls.append(("record", event))
-            return (success,)
-
-        def cudaEventSynchronize(self, event):
-            return (success,)
-
-        def cudaEventElapsedTime(self, start, stop):
-            return success, 1.25
-
-    buffer = types.SimpleNamespace(pointer=1 << 20, size=100 << 20, release=lambda: None)
-    monkeypatch.setattr(_timing, "cudart", FakeRuntime())
-    monkeypatch.setattr(_timing, "DeviceBuffer", lambda size, stream: buffer)
-    monkeypatch.setattr(_timing, "_l2_bytes", lambda device: 50 << 20)
-    timer = _timing.Timer(0, 0)
-    assert timer(lambda: calls.append(("run", None))) == 1.25
-    start = calls.index(("record", "event"))
-    ahead = sum(size for kind, size in calls[:start] if kind == "memset")
-    assert ahead >= _timing.QUEUED_AHEAD_BYTES and calls[start + 1] == ("run", None)
