@@ -61,8 +61,9 @@ def test_a_bound_training_step_gives_the_loops_gradients():
         torch.testing.assert_close(weights.grad.double(), wd.grad, atol=0.2, rtol=0.02)
 
 
-@needs_grouped
-def test_a_captured_bound_call_replays_and_eager_calls_keep_their_own_plan():
+def _bound_on_a_side_stream():
+    """(weights, x, offs) of a call run three times on a side stream (checked, bound, run bound), as a CUDA
+    graph capture wants its warm-up."""
     _grouped_bound.clear()
     weights = torch.randn(4, 48, 64, device="cuda", dtype=BF16)
     x = torch.randn(64, 64, device="cuda", dtype=BF16)
@@ -70,9 +71,15 @@ def test_a_captured_bound_call_replays_and_eager_calls_keep_their_own_plan():
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):  # warm-up binds the call
+        for _ in range(3):
             grouped_mm(x, weights.transpose(1, 2), offs)
     torch.cuda.current_stream().wait_stream(side)
+    return weights, x, offs
+
+
+@needs_grouped
+def test_a_captured_bound_call_replays_and_eager_calls_keep_their_own_plan():
+    weights, x, offs = _bound_on_a_side_stream()
     graph = torch.cuda.CUDAGraph()
     held = len(_grouped_bound._local.captured)  # captures of earlier tests in this thread stay held, by design
     with torch.cuda.graph(graph):
@@ -116,17 +123,8 @@ def test_a_plan_a_graph_captured_survives_clearing_and_eviction():
     ``clear_grouped_plans()`` and eviction past the cache's limit must keep it, or the replays read freed memory."""
     from nvblaslt import _grouped
 
-    _grouped_bound.clear()
     nvblaslt.clear_grouped_plans()
-    weights = torch.randn(4, 48, 64, device="cuda", dtype=BF16)
-    x = torch.randn(64, 64, device="cuda", dtype=BF16)
-    offs = _offsets([16, 16, 16, 16])
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):  # checked, bound, run bound
-            grouped_mm(x, weights.transpose(1, 2), offs)
-    torch.cuda.current_stream().wait_stream(side)
+    weights, x, offs = _bound_on_a_side_stream()
     entry, = _grouped_bound._local.entries.values()
     captured = entry.plan  # the function form's plan, run bound
     graph = torch.cuda.CUDAGraph()
