@@ -38,6 +38,7 @@ from ._launch import Launch
 from ._loader import library
 from ._plan_cache import PlanCaches
 from ._streams import stream_handle
+from ._strides import extent_bytes, span_elements
 
 if TYPE_CHECKING:
     from ._protocols import GroupedPlanInternals
@@ -174,11 +175,12 @@ class GroupedMatmul:
         # which reads no Operand: read again from these when the checked path or autotune needs them
         self._given: tuple = tuple(None if op is None else op.obj for op in bound.operands)
         # execute()'s fast path: a layout key (each array's shape, strides, dtype, device, pointer alignment, as
-        # the package's layout reader gives them) a checked call passed -> (the problem, 64-bit offsets)
-        self._fast: dict[tuple, tuple[GroupedProblem, bool]] = {}
+        # the package's layout reader gives them) a checked call passed -> (the problem, 64-bit offsets, the bytes
+        # a, b and offs span: what out must not overlap)
+        self._fast: dict[tuple, tuple[GroupedProblem, bool, tuple[int, int, int]]] = {}
         # (the key found last, what it names), compared first: one attribute, so a thread sharing the plan never
         # reads one call's key with another's problem
-        self._fast_hit: tuple[tuple | None, tuple[GroupedProblem, bool] | None] = (None, None)
+        self._fast_hit: tuple[tuple | None, tuple[GroupedProblem, bool, tuple[int, int, int]] | None] = (None, None)
         self._captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
         a_op = bound.operands[0]
         self.device, self._framework = a_op.device, a_op.framework
@@ -453,7 +455,7 @@ class GroupedMatmul:
                 pointers, layouts = found
                 self._given, self._operands = arrays[:3], None  # the next call's defaults, read only if needed
                 return self._run_pointers(entry[0], pointers[0], pointers[1], pointers[2] or 0, entry[1], out=out,
-                                          out_pointer=pointers[5], check_offsets=check_offsets,
+                                          out_pointer=pointers[5], spans=entry[2], check_offsets=check_offsets,
                                           stream=path[2](layouts[0][3]) if stream is None else stream_handle(stream),
                                           scales=(pointers[3] or 0, pointers[4] or 0))
         result, bound = self._checked_execute(a, b, offs, out, stream, check_offsets, scale_a, scale_b)
@@ -461,7 +463,8 @@ class GroupedMatmul:
             if len(self._fast) >= _FAST_LIMIT:
                 self._fast.clear()
             offs_op = bound.operands[2]
-            self._fast[fast_key] = (bound.problem, offs_op is not None and offs_op.dtype == _dtypes.INT64)
+            self._fast[fast_key] = (bound.problem, offs_op is not None and offs_op.dtype == _dtypes.INT64,
+                                    operand_spans(bound))
         return result
 
     def _checked_execute(self, a, b, offs, out, stream, check_offsets, scale_a, scale_b) -> tuple[Array, Bound]:
@@ -524,17 +527,20 @@ class GroupedMatmul:
         a_op, b_op, offs_op = bound.operands
         return self._run_pointers(bound.problem, a_op.ptr, b_op.ptr, offs_op.ptr if offs_op is not None else 0,
                                   offs_op is not None and offs_op.dtype == _dtypes.INT64, out=out, stream=stream,
-                                  check_offsets=check_offsets, scales=scales, trial=trial)
+                                  check_offsets=check_offsets, scales=scales, trial=trial,
+                                  spans=operand_spans(bound))
 
     def _run_pointers(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int,
                       offs_64: bool, *, out: Array | None, stream: int, check_offsets: bool | None,
                       scales: tuple[int, int] = (0, 0), trial: bool = False, capturing: bool | None = None,
-                      out_pointer: int | None = None) -> Array:
+                      out_pointer: int | None = None, spans: tuple[int, int, int] | None = None) -> Array:
         """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
         ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
         ``capturing``: whether ``stream`` is capturing a CUDA graph, where the caller has asked its own
         package (None: asked here). ``out_pointer``: ``out``'s pointer, where its layout is known to be the
-        result's (a layout key proved it); None: ``out`` is read and checked.
+        result's (a layout key proved it); None: ``out`` is read and checked. ``spans``: the bytes a, b and
+        offs span from their pointers (``operand_spans``), for the check that ``out`` overlaps none of them
+        (None: the caller's results never alias its inputs, as XLA's buffers).
 
         Returns
         -------
@@ -565,6 +571,10 @@ class GroupedMatmul:
         if out_pointer & (problem.d.alignment - 1):
             raise NvblasltValueError(f"out: its pointer is aligned to {_grouped_problem.pointer_alignment(out_pointer)}"
                                      f" bytes; this plan needs {problem.d.alignment}")
+        if out is not None and spans is not None:
+            refuse_overlap(out_pointer, problem, (("a", a_pointer, spans[0]), ("b", b_pointer, spans[1]),
+                                                  ("offs", offs_pointer, spans[2]), ("scale_a", scales[0], 4),
+                                                  ("scale_b", scales[1], 4)))
         check = self._check_offsets_default if check_offsets is None else bool(check_offsets)
         with self._lock:  # the kernels' arguments and the GEMM's are the plan's own, set per call
             if scales != self._scales:  # cuBLASLt's A is the caller's b: its scale is b's
@@ -624,6 +634,21 @@ class GroupedMatmul:
 
 # grouped_matmul()'s plans, one cache per thread (cuBLASLt handles are per thread); the torch layer's bound
 # calls run the same plans (GroupedMatmul._cached): one plan per problem, and clear_grouped_plans() frees them;
+def operand_spans(bound: Bound) -> tuple[int, int, int]:
+    """The bytes a, b and offs span from their pointers (0 for no offs): what ``out`` must not overlap. A layout
+    key that proves the layouts equal proves these equal too, so the fast paths keep them with their entry."""
+    return tuple(0 if op is None else extent_bytes(op) for op in bound.operands)  # type: ignore[return-value]
+
+
+def refuse_overlap(out_pointer: int, problem: GroupedProblem, spans: tuple[tuple[str, int, int], ...]) -> None:
+    """Refuse an ``out`` whose bytes overlap an operand's (name, pointer, bytes): the GEMM would read what it
+    writes. A few integer comparisons: every call with ``out`` pays them, the fast paths included."""
+    out_end = out_pointer + span_elements(problem.out_shape, problem.out_strides) * problem.d.dtype.itemsize
+    for name, pointer, size in spans:
+        if pointer and size and pointer < out_end and out_pointer < pointer + size:
+            raise NvblasltValueError(f"out: overlaps {name}; write to separate memory")
+
+
 # one a graph captured through a bound call sits here until its next lookup, and clearing or eviction keeps it
 function_plans = PlanCaches(_MAX_PLANS, alias_limit=4 * _MAX_PLANS, held=lambda plan: plan._captured)
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from . import _dtypes, _tuning_cache
 from ._frameworks import fast_reader
-from ._grouped import bind, cached_plan, function_plans, read_scales, stream_of
+from ._grouped import bind, cached_plan, function_plans, operand_spans, read_scales, stream_of
 from ._hints import Array, Stream
 
 ArrayT = TypeVar("ArrayT")  # the result is an array of the operands' package: a torch.Tensor for tensors
@@ -106,8 +106,9 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
                 entry = None
             if found is not None and entry is not None:
                 (a_pointer, b_pointer, offs_pointer, scale_a_pointer, scale_b_pointer), layouts = found
-                plan, key, problem, offs_64 = entry
+                plan, key, problem, offs_64, spans = entry
                 result = plan._run_pointers(problem, a_pointer, b_pointer, offs_pointer or 0, offs_64, out=out,
+                                            spans=spans,
                                             stream=stream_on(layouts[0][3]), check_offsets=check_offsets,
                                             scales=(scale_a_pointer or 0, scale_b_pointer or 0))
                 if plan._captured:  # the graph owns it now: eager calls get a plan of their own
@@ -121,7 +122,7 @@ def grouped_matmul(a: ArrayT, b: Array, offs: Array | None = None, *, out_dtype:
     if fast_key is not None:
         offs_op = bound.operands[2]
         offs_64 = offs_op is not None and offs_op.dtype == _dtypes.INT64
-        cache.add_alias(fast_key, key, (plan, key, bound.problem, offs_64))
+        cache.add_alias(fast_key, key, (plan, key, bound.problem, offs_64, operand_spans(bound)))
     result = plan.run(bound, out=out, stream=stream_h, check_offsets=check_offsets, scales=scales)
     if plan._captured:  # the graph owns it now: eager calls get a plan of their own, never racing its replays
         cache.keep_captured(key)

@@ -168,3 +168,44 @@ def test_another_threads_call_between_the_fast_paths_stores_never_runs_another_l
     assert Interleaved.between is None
     interleaved = [run for run in gpu_standins["derive"] if run[3][2] == OUT2]
     assert [run[2] for run in interleaved] == [40]  # 40 rows of a: never the 88 of the layout found before
+
+
+# ---- out never overlaps an operand ------------------------------------------------------------------------------
+A_BYTES = 40 * 64 * 2  # a (40, 64) bf16 at A
+
+
+OUT_BYTES = 40 * 96 * 2  # the result, (40, 96) bf16
+
+
+@pytest.mark.parametrize("where, name", [(A + A_BYTES - 256, "a"), (A - OUT_BYTES + 256, "a"), (B + 0x100, "b"),
+                                         (OFFS - 0x100, "offs")])  # 256-byte aligned, as the plan needs
+def test_an_out_overlapping_an_operand_is_refused_on_the_checked_and_the_fast_path(gpu_standins, reader, where,
+                                                                                   name):
+    """The GEMM would read what it writes: refused before anything is queued, on the first (checked) call of a
+    layout and on a later call the layout key would otherwise take straight to the launch."""
+    plan, a, b, offs = _planned()
+    with pytest.raises(NvblasltValueError, match=f"^out: overlaps {name}; write to separate memory"):
+        plan.execute(a, b, offs, out=_out(ptr=where))  # checked
+    plan.execute(a, b, offs, out=_out())  # a good out: the layout key is kept
+    launched = len(gpu_standins["matmul"])
+    with pytest.raises(NvblasltValueError, match=f"^out: overlaps {name}"):
+        plan.execute(a, b, offs, out=_out(ptr=where))  # the same layouts: the fast path
+    assert len(gpu_standins["matmul"]) == launched  # nothing reached cuBLASLt
+
+
+def test_an_out_right_after_an_operand_is_not_an_overlap(gpu_standins, reader):
+    plan, a, b, offs = _planned()
+    out = _out(ptr=A + A_BYTES)  # the first byte past a's last
+    assert plan.execute(a, b, offs, out=out) is out and plan.execute(a, b, offs, out=out) is out
+
+
+def test_grouped_matmuls_fast_path_refuses_an_overlapping_out_too(gpu_standins, reader):
+    import nvblaslt
+
+    a, b, offs, _ = operands()
+    for _ in range(2):  # checked, then the function form's fast path
+        nvblaslt.grouped_matmul(a, b, offs, out=_out())
+    launched = len(gpu_standins["matmul"])
+    with pytest.raises(NvblasltValueError, match="^out: overlaps a; write to separate memory"):
+        nvblaslt.grouped_matmul(a, b, offs, out=_out(ptr=A))
+    assert len(gpu_standins["matmul"]) == launched
