@@ -616,3 +616,33 @@ def test_the_newer_library_sits_beside_torchs_own():
     count, ours_loaded, grouped_error, plain_error = done.stdout.split()
     assert int(count) == 2 and ours_loaded == "True", done.stdout  # torch's copy and nvblaslt's, both mapped
     assert float(grouped_error) <= 0.25 and float(plain_error) <= 0.25, done.stdout  # bf16 rounding of |x| ~ 10
+
+
+@needs_grouped
+def test_an_out_overlapping_an_operand_is_refused_and_a_separate_one_is_right():
+    """out= sharing memory with a (a view of the same storage) is refused on grouped_matmul's checked and fast
+    paths and on GroupedMatmul.execute()'s, before anything is queued; a separate out gets the float64 result."""
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    storage = torch.randn(2 * 64 * 64, device="cuda", dtype=torch.bfloat16, generator=generator)
+    a = storage[: 64 * 64].view(64, 64)
+    weights = torch.randn(4, 64, 64, device="cuda", dtype=torch.bfloat16, generator=generator)  # (G, N, K)
+    offs = torch.tensor([16, 32, 48, 64], device="cuda", dtype=torch.int32)
+    overlapping = storage[32 * 64: 96 * 64].view(64, 64)  # a's second half and the memory after it
+    expected = torch.cat([a[s:s + 16].double() @ weights[g].double().T for g, s in enumerate(range(0, 64, 16))])
+    weights = weights.transpose(1, 2)  # (G, K, N), as nn.Linear's weights enter
+    before = a.clone()
+    for _ in range(2):  # checked, then the fast path
+        with pytest.raises(NvblasltValueError, match="^out: overlaps a"):
+            grouped_matmul(a, weights, offs, out=overlapping)
+        out = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)
+        assert grouped_matmul(a, weights, offs, out=out) is out
+        torch.testing.assert_close(out.double(), expected, atol=0.1, rtol=0.02)
+    plan = GroupedMatmul(a, weights, offs)
+    plan.plan()
+    for _ in range(2):
+        plan.execute(a, weights, offs, out=torch.empty(64, 64, device="cuda", dtype=torch.bfloat16))
+        with pytest.raises(NvblasltValueError, match="^out: overlaps a"):
+            plan.execute(a, weights, offs, out=overlapping)
+    torch.cuda.synchronize()
+    assert torch.equal(a, before)  # nothing ran on the refused calls
+    plan.free()
