@@ -92,8 +92,7 @@ def _heuristics_of_other_epilogs(launch, workspace_limit: int) -> list[Heuristic
     a, b, c, d = launch.layouts
     found: list[HeuristicResult] = []
     with MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib) as preference:
-        for name in ("A", "B", "C", "D"):
-            member = f"MIN_ALIGNMENT_{name}_BYTES"
+        for member in (*(f"MIN_ALIGNMENT_{name}_BYTES" for name in "ABCD"), "REDUCTION_SCHEME_MASK"):
             preference.set(member, launch.preference.get(member))
         for epilog in SEARCH_OTHER_EPILOGS:
             if epilog == int(launch.desc.get("EPILOGUE")):
@@ -182,13 +181,15 @@ def candidates(launch, *, workspace_limit: int, incumbent: HeuristicResult | Non
     heuristic picks' custom options and split-K counts, then every enumerated id and tile. Lazy: stop
     iterating and the remaining checks are never made."""
     seen = {config_key(r) for r in launch.algorithms}
+    allowed = int(launch.preference.get("REDUCTION_SCHEME_MASK"))
 
     def fresh(results: Iterable[HeuristicResult]) -> Iterator[HeuristicResult]:
         for result in results:
             key = config_key(result)
             if key not in seen:
                 seen.add(key)
-                yield result
+                if _reduces_as_allowed(result, allowed):
+                    yield result
 
     if incumbent is not None:  # its nearest neighbours: the same kernel, another option or split count
         yield from fresh(_option_variants(launch, incumbent, workspace_limit))
@@ -202,6 +203,14 @@ def candidates(launch, *, workspace_limit: int, incumbent: HeuristicResult | Non
     for base in launch.algorithms:
         yield from fresh(_option_variants(launch, base, workspace_limit))
     yield from fresh(_enumerated(launch, workspace_limit))
+
+
+def _reduces_as_allowed(result: HeuristicResult, allowed: int) -> bool:
+    """Whether ``result`` splits K, if at all, with a reduction scheme of ``allowed`` (the launch's
+    preference mask: ``cublasLtMatmulAlgoCheck`` does not read it, so a pick made for another epilog,
+    or remembered, may reduce as the plan forbids, such as OUTPUT_TYPE into a 16-bit D)."""
+    algorithm = result.algorithm
+    return int(algorithm.get("SPLITK_NUM")) <= 1 or not int(algorithm.get("REDUCTION_SCHEME")) & ~allowed
 
 
 def config_key(result: HeuristicResult) -> tuple:

@@ -396,3 +396,46 @@ def test_option_variants_keep_split_k_off_where_the_kernel_cannot_split(monkeypa
         [{"CUSTOM_OPTION": 0, "SPLITK_NUM": 1, "REDUCTION_SCHEME": 0}]
     launch, base = _stand_in_kernel(custom_max=1000, split_support=0, schemes=7, allowed=7)
     assert len(list(_search._option_variants(launch, base, 1 << 25))) == _search.MAX_CUSTOM_OPTIONS
+
+
+def _split_result(name: str, splits: int, scheme: int):
+    config = {"ID": name, "SPLITK_NUM": splits, "REDUCTION_SCHEME": scheme}
+    return types.SimpleNamespace(algorithm=types.SimpleNamespace(config=lambda: dict(config), get=config.__getitem__))
+
+
+def test_the_pool_leaves_out_split_k_with_a_reduction_the_launch_excludes(monkeypatch):
+    # cuBLASLt's algorithm check does not read the preference's reduction mask: a pick the heuristics make for
+    # another epilog (or any source) that reduces as the plan forbids (OUTPUT_TYPE, 4, into a 16-bit D) must
+    # not reach the screen
+    offered = [_split_result("output type", 4, 4), _split_result("compute type", 4, 2), _split_result("off", 1, 4),
+               _split_result("in place", 2, 1)]
+    monkeypatch.setattr(_search, "_deeper_heuristics", lambda launch: [])
+    monkeypatch.setattr(_search, "_rechecked", lambda launch, results, limit: list(results))
+    monkeypatch.setattr(_search, "_heuristics_of_other_epilogs", lambda launch, limit: offered)
+    for source in ("_variants", "_option_variants"):
+        monkeypatch.setattr(_search, source, lambda launch, base, limit: iter(()))
+    monkeypatch.setattr(_search, "_enumerated", lambda launch, limit: iter(()))
+    launch = types.SimpleNamespace(algorithms=[], preference=types.SimpleNamespace(
+        get={"REDUCTION_SCHEME_MASK": 3}.__getitem__))  # INPLACE | COMPUTE_TYPE, nvblaslt's for 16-bit D
+    pool = [r.algorithm.get("ID") for r in _search.candidates(launch, workspace_limit=1 << 20)]
+    assert pool == ["compute type", "off", "in place"]
+    launch.preference.get = {"REDUCTION_SCHEME_MASK": 7}.__getitem__  # cuBLASLt's default: any
+    assert len(list(_search.candidates(launch, workspace_limit=1 << 20))) == 4
+
+
+def test_other_epilogs_heuristics_are_asked_with_the_launch_reduction_mask(monkeypatch, lib):
+    from nvblaslt import MatmulDesc, MatmulPreference, MatrixLayout
+    from nvblaslt._launch import Launch
+
+    api = lib.api
+    desc = MatmulDesc(api.CUBLAS_COMPUTE_32F, api.CUDA_R_32F, lib=lib)
+    layouts = [MatrixLayout(api.CUDA_R_16BF, 64, 64, 64, lib=lib) for _ in range(4)]
+    preference = MatmulPreference(max_workspace_bytes=1 << 20, lib=lib)
+    preference.set("REDUCTION_SCHEME_MASK", 3)
+    launch = Launch(lib, None, types.SimpleNamespace(handle=None), desc, layouts, preference, workspace_limit=1 << 20,
+                    device=0, alpha=None, beta=None)
+    asked = []
+    monkeypatch.setattr(_search, "heuristics", lambda *args, count: asked.append(args[-1].get("REDUCTION_SCHEME_MASK"))
+                        or [])
+    assert _search._heuristics_of_other_epilogs(launch, 1 << 20) == []
+    assert asked and set(asked) == {3}
