@@ -193,8 +193,9 @@ def _stack_bwd(static, residuals, dy):
 
 
 def _summed_over_tokens(dz):
-    """The bias gradient of a dz XLA made through ReLU's mask, or of the step's dy, in float32."""
-    return jnp.sum(dz, axis=0, dtype=jnp.float32)
+    """The bias gradient of a dz XLA made through ReLU's mask, or of the step's dy: summed in float32 at
+    least, as BGRADA sums (float64 and complex stay what they are: float32 would round or drop a part)."""
+    return jnp.sum(dz, axis=0, dtype=jnp.promote_types(dz.dtype, jnp.float32))
 
 
 def _pre_activation(aux, features: int):
