@@ -188,7 +188,7 @@ def candidates(launch, *, workspace_limit: int, incumbent: HeuristicResult | Non
             key = config_key(result)
             if key not in seen:
                 seen.add(key)
-                if _reduces_as_allowed(result, allowed):
+                if reduces_as_allowed(result, allowed):
                     yield result
 
     if incumbent is not None:  # its nearest neighbours: the same kernel, another option or split count
@@ -205,7 +205,7 @@ def candidates(launch, *, workspace_limit: int, incumbent: HeuristicResult | Non
     yield from fresh(_enumerated(launch, workspace_limit))
 
 
-def _reduces_as_allowed(result: HeuristicResult, allowed: int) -> bool:
+def reduces_as_allowed(result: HeuristicResult, allowed: int) -> bool:
     """Whether ``result`` splits K, if at all, with a reduction scheme of ``allowed`` (the launch's
     preference mask: ``cublasLtMatmulAlgoCheck`` does not read it, so a pick made for another epilog,
     or remembered, may reduce as the plan forbids, such as OUTPUT_TYPE into a 16-bit D)."""

@@ -36,7 +36,7 @@ try:
 except ImportError:  # not POSIX: writes stay atomic, without the lock
     fcntl = None  # type: ignore[assignment]
 
-from . import _cuda, _tuning_db
+from . import _cuda, _search, _tuning_db
 from ._descriptors import HeuristicResult
 from ._logging import logger
 
@@ -439,6 +439,9 @@ def recall(launch) -> tuple[HeuristicResult | None, dict]:
     try:
         description = problem_description(launch)
         key = problem_key(description)
+        # in the key, but the algorithm check does not read it: an entry a search stored before it honoured
+        # the mask could split K with a reduction the plan excludes
+        allowed = int(launch.preference.get("REDUCTION_SCHEME_MASK"))
         shared = _tuning_db.lookup(description, key)  # a loaded database's choice wins over this user's cache
         entry = shared if shared is not None else cache_at(cache_path()).lookup(key)
     except Exception as error:  # the cache must never break a launch
@@ -454,7 +457,8 @@ def recall(launch) -> tuple[HeuristicResult | None, dict]:
     result = launch.check(algo_type.from_buffer_copy(raw)) if len(raw) == ctypes.sizeof(
         algo_type) else None
     source = "tuning database" if shared is not None else "tuning cache"
-    if result is None or result.workspace_size > launch.workspace_limit:
+    if result is None or result.workspace_size > launch.workspace_limit or not _search.reduces_as_allowed(
+            result, allowed):
         logger.info("%s: the remembered algorithm for %s is not accepted for this launch; ignored", source, summary)
         return None, {}
     form = entry.get("bias_gradient_form")

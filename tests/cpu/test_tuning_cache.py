@@ -504,3 +504,17 @@ def test_a_remembered_choice_retires_the_function_forms_cached_plans_of_that_pro
     assert cache.generation == _tuning_cache.generation
     nvblaslt.clear_plan_cache()
     assert tuned.freed == 1 and other.freed == 1 and cache.retired == []
+
+
+def test_recall_refuses_a_split_k_reduction_the_plan_excludes(path, plans, monkeypatch, lib):
+    # cuBLASLt's algorithm check does not read the preference's reduction mask: recall does
+    plan = plans()
+    plan.preference.set("REDUCTION_SCHEME_MASK", 3)  # INPLACE | COMPUTE_TYPE, nvblaslt's for a 16-bit D
+    result = fake_result(lib)
+    result.algorithm.set("SPLITK_NUM", 4)
+    result.algorithm.set("REDUCTION_SCHEME", 4)  # OUTPUT_TYPE
+    _tuning_cache.remember(plan, result, 1.0)
+    monkeypatch.setattr(Launch, "check", lambda self, algo: result)
+    assert _tuning_cache.recall(plan) == (None, {})
+    result.algorithm.set("REDUCTION_SCHEME", 2)  # COMPUTE_TYPE: allowed
+    assert _tuning_cache.recall(plan)[0] is result
