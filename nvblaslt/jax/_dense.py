@@ -61,8 +61,9 @@ def dense(x, layers, activations, *, backward: str = "auto"):
     backward : str, default "auto"
         Where each activation's backward and bias gradient run: "epilog" (DRELU_BGRAD / DGELU_BGRAD in
         the next layer's input-gradient GEMM), "bgradb" (DRELU / DGELU there, the bias gradient from the
-        weight-gradient GEMM's BGRADA), "unfused" (the activation's backward by XLA, the bias gradient
-        summed in the same XLA fusion), "auto" (ReLU unfused, GELU bgradb: the fastest measured).
+        weight-gradient GEMM's BGRADA), "unfused" (the activation's backward by XLA; the bias gradient
+        summed in the same XLA fusion after ReLU's mask, by BGRADA after GELU's), "auto" (ReLU unfused,
+        GELU bgradb: the fastest measured).
 
     Returns
     -------
