@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Iterable, Iterator
 
+from . import _tuning_cache
 from ._descriptors import Algorithm, HeuristicResult, MatmulDesc, MatmulPreference, heuristics
 from ._errors import CublasLtError, NvblasltError
 from ._epilogs import BIAS_EPILOGS, SEARCH_OTHER_EPILOGS
@@ -188,7 +189,7 @@ def candidates(launch, *, workspace_limit: int, incumbent: HeuristicResult | Non
             key = config_key(result)
             if key not in seen:
                 seen.add(key)
-                if reduces_as_allowed(result, allowed):
+                if _tuning_cache.reduces_as_allowed(result, allowed):
                     yield result
 
     if incumbent is not None:  # its nearest neighbours: the same kernel, another option or split count
@@ -203,14 +204,6 @@ def candidates(launch, *, workspace_limit: int, incumbent: HeuristicResult | Non
     for base in launch.algorithms:
         yield from fresh(_option_variants(launch, base, workspace_limit))
     yield from fresh(_enumerated(launch, workspace_limit))
-
-
-def reduces_as_allowed(result: HeuristicResult, allowed: int) -> bool:
-    """Whether ``result`` splits K, if at all, with a reduction scheme of ``allowed`` (the launch's
-    preference mask: ``cublasLtMatmulAlgoCheck`` does not read it, so a pick made for another epilog,
-    or remembered, may reduce as the plan forbids, such as OUTPUT_TYPE into a 16-bit D)."""
-    algorithm = result.algorithm
-    return int(algorithm.get("SPLITK_NUM")) <= 1 or not int(algorithm.get("REDUCTION_SCHEME")) & ~allowed
 
 
 def config_key(result: HeuristicResult) -> tuple:

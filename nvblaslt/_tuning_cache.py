@@ -36,7 +36,7 @@ try:
 except ImportError:  # not POSIX: writes stay atomic, without the lock
     fcntl = None  # type: ignore[assignment]
 
-from . import _cuda, _search, _tuning_db
+from . import _cuda, _tuning_db
 from ._descriptors import HeuristicResult
 from ._logging import logger
 
@@ -430,6 +430,14 @@ def describe_algorithm(result) -> str:
         return f"id {algorithm.id}"
 
 
+def reduces_as_allowed(result: HeuristicResult, allowed: int) -> bool:
+    """Whether ``result`` splits K, if at all, with a reduction scheme of ``allowed`` (the launch's
+    preference mask: ``cublasLtMatmulAlgoCheck`` does not read it, so a pick made for another epilog,
+    or remembered, may reduce as the plan forbids, such as OUTPUT_TYPE into a 16-bit D)."""
+    algorithm = result.algorithm
+    return int(algorithm.get("SPLITK_NUM")) <= 1 or not int(algorithm.get("REDUCTION_SCHEME")) & ~allowed
+
+
 # ---- what Matmul and autotune call ----------------------------------------------------------------
 def recall(launch) -> tuple[HeuristicResult | None, dict]:
     """(the remembered HeuristicResult, if the library still accepts it for this launch and it fits the
@@ -457,8 +465,7 @@ def recall(launch) -> tuple[HeuristicResult | None, dict]:
     result = launch.check(algo_type.from_buffer_copy(raw)) if len(raw) == ctypes.sizeof(
         algo_type) else None
     source = "tuning database" if shared is not None else "tuning cache"
-    if result is None or result.workspace_size > launch.workspace_limit or not _search.reduces_as_allowed(
-            result, allowed):
+    if result is None or result.workspace_size > launch.workspace_limit or not reduces_as_allowed(result, allowed):
         logger.info("%s: the remembered algorithm for %s is not accepted for this launch; ignored", source, summary)
         return None, {}
     form = entry.get("bias_gradient_form")

@@ -78,7 +78,8 @@ def _stack(dtype, biases=(True, True), scale=1.0):
             values = values + 1j * rng.standard_normal(shape)
         return jnp.asarray(values * scale, dtype)
     x = draw(2, 40, 24)
-    layers = [(draw(24, 16) * 0.3, draw(16) if biases[0] else None), (draw(16, 8) * 0.3, draw(8) if biases[1] else None)]
+    layers = [(draw(24, 16) * 0.3, draw(16) if biases[0] else None),
+              (draw(16, 8) * 0.3, draw(8) if biases[1] else None)]
     return x, layers, draw(2, 40, 8)
 
 
