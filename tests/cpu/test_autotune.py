@@ -378,7 +378,8 @@ def _stand_in_kernel(custom_max: int, split_support: int, schemes: int, allowed:
 
 def test_option_variants_try_each_custom_option_and_split_count_with_the_allowed_reductions(monkeypatch):
     tried = []
-    monkeypatch.setattr(_search, "_configured", lambda launch, algo, settings, limit: tried.append(settings) or settings)
+    monkeypatch.setattr(_search, "_configured",
+                        lambda launch, algo, settings, limit: tried.append(settings) or settings)
     # the kernel takes INPLACE and COMPUTE_TYPE and OUTPUT_TYPE; the launch allows INPLACE | COMPUTE_TYPE (16-bit D)
     launch, base = _stand_in_kernel(custom_max=2, split_support=1, schemes=7, allowed=3)
     found = list(_search._option_variants(launch, base, 1 << 25))

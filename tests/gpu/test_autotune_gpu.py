@@ -200,8 +200,11 @@ def test_every_algorithm_the_search_offers_gives_the_right_result(m, k, n, epilo
                                                     incumbent=mm.algorithm), 400))
     assert pool, "the search offered nothing"
     splits = 0
+    allowed = int(launch.preference.get("REDUCTION_SCHEME_MASK"))
     for candidate in pool:
         splits += candidate.algorithm.get("SPLITK_NUM") > 1
+        # a split-K reduction the plan excludes (OUTPUT_TYPE into a 16-bit D) is within the tolerance below
+        assert _tuning_cache.reduces_as_allowed(candidate, allowed), _tuning_cache.describe_algorithm(candidate)
         with Matmul(a, b) as one:
             one.plan(epilog=epilog, epilog_inputs={"bias": bias}, algorithms=[candidate.as_bytes()])
             out = one.execute()
