@@ -176,11 +176,11 @@ class GroupedMatmul:
         self._given: tuple = tuple(None if op is None else op.obj for op in bound.operands)
         # execute()'s fast path: a layout key (each array's shape, strides, dtype, device, pointer alignment, as
         # the package's layout reader gives them) a checked call passed -> (the problem, 64-bit offsets, the bytes
-        # a, b and offs span: what out must not overlap)
-        self._fast: dict[tuple, tuple[GroupedProblem, bool, tuple[int, int, int]]] = {}
+        # a, b and offs span, then the result's: out must overlap none of them)
+        self._fast: dict[tuple, tuple[GroupedProblem, bool, tuple[int, ...]]] = {}
         # (the key found last, what it names), compared first: one attribute, so a thread sharing the plan never
         # reads one call's key with another's problem
-        self._fast_hit: tuple[tuple | None, tuple[GroupedProblem, bool, tuple[int, int, int]] | None] = (None, None)
+        self._fast_hit: tuple[tuple | None, tuple[GroupedProblem, bool, tuple[int, ...]] | None] = (None, None)
         self._captured = False  # a CUDA graph holds this plan's arrays and workspace: they must outlive it
         a_op = bound.operands[0]
         self.device, self._framework = a_op.device, a_op.framework
@@ -533,7 +533,7 @@ class GroupedMatmul:
     def _run_pointers(self, problem: GroupedProblem, a_pointer: int, b_pointer: int, offs_pointer: int,
                       offs_64: bool, *, out: Array | None, stream: int, check_offsets: bool | None,
                       scales: tuple[int, int] = (0, 0), trial: bool = False, capturing: bool | None = None,
-                      out_pointer: int | None = None, spans: tuple[int, int, int] | None = None) -> Array:
+                      out_pointer: int | None = None, spans: tuple[int, ...] | None = None) -> Array:
         """``run`` with the operands as pointers, for a ``problem`` this plan was made for (the same
         ``key``, its pointers' alignment checked): ``grouped_matmul``'s hot path, which reads no array.
         ``capturing``: whether ``stream`` is capturing a CUDA graph, where the caller has asked its own
@@ -572,9 +572,9 @@ class GroupedMatmul:
             raise NvblasltValueError(f"out: its pointer is aligned to {_grouped_problem.pointer_alignment(out_pointer)}"
                                      f" bytes; this plan needs {problem.d.alignment}")
         if out is not None and spans is not None:
-            refuse_overlap(out_pointer, problem, (("a", a_pointer, spans[0]), ("b", b_pointer, spans[1]),
-                                                  ("offs", offs_pointer, spans[2]), ("scale_a", scales[0], 4),
-                                                  ("scale_b", scales[1], 4)))
+            refuse_overlap(out_pointer, spans[3], (("a", a_pointer, spans[0]), ("b", b_pointer, spans[1]),
+                                                   ("offs", offs_pointer, spans[2]), ("scale_a", scales[0], 4),
+                                                   ("scale_b", scales[1], 4)))
         check = self._check_offsets_default if check_offsets is None else bool(check_offsets)
         with self._lock:  # the kernels' arguments and the GEMM's are the plan's own, set per call
             if scales != self._scales:  # cuBLASLt's A is the caller's b: its scale is b's
@@ -634,16 +634,19 @@ class GroupedMatmul:
 
 # grouped_matmul()'s plans, one cache per thread (cuBLASLt handles are per thread); the torch layer's bound
 # calls run the same plans (GroupedMatmul._cached): one plan per problem, and clear_grouped_plans() frees them;
-def operand_spans(bound: Bound) -> tuple[int, int, int]:
-    """The bytes a, b and offs span from their pointers (0 for no offs): what ``out`` must not overlap. A layout
-    key that proves the layouts equal proves these equal too, so the fast paths keep them with their entry."""
-    return tuple(0 if op is None else extent_bytes(op) for op in bound.operands)  # type: ignore[return-value]
+def operand_spans(bound: Bound) -> tuple[int, ...]:
+    """The bytes a, b and offs span from their pointers (0 for no offs), then the result's: what ``out`` must
+    not overlap, and its own extent. A layout key that proves the layouts equal proves these equal too, so
+    the fast paths keep them with their entry."""
+    a, b, offs = (0 if op is None else extent_bytes(op) for op in bound.operands)
+    problem = bound.problem
+    return a, b, offs, span_elements(problem.out_shape, problem.out_strides) * problem.d.dtype.itemsize
 
 
-def refuse_overlap(out_pointer: int, problem: GroupedProblem, spans: tuple[tuple[str, int, int], ...]) -> None:
+def refuse_overlap(out_pointer: int, out_bytes: int, spans: tuple[tuple[str, int, int], ...]) -> None:
     """Refuse an ``out`` whose bytes overlap an operand's (name, pointer, bytes): the GEMM would read what it
     writes. A few integer comparisons: every call with ``out`` pays them, the fast paths included."""
-    out_end = out_pointer + span_elements(problem.out_shape, problem.out_strides) * problem.d.dtype.itemsize
+    out_end = out_pointer + out_bytes
     for name, pointer, size in spans:
         if pointer and size and pointer < out_end and out_pointer < pointer + size:
             raise NvblasltValueError(f"out: overlaps {name}; write to separate memory")
