@@ -632,8 +632,6 @@ class GroupedMatmul:
         self.free()
 
 
-# grouped_matmul()'s plans, one cache per thread (cuBLASLt handles are per thread); the torch layer's bound
-# calls run the same plans (GroupedMatmul._cached): one plan per problem, and clear_grouped_plans() frees them;
 def operand_spans(bound: Bound) -> tuple[int, ...]:
     """The bytes a, b and offs span from their pointers (0 for no offs), then the result's: what ``out`` must
     not overlap, and its own extent. A layout key that proves the layouts equal proves these equal too, so
@@ -652,6 +650,8 @@ def refuse_overlap(out_pointer: int, out_bytes: int, spans: tuple[tuple[str, int
             raise NvblasltValueError(f"out: overlaps {name}; write to separate memory")
 
 
+# grouped_matmul()'s plans, one cache per thread (cuBLASLt handles are per thread); the torch layer's bound
+# calls run the same plans (GroupedMatmul._cached): one plan per problem, and clear_grouped_plans() frees them;
 # one a graph captured through a bound call sits here until its next lookup, and clearing or eviction keeps it
 function_plans = PlanCaches(_MAX_PLANS, alias_limit=4 * _MAX_PLANS, held=lambda plan: plan._captured)
 
