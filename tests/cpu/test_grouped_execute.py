@@ -172,13 +172,15 @@ def test_another_threads_call_between_the_fast_paths_stores_never_runs_another_l
 
 # ---- out never overlaps an operand ------------------------------------------------------------------------------
 A_BYTES = 40 * 64 * 2  # a (40, 64) bf16 at A
-
-
+B_BYTES = 4 * 64 * 96 * 2  # b (4, 64, 96) bf16 at B
 OUT_BYTES = 40 * 96 * 2  # the result, (40, 96) bf16
+# where an out overlaps an operand, 256-byte aligned as the plan needs: a's last bytes, a's first, b's, offs's
+OVERLAPPING = [(A + A_BYTES - 256, "a"), (A - OUT_BYTES + 256, "a"), (B + 0x100, "b"), (OFFS - 0x100, "offs")]
+# where one touches an operand's first or last byte and no more
+ADJACENT = [A + A_BYTES, A - OUT_BYTES, B + B_BYTES, B - OUT_BYTES, OFFS - OUT_BYTES]
 
 
-@pytest.mark.parametrize("where, name", [(A + A_BYTES - 256, "a"), (A - OUT_BYTES + 256, "a"), (B + 0x100, "b"),
-                                         (OFFS - 0x100, "offs")])  # 256-byte aligned, as the plan needs
+@pytest.mark.parametrize("where, name", OVERLAPPING)
 def test_an_out_overlapping_an_operand_is_refused_on_the_checked_and_the_fast_path(gpu_standins, reader, where,
                                                                                    name):
     """The GEMM would read what it writes: refused before anything is queued, on the first (checked) call of a
@@ -188,24 +190,64 @@ def test_an_out_overlapping_an_operand_is_refused_on_the_checked_and_the_fast_pa
         plan.execute(a, b, offs, out=_out(ptr=where))  # checked
     plan.execute(a, b, offs, out=_out())  # a good out: the layout key is kept
     launched = len(gpu_standins["matmul"])
+    overlapping = _out(ptr=where)
     with pytest.raises(NvblasltValueError, match=f"^out: overlaps {name}"):
-        plan.execute(a, b, offs, out=_out(ptr=where))  # the same layouts: the fast path
+        plan.execute(a, b, offs, out=overlapping)  # the same layouts: the fast path
+    assert overlapping.streams == []  # not exported: the fast path refused it, not the checked one
     assert len(gpu_standins["matmul"]) == launched  # nothing reached cuBLASLt
 
 
-def test_an_out_right_after_an_operand_is_not_an_overlap(gpu_standins, reader):
-    plan, a, b, offs = _planned()
-    out = _out(ptr=A + A_BYTES)  # the first byte past a's last
-    assert plan.execute(a, b, offs, out=out) is out and plan.execute(a, b, offs, out=out) is out
-
-
-def test_grouped_matmuls_fast_path_refuses_an_overlapping_out_too(gpu_standins, reader):
+@pytest.mark.parametrize("where, name", OVERLAPPING)
+def test_grouped_matmul_refuses_an_overlapping_out_on_its_checked_and_its_fast_path(gpu_standins, reader, where,
+                                                                                    name):
+    """The refused checked call has already keyed its layouts to the plan, so the next like call takes the
+    fast path: it must refuse as well."""
     import nvblaslt
 
     a, b, offs, _ = operands()
+    exported = []
     for _ in range(2):  # checked, then the function form's fast path
-        nvblaslt.grouped_matmul(a, b, offs, out=_out())
-    launched = len(gpu_standins["matmul"])
-    with pytest.raises(NvblasltValueError, match="^out: overlaps a; write to separate memory"):
-        nvblaslt.grouped_matmul(a, b, offs, out=_out(ptr=A))
-    assert len(gpu_standins["matmul"]) == launched
+        with pytest.raises(NvblasltValueError, match=f"^out: overlaps {name}; write to separate memory"):
+            nvblaslt.grouped_matmul(a, b, offs, out=_out(ptr=where))
+        exported.append(len(a.streams))
+    nvblaslt.grouped_matmul(a, b, offs, out=_out())  # a good out runs
+    with pytest.raises(NvblasltValueError, match=f"^out: overlaps {name}"):
+        nvblaslt.grouped_matmul(a, b, offs, out=_out(ptr=where))
+    exported.append(len(a.streams))
+    assert exported[0] == exported[1] == exported[2] > 0  # a read on the first call alone: then the fast path
+    assert len(gpu_standins["matmul"]) == 1
+
+
+@pytest.mark.parametrize("where", ADJACENT)
+def test_an_out_right_beside_an_operand_is_not_an_overlap(gpu_standins, reader, where):
+    plan, a, b, offs = _planned()
+    out = _out(ptr=where)
+    assert plan.execute(a, b, offs, out=out) is out and plan.execute(a, b, offs, out=out) is out
+    import nvblaslt
+
+    for _ in range(2):  # checked, then the function form's fast path
+        assert nvblaslt.grouped_matmul(a, b, offs, out=out) is out
+    assert len(gpu_standins["matmul"]) == 4
+
+
+def test_an_out_overlapping_an_fp8_scale_is_refused_on_every_path(gpu_standins, reader):
+    import nvblaslt
+
+    a = FakeDLPack((40, 64), dtype="float8_e4m3fn", ptr=A)
+    b = FakeDLPack((4, 64, 96), (96 * 64, 1, 64), dtype="float8_e4m3fn", ptr=B)  # K contiguous: TN
+    offs = FakeDLPack((4,), dtype="int32", ptr=OFFS)
+    out = _out()  # bfloat16, fp8's default result type
+    for scale_name in ("scale_a", "scale_b"):
+        # the result's last float32, and the one right before its first: the same pointer alignment (4 bytes),
+        # so one layout key, and the second call of each kind takes the fast path
+        apart = {scale_name: FakeDLPack((1,), ptr=OUT - 4)}
+        plan = GroupedMatmul(a, b, offs)
+        plan.plan()
+        for call in (plan.execute, nvblaslt.grouped_matmul):
+            for fast in (False, True):
+                scale = {scale_name: FakeDLPack((1,), ptr=OUT + OUT_BYTES - 4)}
+                with pytest.raises(NvblasltValueError, match=f"^out: overlaps {scale_name}; write to separate"):
+                    call(a, b, offs, out=out, **scale)
+                assert call(a, b, offs, out=out, **apart) is out
+                assert (scale[scale_name].streams == []) == fast  # read (exported) on the checked path alone
+    assert len(gpu_standins["matmul"]) == 8
