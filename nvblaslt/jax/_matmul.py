@@ -154,9 +154,14 @@ def _differentiable_fwd(static, a, b, c, bias):
     return (d, kept), (a, b, c, bias, d if activation_of(static[0]) == "relu" else None, gelu_aux)
 
 
+def _wide(dtype):
+    """The type elementwise backward math runs in: float32 at least (float64 stays float64)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def gelu_derivative(z):
-    """d/dz of the tanh GELU cuBLASLt computes, in float32."""
-    z = z.astype(jnp.float32)
+    """d/dz of the tanh GELU cuBLASLt computes, in float32 at least."""
+    z = z.astype(_wide(z.dtype))
     k = 0.7978845608028654  # √(2/π)
     inner = k * (z + 0.044715 * z ** 3)
     t = jnp.tanh(inner)
@@ -170,7 +175,8 @@ def activation_backward(dd, activation: str, d, gelu_aux):
     if activation == "gelu":
         m = dd.shape[-2] if dd.ndim >= 2 else None
         z = gelu_aux[..., :m, :] if m is not None else gelu_aux.reshape(dd.shape)
-        return (dd.astype(jnp.float32) * gelu_derivative(z.reshape(dd.shape) if m is None else z)).astype(dd.dtype)
+        z = z.reshape(dd.shape) if m is None else z
+        return (dd.astype(_wide(dd.dtype)) * gelu_derivative(z)).astype(dd.dtype)
     return dd
 
 
@@ -203,10 +209,10 @@ def _differentiable_bwd(static, residuals, cotangents):
     db, _ = gemm(a2, dz2.astype(a2.dtype), alpha=alpha, a_transposed=True, **keywords)
     bias_grad = None
     if bias is not None:
-        row_sums = dz2.astype(jnp.float32).sum(-1)  # fused by XLA with dz's own elementwise pass
+        row_sums = dz2.astype(_wide(dz2.dtype)).sum(-1)  # fused by XLA with dz's own elementwise pass
         column = bias.ndim >= 2 and bias.shape[-1] == 1  # (…, M, 1)
         bias_grad = _summed_to(row_sums[..., None] if column else row_sums, bias.shape).astype(bias.dtype)
-    dc = None if c is None else _summed_to((beta * dz.astype(jnp.float32)), c.shape).astype(c.dtype)
+    dc = None if c is None else _summed_to((beta * dz.astype(_wide(dz.dtype))), c.shape).astype(c.dtype)
     return (_summed_to(da, a.shape).astype(a.dtype), _summed_to(db, b.shape).astype(b.dtype), dc, bias_grad)
 
 

@@ -95,7 +95,7 @@ def test_every_mode_and_mix_of_activations_gives_the_plain_stacks_gradients(stan
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"{activations} {biases}")
 
 
-@pytest.mark.parametrize("activation", ["relu", "none"])  # the bias gradients XLA sums
+@pytest.mark.parametrize("activation", ["relu", "none", "gelu"])  # XLA sums the bias gradients; GELU: its derivative
 def test_a_float64_stack_keeps_its_bias_gradients_precision(stand_in, activation):
     with jax.enable_x64(True):
         x, layers, weights = _stack(jnp.float64, scale=1e3)
