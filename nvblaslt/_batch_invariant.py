@@ -196,7 +196,7 @@ def member_for(launch, entry: dict) -> bytes | None:
     """The verified member of ``entry``'s class (a database's ladder) that is the default plan's own pick
     for ``launch``'s M (``default_pick``), as its recorded bytes; None where that pick is none of them (a
     split-K pick of a class without split-K never is: the split count is a config attribute), or where
-    cuBLASLt refuses it here."""
+    cuBLASLt refuses it here, or where it is not what it says (a hand-edited entry)."""
     if not _tuning_db.members_of(entry):
         return None
     pick = default_pick(launch)
@@ -206,7 +206,13 @@ def member_for(launch, entry: dict) -> bytes | None:
     if found is None:
         return None
     raw = bytes.fromhex(found)
-    result = launch.check(launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw))
+    algo = launch.lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw)
+    algorithm = Algorithm(algo, launch.lib)
+    # a hand-edited member: bytes of another kernel than its recorded config, or a split no pin may have;
+    # never run, the rung serves (a verified member never has either)
+    if algorithm.config() != pick.algorithm.config() or split_fault(algorithm, launch.lib.api) is not None:
+        return None
+    result = launch.check(algo)
     return raw if result is not None and result.workspace_size <= launch.workspace_limit else None
 
 

@@ -159,6 +159,34 @@ def test_a_split_class_runs_a_member_only_where_the_default_splits_k_the_same(li
     assert [tile_run_at(lib, m) for m in (100, 200, 300)] == [11, 22, 33]  # 200 and 300: their rungs
 
 
+def test_a_member_whose_bytes_are_another_kernel_than_its_config_says_is_not_run(lib, tmp_path, picks):
+    """A hand-edited member: its recorded config matches the default's pick, its bytes are another kernel
+    (one never verified). The rung runs, not those bytes."""
+    launch = launch_for(lib, 64, 4096, 4096)
+    key, entry = with_members(lib, launch)
+    entry["members"][3] = {**entry["members"][3], "algo": member(lib, 77)["algo"]}  # config: tile 55's
+    picked, _, _ = picks
+    picked[1536] = 55
+    nvblaslt.load_tuning(write(tmp_path, launch, {key: entry}))
+    assert tile_run_at(lib, 1536) == 33
+
+
+def test_a_member_that_splits_k_as_no_pin_may_leaves_the_rung_instead_of_raising(lib, tmp_path, picks,
+                                                                                 monkeypatch):
+    """A hand-edited member whose split sums in an order that depends on M (INPLACE), where the default
+    picks that very kernel: never run, and the call runs the rung (a pin of the class) rather than fail."""
+    from nvblaslt import Algorithm
+
+    launch = launch_for(lib, 64, 4096, 4096)
+    key, entry = ladder_entry(lib, launch)
+    inplace = kernel(lib, 11, split_k=4)
+    Algorithm(inplace, lib).set("REDUCTION_SCHEME", int(lib.api.CUBLASLT_REDUCTION_SCHEME_INPLACE))
+    entry["members"] = [_tuning_db.algorithm_fields(result_of(lib, inplace))]
+    monkeypatch.setattr(_batch_invariant, "default_pick", lambda launch: result_of(lib, inplace))
+    nvblaslt.load_tuning(write(tmp_path, launch, {key: entry}))
+    assert tile_run_at(lib, 100) == 22
+
+
 # ---- the tune's part ----------------------------------------------------------------------------------------------
 class ClassedProblem(StandInProblem):
     """``StandInProblem`` whose outputs depend on the kernel's class: tile 99's bits are another class's."""
