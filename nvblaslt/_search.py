@@ -93,8 +93,12 @@ def _heuristics_of_other_epilogs(launch, workspace_limit: int) -> list[Heuristic
     a, b, c, d = launch.layouts
     found: list[HeuristicResult] = []
     with MatmulPreference(max_workspace_bytes=workspace_limit, lib=lib) as preference:
-        for member in (*(f"MIN_ALIGNMENT_{name}_BYTES" for name in "ABCD"), "REDUCTION_SCHEME_MASK"):
-            preference.set(member, launch.preference.get(member))
+        for member in (*(f"MIN_ALIGNMENT_{name}_BYTES" for name in "ABCD"), "REDUCTION_SCHEME_MASK", "IMPL_MASK",
+                       "MAX_WAVES_COUNT"):
+            try:
+                preference.set(member, launch.preference.get(member))
+            except NvblasltError:  # a library without it
+                continue
         for epilog in SEARCH_OTHER_EPILOGS:
             if epilog == int(launch.desc.get("EPILOGUE")):
                 continue
@@ -182,14 +186,14 @@ def candidates(launch, *, workspace_limit: int, incumbent: HeuristicResult | Non
     heuristic picks' custom options and split-K counts, then every enumerated id and tile. Lazy: stop
     iterating and the remaining checks are never made."""
     seen = {config_key(r) for r in launch.algorithms}
-    allowed = int(launch.preference.get("REDUCTION_SCHEME_MASK"))
+    preference = launch.preference
 
     def fresh(results: Iterable[HeuristicResult]) -> Iterator[HeuristicResult]:
         for result in results:
             key = config_key(result)
             if key not in seen:
                 seen.add(key)
-                if _tuning_cache.reduces_as_allowed(result, allowed):
+                if _tuning_cache.fits_preference(result, preference):  # the check does not read it
                     yield result
 
     if incumbent is not None:  # its nearest neighbours: the same kernel, another option or split count

@@ -38,6 +38,7 @@ except ImportError:  # not POSIX: writes stay atomic, without the lock
 
 from . import _cuda, _tuning_db
 from ._descriptors import HeuristicResult
+from ._errors import NvblasltError
 from ._logging import logger
 
 
@@ -438,6 +439,33 @@ def reduces_as_allowed(result: HeuristicResult, allowed: int) -> bool:
     return int(algorithm.get("SPLITK_NUM")) <= 1 or not int(algorithm.get("REDUCTION_SCHEME")) & ~allowed
 
 
+def fits_preference(result: HeuristicResult, preference) -> bool:
+    """Whether ``result`` keeps to what ``preference`` asks of an algorithm and ``cublasLtMatmulAlgoCheck``
+    does not read: a split-K reduction of REDUCTION_SCHEME_MASK, numerical implementation flags (tensor-op
+    kind, accumulator and input types) within IMPL_MASK, at most MAX_WAVES_COUNT waves (0: any). The
+    heuristics honour all three; a pick made for another epilog, an enumerated one or a remembered one may
+    not (an fp16 accumulator where the mask excludes it changes the result's precision)."""
+    if not reduces_as_allowed(result, int(preference.get("REDUCTION_SCHEME_MASK"))):
+        return False
+    try:
+        impl_mask = int(preference.get("IMPL_MASK"))
+        max_waves = float(preference.get("MAX_WAVES_COUNT"))
+    except NvblasltError:  # a library without these preferences asks nothing of them
+        return True
+    if max_waves > 0 and result.waves > max_waves:
+        return False
+    if impl_mask & _ALL_IMPL_FLAGS != _ALL_IMPL_FLAGS:
+        try:
+            flags = int(result.algorithm.capability("NUMERICAL_IMPL_FLAGS"))
+        except NvblasltError:  # unknown: not provably within the mask
+            return False
+        return not flags & ~impl_mask
+    return True
+
+
+_ALL_IMPL_FLAGS = (1 << 64) - 1  # IMPL_MASK's default: every implementation allowed
+
+
 # ---- what Matmul and autotune call ----------------------------------------------------------------
 def recall(launch) -> tuple[HeuristicResult | None, dict]:
     """(the remembered HeuristicResult, if the library still accepts it for this launch and it fits the
@@ -447,9 +475,6 @@ def recall(launch) -> tuple[HeuristicResult | None, dict]:
     try:
         description = problem_description(launch)
         key = problem_key(description)
-        # in the key, but the algorithm check does not read it: an entry a search stored before it honoured
-        # the mask could split K with a reduction the plan excludes
-        allowed = int(launch.preference.get("REDUCTION_SCHEME_MASK"))
         shared = _tuning_db.lookup(description, key)  # a loaded database's choice wins over this user's cache
         entry = shared if shared is not None else cache_at(cache_path()).lookup(key)
     except Exception as error:  # the cache must never break a launch
@@ -465,7 +490,8 @@ def recall(launch) -> tuple[HeuristicResult | None, dict]:
     result = launch.check(algo_type.from_buffer_copy(raw)) if len(raw) == ctypes.sizeof(
         algo_type) else None
     source = "tuning database" if shared is not None else "tuning cache"
-    if result is None or result.workspace_size > launch.workspace_limit or not reduces_as_allowed(result, allowed):
+    if result is None or result.workspace_size > launch.workspace_limit \
+            or not fits_preference(result, launch.preference):  # in the key, but the check does not read it
         logger.info("%s: the remembered algorithm for %s is not accepted for this launch; ignored", source, summary)
         return None, {}
     form = entry.get("bias_gradient_form")

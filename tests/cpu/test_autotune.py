@@ -399,9 +399,29 @@ def test_option_variants_keep_split_k_off_where_the_kernel_cannot_split(monkeypa
     assert len(list(_search._option_variants(launch, base, 1 << 25))) == _search.MAX_CUSTOM_OPTIONS
 
 
-def _split_result(name: str, splits: int, scheme: int):
+def _split_result(name: str, splits: int, scheme: int, waves: float = 1.0, impl_flags: int = 0x2):
     config = {"ID": name, "SPLITK_NUM": splits, "REDUCTION_SCHEME": scheme}
-    return types.SimpleNamespace(algorithm=types.SimpleNamespace(config=lambda: dict(config), get=config.__getitem__))
+    algorithm = types.SimpleNamespace(config=lambda: dict(config), get=config.__getitem__,
+                                      capability={"NUMERICAL_IMPL_FLAGS": impl_flags}.__getitem__)
+    return types.SimpleNamespace(algorithm=algorithm, waves=waves)
+
+
+def _preference(reductions: int = 7, impl_mask: int = (1 << 64) - 1, max_waves: float = 0.0):
+    """A launch's preference as the pool reads it (cuBLASLt's defaults: any reduction, implementation, waves)."""
+    values = {"REDUCTION_SCHEME_MASK": reductions, "IMPL_MASK": impl_mask, "MAX_WAVES_COUNT": max_waves}
+    return types.SimpleNamespace(get=values.__getitem__)
+
+
+def _pool_of(monkeypatch, offered, preference) -> list:
+    """The search's pool where ``offered`` are the other epilogs' picks and nothing else is found."""
+    monkeypatch.setattr(_search, "_deeper_heuristics", lambda launch: [])
+    monkeypatch.setattr(_search, "_rechecked", lambda launch, results, limit: list(results))
+    monkeypatch.setattr(_search, "_heuristics_of_other_epilogs", lambda launch, limit: offered)
+    for source in ("_variants", "_option_variants"):
+        monkeypatch.setattr(_search, source, lambda launch, base, limit: iter(()))
+    monkeypatch.setattr(_search, "_enumerated", lambda launch, limit: iter(()))
+    launch = types.SimpleNamespace(algorithms=[], preference=preference)
+    return [r.algorithm.get("ID") for r in _search.candidates(launch, workspace_limit=1 << 20)]
 
 
 def test_the_pool_leaves_out_split_k_with_a_reduction_the_launch_excludes(monkeypatch):
@@ -410,18 +430,21 @@ def test_the_pool_leaves_out_split_k_with_a_reduction_the_launch_excludes(monkey
     # not reach the screen
     offered = [_split_result("output type", 4, 4), _split_result("compute type", 4, 2), _split_result("off", 1, 4),
                _split_result("in place", 2, 1)]
-    monkeypatch.setattr(_search, "_deeper_heuristics", lambda launch: [])
-    monkeypatch.setattr(_search, "_rechecked", lambda launch, results, limit: list(results))
-    monkeypatch.setattr(_search, "_heuristics_of_other_epilogs", lambda launch, limit: offered)
-    for source in ("_variants", "_option_variants"):
-        monkeypatch.setattr(_search, source, lambda launch, base, limit: iter(()))
-    monkeypatch.setattr(_search, "_enumerated", lambda launch, limit: iter(()))
-    launch = types.SimpleNamespace(algorithms=[], preference=types.SimpleNamespace(
-        get={"REDUCTION_SCHEME_MASK": 3}.__getitem__))  # INPLACE | COMPUTE_TYPE, nvblaslt's for 16-bit D
-    pool = [r.algorithm.get("ID") for r in _search.candidates(launch, workspace_limit=1 << 20)]
-    assert pool == ["compute type", "off", "in place"]
-    launch.preference.get = {"REDUCTION_SCHEME_MASK": 7}.__getitem__  # cuBLASLt's default: any
-    assert len(list(_search.candidates(launch, workspace_limit=1 << 20))) == 4
+    # INPLACE | COMPUTE_TYPE, nvblaslt's for 16-bit D
+    assert _pool_of(monkeypatch, offered, _preference(reductions=3)) == ["compute type", "off", "in place"]
+    assert len(_pool_of(monkeypatch, offered, _preference())) == 4  # cuBLASLt's default: any
+
+
+def test_the_pool_leaves_out_kernels_outside_the_implementation_mask_or_past_the_wave_limit(monkeypatch):
+    # the heuristics honour IMPL_MASK and MAX_WAVES_COUNT; cuBLASLt's algorithm check reads neither
+    hmma_32f, hmma_16f = 0x2 | 0x10000 * 2, 0x2 | 0x10000  # HMMA with an fp32 / fp16 accumulator (stand-in bits)
+    offered = [_split_result("fp16 accumulator", 1, 0, impl_flags=hmma_16f),
+               _split_result("fp32 accumulator", 1, 0, impl_flags=hmma_32f),
+               _split_result("three waves", 1, 0, waves=3.0, impl_flags=hmma_32f)]
+    no_16f = ((1 << 64) - 1) & ~0x10000
+    assert _pool_of(monkeypatch, offered, _preference(impl_mask=no_16f)) == ["fp32 accumulator", "three waves"]
+    assert _pool_of(monkeypatch, offered, _preference(max_waves=2.0)) == ["fp16 accumulator", "fp32 accumulator"]
+    assert len(_pool_of(monkeypatch, offered, _preference())) == 3
 
 
 def test_other_epilogs_heuristics_are_asked_with_the_launch_reduction_mask(monkeypatch, lib):

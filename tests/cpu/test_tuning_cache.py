@@ -518,3 +518,16 @@ def test_recall_refuses_a_split_k_reduction_the_plan_excludes(path, plans, monke
     assert _tuning_cache.recall(plan) == (None, {})
     result.algorithm.set("REDUCTION_SCHEME", 2)  # COMPUTE_TYPE: allowed
     assert _tuning_cache.recall(plan)[0] is result
+
+
+def test_recall_refuses_a_kernel_past_the_plans_wave_limit(path, plans, monkeypatch, lib):
+    # the heuristics honour MAX_WAVES_COUNT and cuBLASLt's algorithm check does not read it: recall does
+    plan = plans()
+    plan.preference.set("MAX_WAVES_COUNT", 2.0)
+    result = fake_result(lib)
+    result.waves = 3.0
+    _tuning_cache.remember(plan, result, 1.0)
+    monkeypatch.setattr(Launch, "check", lambda self, algo: result)
+    assert _tuning_cache.recall(plan) == (None, {})
+    result.waves = 1.5
+    assert _tuning_cache.recall(plan)[0] is result
