@@ -112,15 +112,16 @@ def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> li
 
 
 def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResult], samples: list[list[float]],
-                              stream: int, deadline: float) -> list[tuple[HeuristicResult, float]]:
-    """[(algorithm, ms)], fastest first, but the heuristics' first pick stays first unless another beats it
+                              stream: int, deadline: float) -> tuple[list[tuple[HeuristicResult, float]], float]:
+    """([(algorithm, ms)], fastest first, but the heuristics' first pick stays first unless another beats it
     in a duel: a median over a few rounds is noise at a 1-3 % difference (issue 35 saw autotune keep a
-    kernel 4.6 % slower than the first pick), and autotune() must never keep a slower one."""
+    kernel 4.6 % slower than the first pick), and autotune() must never keep a slower one; the kept one's
+    paired ratio to the first pick in that duel, 1.0 where the first pick stays)."""
     ranked = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
     first, first_ms = candidates[0], statistics.median(samples[0])
     faster = [(result, ms) for result, ms in ranked if result is not first and ms < first_ms][:RUNNERS_UP]
     if not faster:
-        return ranked
+        return ranked, 1.0
     outcome = duel(timer, _algorithm(plan, first, stream), [_algorithm(plan, r, stream) for r, _ in faster],
                    deadline=max(deadline, time.perf_counter() + 2.5 * (MIN_ROUNDS + 1) * (1 + len(faster)) * first_ms
                                 / 1000), max_rounds=3 * MIN_ROUNDS, what="autotune")
@@ -132,7 +133,8 @@ def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResu
     logger.info("autotune: %s the heuristics' first pick (duel of %d rounds)",
                 "kept" if winner is None else f"{_tuning_cache.describe_algorithm(kept)} beat", outcome.rounds)
     return [next(p for p in ranked if p[0] is kept), *sorted((p for p in ranked if p[0] is not kept),
-                                                             key=lambda pair: pair[1])]
+                                                             key=lambda pair: pair[1])], \
+        (winner.ratio if winner is not None else 1.0)
 
 
 # ---- deciding on noisy paired samples ------------------------------------------------------------------
@@ -436,19 +438,21 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
         if search and previous is not None and not previous.searched and plan.algorithm is not None:
             # autotune() already chose among the heuristic list: the search starts from its pick, so
             # that a search which finds nothing better leaves exactly autotune()'s kernel
-            heuristic = [(plan.algorithm, previous.chosen_ms)]
+            heuristic, first_ratio = [(plan.algorithm, previous.chosen_ms)], previous.first_pick_ratio
             logger.info("search: starting from autotune()'s pick %s", previous.chosen)
         else:
             logger.info("autotune: timing %d heuristic picks, %d interleaved rounds", len(candidates),
                         max(1, iterations))
             candidates = _runnable(plan, candidates, stream_h)
             samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
-            heuristic = _first_pick_unless_beaten(plan, timer, candidates, samples, stream_h, started + budget_s)
+            heuristic, first_ratio = _first_pick_unless_beaten(plan, timer, candidates, samples, stream_h,
+                                                               started + budget_s)
         incumbent, incumbent_ms = heuristic[0]
         if not search:
             report = TuningReport(False, _tuning_cache.describe_algorithm(incumbent), incumbent_ms,
                                   _tuning_cache.describe_algorithm(incumbent), incumbent_ms, False,
-                                  heuristics=len(candidates), seconds=time.perf_counter() - started)
+                                  heuristics=len(candidates), seconds=time.perf_counter() - started,
+                                  first_pick_ratio=first_ratio)
             logger.info("%s", report)
             return TuningResult(heuristic, report)
         deadline = started + budget_s
@@ -460,7 +464,7 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
         if plan._epilog in MASKING:
             form, split = _choose_bias_gradient_form(plan, timer, iterations, stream_h, recalled_split, deadline,
                                                      chosen_ms)
-    report = _report(chosen, chosen_ms, heuristic, facts, form, time.perf_counter() - started)
+    report = _report(chosen, chosen_ms, heuristic, facts, form, time.perf_counter() - started, first_ratio)
     logger.info("%s", report)
     if remember:
         facts_to_store = {"confidence": round(report.confidence, 4), "switched": report.switched}
@@ -473,7 +477,7 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
     return TuningResult(_timings(chosen, chosen_ms, heuristic, facts), report, form, split)
 
 
-def _report(chosen, chosen_ms, heuristic, facts: dict, form, seconds: float) -> TuningReport:
+def _report(chosen, chosen_ms, heuristic, facts: dict, form, seconds: float, first_ratio: float) -> TuningReport:
     incumbent, incumbent_ms = heuristic[0]
     winner, best = facts.get("winner"), facts.get("best")
     shown = winner or best
@@ -484,7 +488,8 @@ def _report(chosen, chosen_ms, heuristic, facts: dict, form, seconds: float) -> 
         interval=(shown.lower, shown.upper) if shown else (math.nan, math.nan),
         best_challenger=shown.contestant.name if shown else None,
         rounds=facts["duel"].rounds if "duel" in facts else 0, heuristics=len(heuristic),
-        screened=facts.get("screened", 0), seconds=seconds, bias_gradient_form=form, note=facts.get("note", ""))
+        screened=facts.get("screened", 0), seconds=seconds, bias_gradient_form=form, note=facts.get("note", ""),
+        first_pick_ratio=first_ratio)
 
 
 def _timings(chosen, chosen_ms, heuristic, facts: dict) -> list[tuple[HeuristicResult, float]]:

@@ -52,10 +52,10 @@ def _entry(report, launch, timings, first, first_ms: float, summary: str) -> dic
     if _search.config_key(chosen) == _search.config_key(first):
         return _tuning_db.entry_for(None, "default", problem=summary, first_pick_ms=round(first_ms, 5),
                                    seconds=round(report.seconds, 1))
-    # the duel's paired ratio where the search's incumbent was the first pick (as it is unless another heuristic
-    # pick beat it first); else the two medians of the same run
-    paired = report.switched and report.incumbent == _tuning_cache.describe_algorithm(first)
-    ratio = report.ratio if paired else chosen_ms / first_ms
+    # paired ratios only (medians of separate runs drift apart by a few % on a small GEMM, and read a kept
+    # pick as slower than the first): autotune's duel of its pick against the first pick, times the search's
+    # duel of the chosen against that pick where the search switched
+    ratio = report.first_pick_ratio * (report.ratio if report.switched else 1.0)
     return _tuning_db.entry_for(chosen, "tuned", problem=summary, ms=round(chosen_ms, 5),
                                 first_pick_ms=round(first_ms, 5), ratio=round(ratio, 4),
                                 confidence=round(report.confidence, 4), seconds=round(report.seconds, 1))

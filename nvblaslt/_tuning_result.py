@@ -31,6 +31,7 @@ class TuningReport:
     seconds: float = 0.0
     bias_gradient_form: tuple | None = None  # (form, its ms, the other form's ms)
     note: str = ""
+    first_pick_ratio: float = 1.0  # incumbent / the heuristics' first pick, median of autotune's paired rounds
 
     def __str__(self) -> str:
         if not self.searched:

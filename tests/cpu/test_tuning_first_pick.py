@@ -40,3 +40,25 @@ def test_the_search_starts_from_the_first_pick_when_the_others_only_look_faster(
         _autotune.autotune(plan, iterations=5, search=True, remember=False, stream=None)
         assert speeds[plan.algorithm.algorithm.id] <= 26.0 + 1e-9 or plan.tuning_report.switched
         assert plan.tuning_report.incumbent in ("id 1 tile 256x128 stages AUTO", "id 2 tile 256x128 stages AUTO")
+
+
+def test_the_ratio_a_database_records_is_paired_against_the_first_pick_through_both_duels(simulated):  # noqa: F811
+    """A heuristic pick 5 % faster beats the first pick in autotune's duel, then a searched kernel 3 % faster
+    than that pick wins the search's: the report carries both paired ratios, and the entry ``nvblaslt tune``
+    writes records their product (not two medians of separate runs, which read a kept pick as slower on a
+    small GEMM on the H200)."""
+    from nvblaslt import _search
+    from nvblaslt._tune import _entry
+
+    make, _ = simulated
+    speeds = {1: 27.0, 2: 25.65, 3: 28.0, **{i: 24.88 if i == 100 else 27.5 for i in range(100, 110)}}
+    plan = make([1, 2, 3], speeds, pool_ids=range(100, 110), seed=3, noise=0.002)
+    first = plan.algorithms[0]
+    tuned = _autotune.tune(plan, iterations=5, search=True, remember=False, stream=None, budget_s=30)
+    report = tuned.report
+    assert report.incumbent.startswith("id 2 ") and report.switched and plan.algorithm.algorithm.id == 100
+    assert report.first_pick_ratio == pytest.approx(25.65 / 27.0, rel=0.01)
+    assert report.ratio == pytest.approx(24.88 / 25.65, rel=0.01)
+    entry = _entry(report, None, tuned.timings, first, 30.0, "a problem")  # a first-pick ms far off: unused
+    assert entry["kind"] == "tuned" and entry["ratio"] == pytest.approx(24.88 / 27.0, rel=0.01)
+    assert _search.config_key(tuned.timings[0][0]) != _search.config_key(first)
