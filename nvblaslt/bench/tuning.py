@@ -16,8 +16,9 @@ Parts, in this order, each timed and written to ``--json`` as it ends:
 
 The problems are ``nvblaslt tune``'s LLM suite (``--quick``: a representative subset) without its grouped
 GEMMs, with BIAS / RELU_BIAS / GELU_BIAS forms of the MLP's up projection (the suite has GELU_AUX_BIAS).
-Times are GPU time, not host time: per sample the L2 is flushed, a spin kernel is queued ahead (the host's
-time to issue the calls hidden), and CUDA events time a burst of calls (one call from 0.05 ms up).
+Times are GPU time, not host time: per sample the L2 is flushed, the stream is held until the sample is
+queued (the host's time to issue the calls hidden; ``--queue spin``: a sleep kernel ahead instead), and
+CUDA events time a burst of calls (one call from 0.05 ms up).
 ``--seconds`` is the time share: each tune gets a quarter of it (``--tune-budget``), the duels stop where
 the recall and invariance parts would lose their share, and parts cut short say so.
 """
@@ -40,7 +41,7 @@ from nvblaslt._tuning_cache import key_of
 
 from . import invariance, tuning_recall
 from .common import STARTED, free_memory, own_tuning_cache, progress
-from .tuning_problems import (QUICK_SUITE, QUICK_VARIANTS, burst_calls, flush_buffer, gpu_rounds, operands, paired,
+from .tuning_problems import (QUEUES, QUICK_SUITE, QUICK_VARIANTS, burst_calls, flush_buffer, gpu_rounds, operands, paired,
                               planned, problems, torch_baseline, torch_call)
 
 PARTS = ("tunes", "duels", "recall", "invariance")
@@ -60,6 +61,9 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                         help="the whole run's time share (default 300 with --quick, else 2400)")
     parser.add_argument("--tune-budget", type=float, help="seconds of each tune (default a quarter of --seconds)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per duel (default 11 with --quick, else 21)")
+    parser.add_argument("--queue", choices=QUEUES, default="held",
+                        help="what runs ahead of each duel sample: held (nothing; the stream held until the sample "
+                             "is queued) or spin (a sleep kernel; it turns some verdicts, see bench.tuning_problems)")
     parser.add_argument("--invariance-rounds", type=int, help="rounds per M, invariance part (default 7, else 15)")
     parser.add_argument("--invariance-pairs", type=_pairs, help="N x K pairs of the invariance part, as "
                         "4096x14336,8192x1024 (default every (N, K) of the suite's dense layers)")
@@ -141,7 +145,7 @@ def pick_of(entry: dict | None, first: bytes) -> bytes | None:
 
 
 # ---- part 2: duels, and the tunes' agreement --------------------------------------------------------------------
-def duel_problem(spec: dict, databases: list, rounds: int, flush) -> dict:
+def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "held") -> dict:
     """The first pick, each database's pick (each kernel once) and torch's call, in interleaved rounds."""
     ops = operands(spec)
     first = planned(spec, ops)
@@ -158,7 +162,7 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush) -> dict:
         cases: list[tuple[str, Any]] = [(f"kernel {i}", plans[k].execute) for i, k in enumerate(kernels)]
         cases.append(("torch", torch_call(spec, ops)))
         calls = burst_calls(first.execute, flush)
-        samples = gpu_rounds(cases, rounds, calls, flush)
+        samples = gpu_rounds(cases, rounds, calls, flush, queue)
     finally:
         for plan in plans.values():
             plan.free()
@@ -273,14 +277,15 @@ def run_duels(args, specs: list[dict], databases: list, results: dict, deadline:
             break
         progress(f"duels: [{index + 1}/{len(specs)}] {spec['name']}")
         try:
-            rows.append(duel_problem(spec, databases, args.rounds, flush))
+            rows.append(duel_problem(spec, databases, args.rounds, flush, args.queue))
         except Exception as error:  # noqa: BLE001 - one problem's failure must not lose the others' figures
             rows.append({"name": spec["name"], "error": f"{type(error).__name__}: {error}"})
             progress(f"duels: {spec['name']}: {rows[-1]['error']}")
         free_memory(torch)
     timed = [r for r in rows if "error" not in r]
     summary, agreed = summarize_duels(timed), agreement(timed)
-    results["duels"] = {"rounds": args.rounds, "rows": rows, "summary": summary, "left_out": left}
+    results["duels"] = {"rounds": args.rounds, "queue": args.queue, "rows": rows, "summary": summary,
+                        "left_out": left}
     results["agreement"] = agreed
     report_duels(timed, summary, agreed)
     for row in rows:

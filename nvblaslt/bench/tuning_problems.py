@@ -11,7 +11,7 @@ from typing import Any
 
 from nvblaslt import _tune_suite
 from nvblaslt._autotune import median_bounds
-from .timing import event_rounds
+from .timing import event_rounds, held_rounds
 
 # The --quick subset: several models, every token count, forward bf16 and fp8, the epilogs with their backward.
 QUICK_SUITE = (
@@ -162,10 +162,23 @@ def flush_buffer():
     return torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
 
 
-def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush) -> list[list[float]]:
+# What runs ahead of each sample, whose host time stays hidden either way. "held": nothing; the stream waits on
+# a host flag until the sample is queued (bench.timing.StreamGate). "spin": a sleep kernel, as before the seventh
+# pass of 2026-11-28: behind it three of eleven tuned picks read 1-13 % slower than the first pick, and faster
+# in every other context (idle, held, behind a GEMM), on an H200.
+QUEUES = ("held", "spin")
+
+
+def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, queue: str = "held") -> list[list[float]]:
     """ms per call of each ``(name, fn)`` case over ``rounds`` interleaved rounds, after two warm-up calls
-    each: per sample the L2 flushed, a spin queued ahead, CUDA events around ``calls`` calls."""
+    each: per sample the L2 flushed, the host's time hidden as ``queue`` says (one of ``QUEUES``), CUDA
+    events around ``calls`` calls."""
     import torch
+
+    if queue == "held":
+        return held_rounds(torch, cases, rounds, calls, before=flush.zero_)
+    if queue != "spin":
+        raise ValueError(f"queue: expected one of {QUEUES}, got {queue!r}")
 
     def before() -> None:
         flush.zero_()
