@@ -18,6 +18,7 @@ layer before in a training step). It prints pick / first for each, beside the ra
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 
@@ -27,10 +28,35 @@ import random
 
 from nvblaslt import _timing, _tuning_db
 from nvblaslt._tuning_cache import key_of
-from nvblaslt.bench.timing import StreamGate, event_rounds
+from nvblaslt.bench.timing import event_rounds
 from nvblaslt.bench.tuning_problems import flush_buffer, operands, planned
 
 SPIN_CYCLES = 2_000_000  # about 1 ms of queued GPU work ahead of a spin sample
+
+
+class Gate:
+    """Holds a stream on a host-mapped flag (``cuStreamWaitValue32``) until ``release()``: what is queued
+    behind it runs back to back. A probe's tool only: a blocking CUDA call made while held never returns."""
+
+    def __init__(self, stream: int):
+        from cuda.bindings import driver, runtime
+
+        self.driver, self.stream, self.count = driver, stream, 0
+        err, self.host = runtime.cudaHostAlloc(4, runtime.cudaHostAllocMapped)
+        assert err == 0, err
+        err, self.device = runtime.cudaHostGetDevicePointer(self.host, 0)
+        assert err == 0, err
+        self.flag = ctypes.c_uint32.from_address(self.host)
+        self.flag.value = 0
+
+    def hold(self) -> None:
+        self.count += 1
+        (err,) = self.driver.cuStreamWaitValue32(self.stream, self.device, self.count,
+                                                 self.driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        assert err == 0, err
+
+    def release(self) -> None:
+        self.flag.value = self.count
 
 
 def _ratio(pick: list[float], first: list[float]) -> float:
@@ -51,7 +77,7 @@ def main(argv=None) -> None:
     print(f"  {'problem':66s} {'idle':>8s} {'spin, as the bench':>19s} {'_timing.Timer':>14s} {'gated':>7s} "
           f"{'gemm ahead':>10s}  tune's own")
     timer = _timing.Timer(0, torch.cuda.current_stream().cuda_stream)
-    gate = StreamGate(torch.cuda.current_stream().cuda_stream)
+    gate = Gate(torch.cuda.current_stream().cuda_stream)
     big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)  # 4096³ bf16: about 0.2 ms; four of them
     for _ in range(2):
         torch.mm(big, big)

@@ -1,11 +1,10 @@
 """The bench's clocks: CUDA events around bursts, the wall clock to a synchronize after each step, host
-time over bursts, GPU time queued behind a sleep or behind a held stream. Every set of rounds goes through ``nvblaslt._timing.shuffled_rounds``, the package's one
+time over bursts, GPU time queued behind a sleep. Every set of rounds goes through ``nvblaslt._timing.shuffled_rounds``, the package's one
 way of timing contestants against each other (a fresh order each round); warm-up and what is
 measured stay here."""
 
 from __future__ import annotations
 
-import ctypes
 import random
 import statistics
 import time
@@ -38,67 +37,6 @@ def event_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, call
         for _ in range(calls):
             fn()
         stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / calls
-    return shuffled_rounds(cases, rounds, measure, shuffler=random.Random(seed))
-
-
-class StreamGate:
-    """Holds a stream on a host-mapped flag (``cuStreamWaitValue32``) while a sample is queued: the work
-    behind ``hold()`` starts when ``release()`` runs, back to back, so no host time falls between the
-    events, and no kernel runs ahead of the sample. A sleep kernel queued ahead hides the host's time too,
-    but it changes the verdict: on an H200 three of eleven tuned picks read 1-13 % slower than the first
-    pick behind one and 1-10 % faster idle, held on this gate, or behind a 1 ms GEMM (the SMs busy as in a
-    training step), all in one run (``tools/probe_tune_timing``)."""
-
-    def __init__(self, stream: int):
-        from cuda.bindings import driver
-        from cuda.bindings import runtime as cudart
-
-        self._driver, self.stream, self._count = driver, stream, 0
-        err, self._host = cudart.cudaHostAlloc(4, cudart.cudaHostAllocMapped)
-        if err != 0:
-            raise RuntimeError(f"cudaHostAlloc: {err}")
-        err, self._device = cudart.cudaHostGetDevicePointer(self._host, 0)
-        if err != 0:
-            cudart.cudaFreeHost(self._host)
-            raise RuntimeError(f"cudaHostGetDevicePointer: {err}")
-        self._flag = ctypes.c_uint32.from_address(self._host)
-        self._flag.value = 0
-
-    def hold(self) -> None:
-        """Queue the wait: what is queued after it on the stream waits for ``release()``."""
-        self._count += 1
-        (err,) = self._driver.cuStreamWaitValue32(self.stream, self._device, self._count,
-                                                  self._driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
-        if err != 0:
-            self._count -= 1
-            raise RuntimeError(f"cuStreamWaitValue32: {err}")
-
-    def release(self) -> None:
-        self._flag.value = self._count
-
-
-def held_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, calls: int = 1, seed: int = 0,
-                before: Callable[[], None] | None = None) -> list[list[float]]:
-    """``event_rounds``, each sample queued behind a ``StreamGate`` on the current stream and released once
-    its last event is queued: GPU time with the host's hidden, nothing running ahead but ``before()``."""
-    _warm_up(torch, cases)
-    gate = StreamGate(torch.cuda.current_stream().cuda_stream)
-
-    def measure(case: tuple[str, Callable]) -> float:
-        fn = case[1]
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        gate.hold()
-        try:
-            if before is not None:
-                before()
-            start.record()
-            for _ in range(calls):
-                fn()
-            stop.record()
-        finally:
-            gate.release()  # whatever happened: the stream must not stay held
         stop.synchronize()
         return start.elapsed_time(stop) / calls
     return shuffled_rounds(cases, rounds, measure, shuffler=random.Random(seed))

@@ -16,9 +16,9 @@ Parts, in this order, each timed and written to ``--json`` as it ends:
 
 The problems are ``nvblaslt tune``'s LLM suite (``--quick``: a representative subset) without its grouped
 GEMMs, with BIAS / RELU_BIAS / GELU_BIAS forms of the MLP's up projection (the suite has GELU_AUX_BIAS).
-Times are GPU time, not host time: per sample the L2 is flushed, the stream is held until the sample is
-queued (the host's time to issue the calls hidden; ``--queue spin``: a sleep kernel ahead instead), and
-CUDA events time a burst of calls (one call from 0.05 ms up).
+Times are GPU time, not host time: per sample about 1 ms of GEMMs is queued ahead (the host's time to issue
+the calls hidden, the SMs busy as in a training step; ``--queue spin``: a sleep kernel instead), the L2 is
+flushed, and CUDA events time a burst of calls (one call from 0.05 ms up).
 ``--seconds`` is the time share: each tune gets a quarter of it (``--tune-budget``), the duels stop where
 the recall and invariance parts would lose their share, and parts cut short say so.
 """
@@ -61,9 +61,10 @@ def arguments(argv: list[str]) -> argparse.Namespace:
                         help="the whole run's time share (default 300 with --quick, else 2400)")
     parser.add_argument("--tune-budget", type=float, help="seconds of each tune (default a quarter of --seconds)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per duel (default 11 with --quick, else 21)")
-    parser.add_argument("--queue", choices=QUEUES, default="held",
-                        help="what runs ahead of each duel sample: held (nothing; the stream held until the sample "
-                             "is queued) or spin (a sleep kernel; it turns some verdicts, see bench.tuning_problems)")
+    parser.add_argument("--queue", choices=QUEUES, default="gemm",
+                        help="what runs ahead of each duel sample: gemm (about 1 ms of GEMMs, as the layer before "
+                             "in a training step) or spin (a sleep kernel; it turns some verdicts, see "
+                             "bench.tuning_problems)")
     parser.add_argument("--invariance-rounds", type=int, help="rounds per M, invariance part (default 7, else 15)")
     parser.add_argument("--invariance-pairs", type=_pairs, help="N x K pairs of the invariance part, as "
                         "4096x14336,8192x1024 (default every (N, K) of the suite's dense layers)")
@@ -145,7 +146,7 @@ def pick_of(entry: dict | None, first: bytes) -> bytes | None:
 
 
 # ---- part 2: duels, and the tunes' agreement --------------------------------------------------------------------
-def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "held") -> dict:
+def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "gemm") -> dict:
     """The first pick, each database's pick (each kernel once) and torch's call, in interleaved rounds."""
     ops = operands(spec)
     first = planned(spec, ops)

@@ -11,7 +11,7 @@ from typing import Any
 
 from nvblaslt import _tune_suite
 from nvblaslt._autotune import median_bounds
-from .timing import event_rounds, held_rounds
+from .timing import event_rounds
 
 # The --quick subset: several models, every token count, forward bf16 and fp8, the epilogs with their backward.
 QUICK_SUITE = (
@@ -162,27 +162,33 @@ def flush_buffer():
     return torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
 
 
-# What runs ahead of each sample, whose host time stays hidden either way. "held": nothing; the stream waits on
-# a host flag until the sample is queued (bench.timing.StreamGate). "spin": a sleep kernel, as before the seventh
-# pass of 2026-11-28: behind it three of eleven tuned picks read 1-13 % slower than the first pick, and faster
-# in every other context (idle, held, behind a GEMM), on an H200.
-QUEUES = ("held", "spin")
+# What runs ahead of each sample, so that the host's time to issue it stays hidden. "gemm": GEMMS_AHEAD 4096³
+# bf16 GEMMs (about 1 ms: the SMs busy and drawing power, as the layer before in a training step). "spin": a
+# sleep kernel, as before the seventh pass of 2026-11-28: behind it three of eleven tuned picks read 1-13 %
+# slower than the first pick, and faster in every other context tried (idle, the stream held on a host flag
+# until the sample was queued, behind GEMMs), in one run on an H200 (tools/probe_tune_timing).
+QUEUES = ("gemm", "spin")
+GEMMS_AHEAD = 5
 
 
-def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, queue: str = "held") -> list[list[float]]:
+def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, queue: str = "gemm") -> list[list[float]]:
     """ms per call of each ``(name, fn)`` case over ``rounds`` interleaved rounds, after two warm-up calls
-    each: per sample the L2 flushed, the host's time hidden as ``queue`` says (one of ``QUEUES``), CUDA
-    events around ``calls`` calls."""
+    each: per sample the L2 flushed, the host's time hidden behind what ``queue`` names (one of
+    ``QUEUES``), CUDA events around ``calls`` calls."""
     import torch
 
-    if queue == "held":
-        return held_rounds(torch, cases, rounds, calls, before=flush.zero_)
-    if queue != "spin":
+    if queue not in QUEUES:
         raise ValueError(f"queue: expected one of {QUEUES}, got {queue!r}")
+    ahead = torch.ones(4096, 4096, device="cuda", dtype=torch.bfloat16) if queue == "gemm" else None
+    product = torch.empty_like(ahead) if ahead is not None else None
 
     def before() -> None:
+        if ahead is not None:
+            for _ in range(GEMMS_AHEAD):
+                torch.mm(ahead, ahead, out=product)
         flush.zero_()
-        torch.cuda._sleep(SPIN_CYCLES + SPIN_CYCLES_PER_CALL * calls)
+        if ahead is None:
+            torch.cuda._sleep(SPIN_CYCLES + SPIN_CYCLES_PER_CALL * calls)
     return event_rounds(torch, cases, rounds, calls, before=before)
 
 
