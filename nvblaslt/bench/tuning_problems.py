@@ -164,9 +164,9 @@ def flush_buffer():
 
 # What runs ahead of each sample, so that the host's time to issue it stays hidden. "gemm": GEMMS_AHEAD 4096³
 # bf16 GEMMs (about 1 ms: the SMs busy and drawing power, as the layer before in a training step). "spin": a
-# sleep kernel, as before the seventh pass of 2026-11-28: behind it three of eleven tuned picks read 1-13 %
-# slower than the first pick, and faster in every other context tried (idle, the stream held on a host flag
-# until the sample was queued, behind GEMMs), in one run on an H200 (tools/probe_tune_timing).
+# sleep kernel, as before the seventh pass of 2026-11-28: behind it two of eleven tuned picks read slower than
+# the first pick, and faster in every other context tried (idle, the stream held on a host flag until the
+# sample was queued, behind GEMMs), in one run on an H200 (tools/probe_tune_timing).
 QUEUES = ("gemm", "spin")
 GEMMS_AHEAD = 5
 
