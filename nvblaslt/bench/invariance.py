@@ -57,7 +57,7 @@ def _with_database(database: str | None, make):
         nvblaslt.unload_tuning()
 
 
-def _speed(w, x, bias, epilog: str, rounds: int, flush, database: str | None) -> dict:
+def _speed(w, x, bias, epilog: str, rounds: int, flush, database: str | None, queue: str = "gemm") -> dict:
     """{M: the batch-invariant plan's speed × the default's (``ratio``, paired), the two medians, and the
     invariant plan's kernel (its rung's id and tile)}, ``database`` loaded for the invariant plan."""
     found = {}
@@ -68,7 +68,7 @@ def _speed(w, x, bias, epilog: str, rounds: int, flush, database: str | None) ->
             default, invariant = plans
             calls = burst_calls(default.execute, flush)
             samples = gpu_rounds([("default", default.execute), ("invariant", invariant.execute)], rounds, calls,
-                                 flush)
+                                 flush, queue)
             config = invariant.algorithm.algorithm.config()
             kernel = f"id {config.get('ID')} tile {config.get('TILE_ID')} split {config.get('SPLITK_NUM')}"
             # a member runs only where it is the default's own kernel (_batch_invariant.member_for)
@@ -114,9 +114,10 @@ def tune_database(pairs: list[tuple[int, int]], path: Path, budget_s: float) -> 
 
 
 def section(pairs: list[tuple[int, int]] | None, rounds: int, deadline: float, flush,
-            database: str | None = None) -> dict:
+            database: str | None = None, queue: str = "gemm") -> dict:
     """Every (pair, epilog) row, until ``deadline`` (``time.perf_counter()``); the pairs left are named.
-    ``database``: the measured ladders (None: today's pins stand in for them, and the part says so)."""
+    ``database``: the measured ladders (None: today's pins stand in for them, and the part says so);
+    ``queue``: what runs ahead of each sample (``tuning_problems.QUEUES``)."""
     import torch
 
     import nvblaslt
@@ -136,7 +137,7 @@ def section(pairs: list[tuple[int, int]] | None, rounds: int, deadline: float, f
         for epilog in EPILOGS:
             row: dict = {"n": n, "k": k, "epilog": epilog}
             try:
-                row["speed"] = _speed(w, x, bias, epilog, rounds, flush, database)
+                row["speed"] = _speed(w, x, bias, epilog, rounds, flush, database, queue)
                 row["bitwise_differs"] = _bitwise(w, x, bias, epilog, database)
             except nvblaslt.NvblasltError as error:  # a pair cuBLASLt pins no algorithm for: said, and the rest go on
                 row["error"] = f"{type(error).__name__}: {error}"

@@ -376,7 +376,7 @@ def run_invariance(args, ends: float, flush) -> dict:
         begun = time.perf_counter()
         database = invariance.tune_database(pairs, args.out / "invariant.jsonl", budget)
         print(f"[invariance tune: {time.perf_counter() - begun:.0f} s]", flush=True)
-    return invariance.section(pairs, args.invariance_rounds, ends - 5.0, flush, database)
+    return invariance.section(pairs, args.invariance_rounds, ends - 5.0, flush, database, args.queue)
 
 
 def run_parts(args, specs: list[dict], problem_file: Path, results: dict, ends: float) -> None:
