@@ -162,7 +162,7 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
         kernels = list(plans)
         cases: list[tuple[str, Any]] = [(f"kernel {i}", plans[k].execute) for i, k in enumerate(kernels)]
         cases.append(("torch", torch_call(spec, ops)))
-        calls = burst_calls(first.execute, flush)
+        calls = burst_calls(first.execute, flush, queue)
         samples = gpu_rounds(cases, rounds, calls, flush, queue)
     finally:
         for plan in plans.values():

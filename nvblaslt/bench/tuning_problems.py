@@ -192,9 +192,10 @@ def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, que
     return event_rounds(torch, cases, rounds, calls, before=before)
 
 
-def burst_calls(fn, flush) -> int:
-    """Calls per sample for cases of about ``fn``'s time: one from ``BURST_MS`` up, at most ``MAX_CALLS``."""
-    ms = gpu_rounds([("probe", fn)], 1, 1, flush)[0][0]
+def burst_calls(fn, flush, queue: str = "gemm") -> int:
+    """Calls per sample for cases of about ``fn``'s time: one from ``BURST_MS`` up, at most ``MAX_CALLS``
+    (``fn`` timed behind what ``queue`` names, as the samples will be)."""
+    ms = gpu_rounds([("probe", fn)], 1, 1, flush, queue)[0][0]
     return max(1, min(MAX_CALLS, math.ceil(BURST_MS / max(ms, 1e-4))))
 
 
