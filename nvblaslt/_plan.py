@@ -513,6 +513,7 @@ class Matmul(Generic[ResultT]):
                                for key in inputs}
         self._bind()
         launch.select(found[0])
+        self.tuning_report = None  # of the algorithms planned before
         self._planned = True
         self._logger.debug("plan %s: %d algorithms, first %s", problem.describe(), len(found), found[0])
         if remembered.get("bias_gradient_form") == "split" and epilog in MASKING:

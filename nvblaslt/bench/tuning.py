@@ -41,8 +41,8 @@ from nvblaslt._tuning_cache import key_of
 
 from . import invariance, tuning_recall
 from .common import STARTED, free_memory, own_tuning_cache, progress
-from .tuning_problems import (QUEUES, QUICK_SUITE, QUICK_VARIANTS, burst_calls, flush_buffer, gpu_rounds, operands, paired,
-                              planned, problems, torch_baseline, torch_call)
+from .tuning_problems import (QUEUES, QUICK_SUITE, QUICK_VARIANTS, burst_calls, flush_buffer, gpu_rounds, operands,
+                              paired, planned, problems, torch_baseline, torch_call)
 
 PARTS = ("tunes", "duels", "recall", "invariance")
 TARGETS = {"agreement": 0.95, "geomean": 1.05, "worst": 0.99}

@@ -62,3 +62,19 @@ def test_the_ratio_a_database_records_is_paired_against_the_first_pick_through_b
     entry = _entry(report, None, tuned.timings, first, 30.0, "a problem")  # a first-pick ms far off: unused
     assert entry["kind"] == "tuned" and entry["ratio"] == pytest.approx(24.88 / 27.0, rel=0.01)
     assert _search.config_key(tuned.timings[0][0]) != _search.config_key(first)
+
+
+def test_planning_again_forgets_the_last_tuning_report(monkeypatch, default_lib):
+    """A report describes the algorithms planned before: a later ``autotune(search=True)`` must not start from
+    its pick's time and first-pick ratio for another problem (``GroupedMatmul.plan`` forgets it too)."""
+    import nvblaslt
+    from nvblaslt._launch import Launch
+    from nvblaslt._tuning_result import TuningReport
+    from tests.fakes import FakeDLPack, StandInLaunch
+
+    monkeypatch.setattr(Launch, "planned", classmethod(lambda cls, *args, **kwargs: (StandInLaunch(), ["algo"], {})))
+    mm = nvblaslt.Matmul(FakeDLPack((8, 4)), FakeDLPack((4, 6), ptr=0x7F0000100000))
+    mm.plan()
+    mm.tuning_report = TuningReport(False, "id 1", 1.0, "id 1", 1.0, False, first_pick_ratio=0.9)
+    mm.plan(epilog="RELU")
+    assert mm.tuning_report is None
