@@ -88,8 +88,15 @@ def torch_baseline(spec: dict) -> str:
         return "torch.addmm(b, x, Wᵀ)"
     if epilog == "RELU_BIAS":
         return "torch._addmm_activation(b, x, Wᵀ)"
-    if epilog in ("GELU_BIAS", "GELU_AUX_BIAS"):
-        return "torch._addmm_activation(b, x, Wᵀ, use_gelu=True)" + (" (no aux)" if "AUX" in epilog else "")
+    if epilog == "GELU_BIAS":
+        return "torch._addmm_activation(b, x, Wᵀ, use_gelu=True)"
+    # torch fuses none of these: its own way to the same results, as nn.Linear + nn.GELU compute them
+    if epilog == "GELU_AUX_BIAS":
+        return "torch.nn.functional.gelu(torch.addmm(b, x, Wᵀ)), the pre-activation kept as training keeps it"
+    if epilog == "DGELU":
+        return "torch.ops.aten.gelu_backward(torch.mm(A, B), the pre-activation)"
+    if epilog == "BGRADB":
+        return "torch.mm(A, B) and B.sum(0), the bias gradient"
     return f"torch.mm (the GEMM alone: torch has no fused {epilog})"
 
 
@@ -148,8 +155,15 @@ def torch_call(spec: dict, ops: dict):
         x, w_t, bias = b.T, a.T, ops["inputs"]["bias"]
         if epilog == "BIAS":
             return lambda: torch.addmm(bias, x, w_t)
+        if epilog == "GELU_AUX_BIAS":  # the pre-activation is the aux: a training step keeps it
+            return lambda: torch.nn.functional.gelu(torch.addmm(bias, x, w_t), approximate="tanh")
         gelu = epilog != "RELU_BIAS"
         return lambda: torch._addmm_activation(bias, x, w_t, use_gelu=gelu)
+    if epilog == "DGELU":  # D has the aux's shape: the next layer's input gradient through this GELU
+        aux = ops["inputs"]["gelu_aux"]
+        return lambda: torch.ops.aten.gelu_backward(torch.mm(a, b), aux, approximate="tanh")
+    if epilog == "BGRADB":  # B is dY (tokens, out): its column sums are the bias gradient
+        return lambda: (torch.mm(a, b), b.sum(0))
     return lambda: torch.mm(a, b)
 
 
