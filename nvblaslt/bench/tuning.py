@@ -84,8 +84,10 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     unknown = sorted(set(settings["parts"]) - set(PARTS))
     if unknown:
         parser.error(f"--parts: unknown {unknown}; known: {','.join(PARTS)}")
-    if {"duels", "recall"} & set(settings["parts"]) and "tunes" not in settings["parts"]:
-        parser.error("--parts: duels and recall measure the tunes' databases: add tunes")
+    if {"duels", "recall"} & set(settings["parts"]) and "tunes" not in settings["parts"] \
+            and not (given.out / "tuning-1.jsonl").is_file():
+        parser.error(f"--parts: duels and recall measure the tunes' databases, and {given.out} holds none from an "
+                     f"earlier run: add tunes")
     quick = given.quick
     defaults = {"seconds": 300.0 if quick else 2400.0, "rounds": 11 if quick else 21,
                 "invariance_rounds": 7 if quick else 15}
