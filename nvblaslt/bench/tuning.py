@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nvblaslt import _tuning_db
 from nvblaslt._tuning_cache import key_of
 
 from . import invariance, tuning_recall
@@ -385,7 +384,7 @@ def run_invariance(args, ends: float, flush) -> dict:
 def run_parts(args, specs: list[dict], problem_file: Path, results: dict, ends: float) -> None:
     # without the tunes part, the duels run on the databases an earlier run left in --out
     databases: list = [None, None] if "tunes" in args.parts else [
-        _tuning_db.read(path) if path.is_file() else None for path in (args.out / f"tuning-{i}.jsonl" for i in (1, 2))]
+        read_database(path) if path.is_file() else None for path in (args.out / f"tuning-{i}.jsonl" for i in (1, 2))]
     flush = None
     for part in [p for p in PARTS if p in args.parts]:
         begun = time.perf_counter()
