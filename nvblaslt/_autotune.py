@@ -12,8 +12,9 @@ challengers duel the incumbent in interleaved rounds: each round gives one paire
 challenger (its time over the incumbent's in the same round), so drift cancels. A challenger wins
 when the distribution-free upper bound on its median ratio (the sign test inverted, Bonferroni
 over the challengers) is below 1 and its median gains at least ``MIN_GAIN``. Otherwise the
-incumbent stays. For DRELU_BGRAD/DGELU_BGRAD the fused kernel then duels the split form
-(masking epilog + row-sum GEMV) the same way. Everything is budgeted: ``SEARCH_BUDGET_S`` per search.
+incumbent stays. For the bias-gradient epilogs the fused kernel then duels the split form (the
+masking epilog or plain GEMM, then the bias gradient as a GEMV; ``_split_bgrad``) the same way.
+Everything is budgeted: ``SEARCH_BUDGET_S`` per search.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from dataclasses import dataclass, field
 from . import _search, _timing, _tuning_cache
 from ._descriptors import HeuristicResult
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
-from ._epilogs import MASKING
 from ._protocols import TunablePlan, TunedPlan
 from ._tuning_result import TuningReport, TuningResult
 from ._streams import stream_handle
@@ -361,7 +361,7 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
 
 def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int, stream: int, recalled_split,
                                deadline: float, call_ms: float):
-    """Fused *_BGRAD against masking epilog + row-sum GEMV; the form the plan had (fused, unless an
+    """Fused *_BGRAD against its two-call form (``_split_bgrad``); the form the plan had (fused, unless an
     earlier search's split form was recalled) stays unless the other is faster beyond noise.
     Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen). A
     split form made here and not chosen is freed; a recalled one stays the plan's (it frees it on applying)."""
@@ -388,8 +388,8 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
 
 
 def _form_reserve(plan, iterations: int, call_ms: float, remaining: float) -> float:
-    """Seconds to keep for the bias-gradient form: autotuning the masking plan and a short duel."""
-    if plan._epilog not in MASKING:
+    """Seconds to keep for the bias-gradient form: autotuning its first plan and a short duel."""
+    if not plan._splittable():
         return 0.0
     calls = len(plan.algorithms) * (iterations + 1) + 2 * (MIN_ROUNDS + 1)
     return min(0.4 * remaining, 1.25 * calls * call_ms / 1000)
@@ -424,7 +424,7 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
          budget_s: float = SEARCH_BUDGET_S) -> TuningResult:
     """Time ``plan``'s heuristic list (median of ``iterations`` interleaved rounds, L2 flushed) and
     choose the fastest. With ``search``, look beyond it within ``budget_s`` seconds and switch only to
-    a challenger faster beyond the measured noise; for DRELU_BGRAD/DGELU_BGRAD choose the fused or
+    a challenger faster beyond the measured noise; for a bias-gradient epilog choose the fused or
     split form the same way; with ``remember``, store the choice on disk for later plans.
 
     The trial launches select algorithms on ``plan._launch`` (and leave out those cuBLASLt refuses at
@@ -461,7 +461,7 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
                                                      deadline - form_reserve)
         plan._launch.select(chosen)  # the fused form duels with the chosen algorithm
         form = split = None
-        if plan._epilog in MASKING:
+        if plan._splittable():
             form, split = _choose_bias_gradient_form(plan, timer, iterations, stream_h, recalled_split, deadline,
                                                      chosen_ms)
     report = _report(chosen, chosen_ms, heuristic, facts, form, time.perf_counter() - started, first_ratio)
@@ -472,8 +472,8 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
             facts_to_store["bias_gradient_form"] = form[0]
         _tuning_cache.remember(plan._launch, chosen, chosen_ms, **facts_to_store)
         if split is not None and form is not None:  # so that a later plan rebuilds it without timing
-            masked = split.masked
-            _tuning_cache.remember(masked._launch, masked.algorithm, form[1])
+            main = split.main
+            _tuning_cache.remember(main._launch, main.algorithm, form[1])
     return TuningResult(_timings(chosen, chosen_ms, heuristic, facts), report, form, split)
 
 

@@ -314,8 +314,10 @@ def outputs(spec: EpilogSpec, problem, relu_aux_dtype, aux_dtype=None) -> list[E
 
 
 # ---- the split bias-gradient form and the search ---------------------------------------------------
-# DRELU_BGRAD / DGELU_BGRAD as two calls: this masking epilog, then the row sums of D (``_split_bgrad``).
-MASKING = {MatmulEpilog.DRELU_BGRAD: MatmulEpilog.DRELU, MatmulEpilog.DGELU_BGRAD: MatmulEpilog.DGELU}
+# The bias-gradient epilogs as two calls (``_split_bgrad``): the epilog of the call that writes D, and what the
+# GEMV after it sums into the bias gradient (D's rows, or the caller's A or B over K).
+SPLIT_FORMS = {MatmulEpilog.DRELU_BGRAD: (MatmulEpilog.DRELU, "d"), MatmulEpilog.DGELU_BGRAD: (MatmulEpilog.DGELU, "d"),
+               MatmulEpilog.BGRADA: (MatmulEpilog.DEFAULT, "a"), MatmulEpilog.BGRADB: (MatmulEpilog.DEFAULT, "b")}
 # Epilogs whose heuristic picks the search also tries: they include tiles never paired with aux epilogs.
 SEARCH_OTHER_EPILOGS = (MatmulEpilog.DEFAULT, MatmulEpilog.RELU_BIAS, MatmulEpilog.BIAS)
 BIAS_EPILOGS = (MatmulEpilog.BIAS, MatmulEpilog.RELU_BIAS)

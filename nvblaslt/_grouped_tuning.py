@@ -48,6 +48,9 @@ class GroupedTrial:
         """The selected algorithm once, derive kernel included, into the scratch result; a refusal raises."""
         self._plan.run(self._bound, out=self._scratch, stream=stream, check_offsets=False, trial=True)
 
+    def _splittable(self) -> bool:
+        return False
+
     def _make_split_form(self, iterations: int):
         raise NotImplementedError("a grouped plan has no bias-gradient epilog")
 

@@ -310,6 +310,19 @@ class Launch:
             setter(handle, member, reference, size)
         return set_pointer
 
+    def caller_pointer(self, name: str) -> int:
+        """Where the next launch reads the caller's ``name`` (``"a"`` or ``"b"``; cuBLASLt's A is the
+        caller's B when the problem is transposed)."""
+        slot = self.a_pointer if (name == "a") == (self.problem.a.source == "a") else self.b_pointer
+        return int(slot.value or 0)
+
+    def point_caller(self, name: str, pointer: int) -> None:
+        """Read the caller's ``name`` (``"a"`` or ``"b"``) at ``pointer`` from the next launch on."""
+        if (name == "a") == (self.problem.a.source == "a"):
+            self.a_pointer.value = pointer
+        else:
+            self.b_pointer.value = pointer
+
     def bind(self, a: int, b: int, c: int | None) -> None:
         """cuBLASLt's A, B and C pointers (the caller's B and A when the problem is transposed)."""
         self.a_pointer.value, self.b_pointer.value = a, b

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, cast
 from . import _cuda, _dtypes, _epilogs, _host, _memory, _operands, _reading, _tuning_record
 from ._cuda import cudart
 from ._descriptors import HeuristicResult, check_handle_device
-from ._epilogs import MASKING, SPECS, MatmulEpilog, as_epilog
+from ._epilogs import SPECS, MatmulEpilog, as_epilog
 from ._frameworks import PROTOCOL, Framework
 from ._hints import Array, EpilogLike, Options, Preferences, QuantizationScales, ScalarLike, Stream
 from ._errors import NvblasltArgumentError, NvblasltStateError, NvblasltValueError
@@ -34,7 +34,7 @@ from ._outputs import OutputChecker
 from ._problem import OP_N, OP_T, Operands, Problem, canonical
 from ._results import Results
 from ._scales import Scalar, Scales
-from ._split_bgrad import SplitBiasGradient
+from ._split_bgrad import SplitBiasGradient, splittable
 from ._streams import stream_handle
 from ._types import cuda_type_names
 
@@ -130,8 +130,9 @@ class Matmul(Generic[ResultT]):
     stream : int
         The plan's stream, as a ``cudaStream_t``.
     bias_gradient_form : tuple or None
-        Set by ``autotune(search=True)`` on a ``DRELU_BGRAD`` / ``DGELU_BGRAD`` plan: ``(form, its ms,
-        the other form's ms)``, form ``"fused"`` or ``"split"``.
+        Set by ``autotune(search=True)`` on a bias-gradient plan (``DRELU_BGRAD``, ``DGELU_BGRAD``,
+        ``BGRADA``, ``BGRADB``): ``(form, its ms, the other form's ms)``, form ``"fused"`` or
+        ``"split"``.
 
     Raises
     ------
@@ -516,15 +517,20 @@ class Matmul(Generic[ResultT]):
         self.tuning_report = None  # of the algorithms planned before
         self._planned = True
         self._logger.debug("plan %s: %d algorithms, first %s", problem.describe(), len(found), found[0])
-        if remembered.get("bias_gradient_form") == "split" and epilog in MASKING:
-            self._split_form = self._make_split_form(iterations=0)  # its masking plan recalls its own choice
+        if remembered.get("bias_gradient_form") == "split" and self._splittable():
+            self._split_form = self._make_split_form(iterations=0)  # its first plan recalls its own choice
         _tuning_record.note(self, epilog, inputs)  # $NVBLASLT_RECORD: the problem, for `nvblaslt tune` later
         return found
 
+    def _splittable(self) -> bool:
+        """Whether this plan's epilog has a two-call form for its operands (``_split_bgrad``)."""
+        return splittable(self._epilog, self._operands, self._problem)
+
     def _make_split_form(self, iterations: int) -> SplitBiasGradient:
-        """DRELU_BGRAD / DGELU_BGRAD as two plans: the masking epilog, then D's row sums (a GEMV).
-        ``iterations`` > 0 autotunes the masking plan; 0 keeps what it planned (or recalled)."""
-        self._fast_bound = None  # the function form's next call must bind the masking plan too
+        """A *_BGRAD epilog as two plans: D without the bias gradient (the masking epilog, or the plain
+        GEMM), then the bias gradient as a GEMV over D or the summed input. ``iterations`` > 0 autotunes
+        the first plan; 0 keeps what it planned (or recalled)."""
+        self._fast_bound = None  # the function form's next call must bind the first plan too
         return SplitBiasGradient.build(Matmul._from_operands, self._operands, self._input_operands, self._prepared,
                                        self._launch, self._options, self._alpha.value, self._beta.value,
                                        self._framework, self.device, self.stream, iterations)
@@ -543,9 +549,10 @@ class Matmul(Generic[ResultT]):
         ranking further down, their picks for other epilogs, cluster-shape and swizzle variants,
         then other algorithm ids and tiles, as far as the time allows) and switches to a
         challenger only when it is faster than autotune's pick beyond the measured noise (a sign
-        test over paired interleaved rounds); for ``DRELU_BGRAD`` / ``DGELU_BGRAD`` it also
-        times the two-call form (the masking epilog, then the bias gradient as a GEMV) against the
-        fused kernel, and keeps the faster. A search takes about 10 seconds at most.
+        test over paired interleaved rounds); for ``DRELU_BGRAD`` / ``DGELU_BGRAD`` /
+        ``BGRADA`` / ``BGRADB`` it also times the two-call form (the masking epilog or the plain
+        GEMM, then the bias gradient as a GEMV over D or the summed input) against the fused
+        kernel, and keeps the faster. A search takes about 10 seconds at most.
 
         Parameters
         ----------
@@ -572,7 +579,7 @@ class Matmul(Generic[ResultT]):
             ``(algorithm, milliseconds)``: the selected algorithm first, then every other one
             timed, fastest first. ``algorithms`` takes this order (less what ``prune`` drops).
             Also sets ``tuning_report`` (what was chosen, over what, how sure; ``print`` it), and
-            after a search of a ``DRELU_BGRAD`` / ``DGELU_BGRAD`` plan ``bias_gradient_form``, a
+            after a search of a bias-gradient plan ``bias_gradient_form``, a
             tuple ``(form, its ms, the other form's ms)`` with form ``"fused"`` or ``"split"``.
 
         Raises
@@ -1015,8 +1022,8 @@ class Matmul(Generic[ResultT]):
         for value, argument in ((alpha, "alpha"), (beta, "beta")):
             if value is not None:
                 Scalar(self._problem_operands.types.scale, argument).set(value)  # refuses what the plan's own would
-        if self._split_form is not None:  # its masking plan checks the same things, then takes them
-            self._split_form.masked.reset_operands(**new, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
+        if self._split_form is not None:  # its first plan checks the same things, then takes them
+            self._split_form.main.reset_operands(**new, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
                                                   stream=stream_h)
         # Commit. Copies into device memory a queued kernel may still read wait for the last stream's work.
         if self._last_stream != stream_h and not _cuda.is_capturing(stream_h):
@@ -1095,7 +1102,7 @@ class Matmul(Generic[ResultT]):
         self._operands["a"], self._operands["b"], self._operands["c"] = a, b, c
         self._out_checker.forget()  # a new a, b or c may overlap an out= checked before
         if self._split_form is not None:
-            self._split_form.masked._set_operands(a, b, c, inputs, alpha, beta)
+            self._split_form.main._set_operands(a, b, c, inputs, alpha, beta)
         self._rebind([a.ptr, b.ptr, c.ptr if c is not None else None, *(op.ptr for op in inputs.values())],
                     tuple(inputs), alpha, beta)
 
@@ -1122,8 +1129,8 @@ class Matmul(Generic[ResultT]):
                 or beta != self._beta.value:
             self._alpha.set(alpha)
             self._beta.set(beta)
-        if self._split_form is not None:  # the two-call form runs instead: its masking plan takes the operands
-            self._split_form.masked._rebind(pointers, input_names, alpha, beta)
+        if self._split_form is not None:  # the two-call form runs instead: its first plan takes the operands
+            self._split_form.main._rebind(pointers, input_names, alpha, beta)
         self._fast_bound = pointers if keep else None
 
     def _bind(self) -> None:
@@ -1146,7 +1153,7 @@ class Matmul(Generic[ResultT]):
                 op.obj = None
         self._scales.forget_arrays()
         if self._split_form is not None:
-            self._split_form.masked._forget_arrays()
+            self._split_form.main._forget_arrays()
 
     # ---- lifetime ----------------------------------------------------------------------------------
     def _check_alive(self) -> None:

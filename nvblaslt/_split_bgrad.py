@@ -1,8 +1,16 @@
-"""DRELU_BGRAD and DGELU_BGRAD as two cuBLASLt calls: the masking epilog (DRELU / DGELU), then the
-bias gradient as row sums of D, a GEMV with a ones vector. The outputs are the same; on large
-problems cuBLASLt's in-kernel bias reduction can cost more than the GEMV (H200, fp16
-65536×16384×8192: fused 28.7 ms, split 25.5 ms). ``Matmul.autotune(search=True)`` times both
-and keeps the fused form unless the split form is faster beyond noise.
+"""The bias-gradient epilogs as two cuBLASLt calls: D without the bias gradient, then the bias gradient
+as a GEMV with a ones vector (``_epilogs.SPLIT_FORMS``):
+
+- DRELU_BGRAD / DGELU_BGRAD: the masking epilog (DRELU / DGELU), then the row sums of D;
+- BGRADA / BGRADB: the plain GEMM, then the caller's A summed over K (its row sums) / B summed over K
+  (its column sums), read where the GEMM read them.
+
+The outputs are the same. On large problems cuBLASLt's in-kernel bias reduction can cost more than
+the GEMV (H200, fp16 65536×16384×8192 DRELU_BGRAD: fused 28.7 ms, split 25.5 ms; bf16 BGRADB of a
+weight gradient over 8192 tokens: torch's mm and a separate sum 3–5 % faster than every fused kernel).
+``Matmul.autotune(search=True)`` times both and keeps the fused form unless the split form is faster
+beyond noise. cuBLASLt's BGRADA/BGRADB sum the inputs as given (alpha does not scale them), and so
+does the GEMV.
 
 The two plans are made by the fused plan's own class (``build`` is handed its constructor), so this
 module knows nothing above it.
@@ -13,65 +21,101 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from . import _cuda, _memory
+from . import _cuda, _dtypes, _memory
 from ._cuda import cudart
-from ._epilogs import MASKING
+from ._epilogs import SPLIT_FORMS
 from ._operands import Operand
 from ._options import MatmulOptions
 
 _ONE = {"float32": struct.pack("<f", 1.0), "float64": struct.pack("<d", 1.0), "float16": b"\x00\x3c",
         "bfloat16": b"\x80\x3f"}
+_SUMMABLE = (_dtypes.FLOAT16, _dtypes.BFLOAT16, _dtypes.FLOAT32, _dtypes.FLOAT64)
+
+
+def splittable(epilog, operands: dict, problem) -> bool:
+    """Whether ``epilog`` on ``problem`` has a two-call form: one of SPLIT_FORMS, and where an input is
+    summed, a real, non-fp8 operand with the problem's own batch shape (a broadcast one would need its
+    sums repeated per batch) that is not conjugated."""
+    form = SPLIT_FORMS.get(epilog)
+    if form is None:
+        return False
+    summed = form[1]
+    if summed == "d":
+        return True
+    op = operands[summed]
+    return (op.dtype in _SUMMABLE and problem.types.d in _SUMMABLE and not op.conjugated and len(op.shape) >= 2
+            and tuple(op.shape[:-2]) == tuple(problem.batch_shape))
 
 
 class SplitBiasGradient:
-    """The masking plan and the row-sum plan that stand in for one fused *_BGRAD plan."""
+    """The plan that writes D and the GEMV plan that writes the bias gradient, standing in for one fused
+    *_BGRAD plan. ``summed``: what the GEMV reads, ``"d"`` (D as the first plan wrote it), ``"a"`` or ``"b"``
+    (the caller's operand, where the first plan reads it)."""
 
-    def __init__(self, masked, row_sums, key: str, ones: _memory.DeviceBuffer):
-        self.masked, self.row_sums, self.key, self.ones = masked, row_sums, key, ones
+    def __init__(self, main, sums, key: str, ones: _memory.DeviceBuffer, summed: str):
+        self.main, self.sums, self.key, self.ones, self.summed = main, sums, key, ones, summed
 
     @classmethod
     def build(cls, new_plan, operands: dict, inputs: dict, prepared, launch, options, alpha, beta, framework,
               device: int, stream: int, iterations: int) -> SplitBiasGradient:
         """The two plans for a fused plan with these operands and epilog ``prepared`` on ``launch``'s
-        problem; ``new_plan`` is ``Matmul._from_operands``. ``iterations`` > 0 autotunes the masking plan."""
+        problem (``splittable`` must hold); ``new_plan`` is ``Matmul._from_operands``. ``iterations`` > 0
+        autotunes the plan that writes D."""
         problem = launch.problem
+        main_epilog, summed = SPLIT_FORMS[prepared.epilog]
         a, b, c = (operands[k] for k in "abc")
         options = dataclasses.replace(options, result_amax=False, logger=None)
-        masked = new_plan(a, b, c, stream=stream, options=options, alpha=alpha, beta=None if c is None else beta)
-        masked.plan(epilog=MASKING[prepared.epilog], epilog_inputs=inputs,
-                    preferences={"limit": min(len(launch.algorithms), 1024),  # recalled + searched can pass it
-                                 "workspace_limit": launch.workspace_limit})
+        main = new_plan(a, b, c, stream=stream, options=options, alpha=alpha, beta=None if c is None else beta)
+        main.plan(epilog=main_epilog, epilog_inputs=inputs or None,
+                  preferences={"limit": min(len(launch.algorithms), 1024),  # recalled + searched can pass it
+                               "workspace_limit": launch.workspace_limit})
         if iterations:
-            masked.autotune(iterations=iterations)
+            main.autotune(iterations=iterations)
 
-        dtype, m, n = problem.types.d, problem.m, problem.n
-        ones = _memory.DeviceBuffer(n * dtype.itemsize, stream)
-        _cuda.check(cudart.cudaMemcpyAsync(ones.pointer, _ONE[dtype.name] * n, n * dtype.itemsize,
+        dtype = problem.types.d
+        if summed == "d":  # D as cuBLASLt wrote it: column-major m×n matrices, one after another
+            rows, length, summed_dtype = problem.m, problem.n, dtype
+            shape: tuple[int, ...] = (problem.batch_count, rows, length) if problem.batch_count > 1 else (rows, length)
+            strides: tuple[int, ...] = (rows * length, 1, rows) if problem.batch_count > 1 else (1, rows)
+            pointer = 0  # set per call: where the first plan wrote D
+        else:  # the caller's A as given, or B transposed: K last, summed by the GEMV
+            op = operands[summed]
+            length, summed_dtype = problem.k, op.dtype
+            shape, strides = tuple(op.shape), tuple(op.strides)
+            if summed == "b":
+                shape, strides = (*shape[:-2], shape[-1], shape[-2]), (*strides[:-2], strides[-1], strides[-2])
+            pointer = op.ptr  # alignment as the first plan's; set per call from where it reads the operand
+        ones = _memory.DeviceBuffer(length * summed_dtype.itemsize, stream)
+        _cuda.check(cudart.cudaMemcpyAsync(ones.pointer, _ONE[summed_dtype.name] * length,
+                                           length * summed_dtype.itemsize,
                                            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
         _cuda.check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        # D as cuBLASLt wrote it: column-major m×n matrices, one after another (its pointer is set per call)
-        shape: tuple[int, ...] = (problem.batch_count, m, n) if problem.batch_count > 1 else (m, n)
-        strides: tuple[int, ...] = (m * n, 1, m) if problem.batch_count > 1 else (1, m)
-        d = Operand(None, ones.pointer, shape, strides, dtype, device, False, framework.name)
-        ones_vector = Operand(None, ones.pointer, (n,), (1,), dtype, device, True, framework.name)
-        row_sums = new_plan(d, ones_vector, None, stream=stream, options=MatmulOptions())
-        row_sums.plan()
-        # the row sums land where the fused plan's bias gradient would: same shape and strides
+        matrix = Operand(None, pointer or ones.pointer, shape, strides, summed_dtype, device, True, framework.name)
+        ones_vector = Operand(None, ones.pointer, (length,), (1,), summed_dtype, device, True, framework.name)
+        result_type = None if summed_dtype == dtype else dtype.name  # the fused plan's bias gradient is D's type
+        sums = new_plan(matrix, ones_vector, None, stream=stream, options=MatmulOptions(result_type=result_type))
+        sums.plan()
+        # the sums land where the fused plan's bias gradient would: same shape and strides
         output = next(o for o in prepared.outputs if o.key == prepared.spec.bias_output)
-        row_sums._allocate_result = _memory.strided_allocator(framework, output.shape, output.strides, dtype, device)
-        return cls(masked, row_sums, output.key, ones)
+        sums._allocate_result = _memory.strided_allocator(framework, output.shape, output.strides, dtype, device)
+        return cls(main, sums, output.key, ones, summed)
+
+    def _point_sums(self, d_pointer: int) -> None:
+        """The GEMV reads what the first plan wrote (D) or read (the caller's A or B) in this call."""
+        summed = self.summed
+        self.sums._launch.point_caller("a", d_pointer if summed == "d" else self.main._launch.caller_pointer(summed))
 
     def run(self, stream_h: int, framework_stream: int, out):
-        d = self.masked._run(stream_h, framework_stream, out)
-        self.row_sums._launch.a_pointer.value = self.masked._launch.d_argument.value  # D of the masking call
-        return d, {self.key: self.row_sums._run(stream_h, framework_stream, None)}
+        d = self.main._run(stream_h, framework_stream, out)
+        self._point_sums(self.main._launch.d_argument.value)
+        return d, {self.key: self.sums._run(stream_h, framework_stream, None)}
 
     def trial_run(self, stream_h: int) -> int:
         """Both calls into the plans' scratch memory (see ``Matmul._trial_run``)."""
-        self.row_sums._launch.a_pointer.value = self.masked._trial_run(stream_h)
-        return self.row_sums._trial_run(stream_h)
+        self._point_sums(self.main._trial_run(stream_h))
+        return self.sums._trial_run(stream_h)
 
     def free(self) -> None:
-        self.masked.free()
-        self.row_sums.free()
+        self.main.free()
+        self.sums.free()
         self.ones.release()

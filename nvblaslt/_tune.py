@@ -66,7 +66,9 @@ def _first_pick_ms(timings, first) -> float:
     return next((ms for result, ms in timings if _search.config_key(result) == wanted), timings[0][1])
 
 
-def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip) -> tuple[str, dict] | None:
+def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip) -> tuple | None:
+    """(key, entry) of ``spec``'s problem, then (key, entry) of a split form's first call where it has one;
+    None where ``skip(key)``."""
     from ._plan import Matmul
 
     which = (spec.get("options") or {}).get("batch_invariant")
@@ -104,10 +106,29 @@ def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip)
             summary = _tuning_cache.problem_summary(description, launch.lib.api)
             tuned = _autotune.tune(plan, iterations=ITERATIONS, search=True, remember=False, stream=stream,
                                    budget_s=budget_s)
-            if tuned.split_form is not None:  # the database keeps fused algorithms only
-                tuned.split_form.free()
             timings = tuned.timings
-            return key, _entry(tuned.report, launch, timings, first, _first_pick_ms(timings, first), summary)
+            entry = _entry(tuned.report, launch, timings, first, _first_pick_ms(timings, first), summary)
+            if tuned.split_form is None or tuned.bias_gradient_form is None:
+                return key, entry
+            try:  # the two-call form won: the entry says so, and the first call's kernel goes beside it
+                split_ms, fused_ms = tuned.bias_gradient_form[1:]
+                entry.update(bias_gradient_form="split", form_ratio=round(split_ms / fused_ms, 4))
+                return (key, entry, *_first_call_entry(tuned.split_form.main))
+            finally:
+                tuned.split_form.free()
+
+
+def _first_call_entry(main) -> tuple[tuple[str, dict], ...]:
+    """The split form's first plan (autotuned over the heuristics' list when it was made) as a database
+    entry of its own problem, where autotune kept another kernel than the first pick: a later plan of the
+    split form recalls it. Nothing where the first pick stays (the heuristics give it again)."""
+    report, key = main.tuning_report, _tuning_cache.key_of(main._launch)
+    if report is None or key is None or report.first_pick_ratio >= 1.0:  # 1.0 exactly: the first pick stayed
+        return ()
+    summary = _tuning_cache.problem_summary(_tuning_cache.problem_description(main._launch), main._launch.lib.api)
+    return ((key, _tuning_db.entry_for(main.algorithm, "tuned", problem=summary, ms=round(report.chosen_ms, 5),
+                                       ratio=round(report.first_pick_ratio, 4), of_split_form=True,
+                                       seconds=round(report.seconds, 1))),)
 
 
 def _tune_grouped(spec: dict, budget_s: float, device: int, patterns: dict, skip) -> tuple[str, dict] | None:
@@ -164,6 +185,9 @@ def _name(spec: dict) -> str:
 
 def _shown(entry: dict) -> str:
     """An entry's outcome in a progress line."""
+    if "form_ratio" in entry:  # the split bias-gradient form won
+        kernel = f"{entry['ratio']:.3f}× the first pick" if "ratio" in entry else "the first pick"
+        return f"{kernel}, in the split bias-gradient form at {entry['form_ratio']:.3f}× the fused kernel"
     if "ratio" in entry:
         return f"{entry['ratio']:.3f}× the first pick"
     if "speed" in entry:  # a measured pin: its (ladder's) speed × the default per M, and the others'
@@ -261,6 +285,7 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
     started = time.perf_counter()
     patterns: dict[str, bytes] = {}
     counts = {"tuned": 0, "default": 0, "pinned": 0, "skipped": 0, "failed": 0}
+    companions: set[str] = set()  # entries written beside a split form, which a problem of their own replaces
     for index, spec in enumerate(specs):
         left = budget_s - (time.perf_counter() - started)
         share = min(_autotune.SEARCH_BUDGET_S, left / (len(specs) - index))
@@ -270,7 +295,8 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
         begun = time.perf_counter()
         try:
             tune_one = _tune_grouped if spec["kind"] == "grouped" else _tune_matmul
-            found = tune_one(spec, share, device, patterns, lambda key: key in result.entries)
+            found = tune_one(spec, share, device, patterns,
+                             lambda key: key in result.entries and key not in companions)
         except NvblasltError as error:  # a problem this GPU or library cannot run: said, and the run goes on
             counts["failed"] += 1
             say(f"[{index + 1}/{len(specs)}] {_name(spec)}: not tuned ({error})")
@@ -278,8 +304,13 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
         if found is None:
             counts["skipped"] += 1
             continue
-        key, entry = found
+        (key, entry), beside = found[:2], found[2:]
         result.entries[key] = entry
+        companions.discard(key)
+        for other_key, other in beside:  # a split form's first call: a problem tuned on its own keeps its entry
+            if other_key not in result.entries:
+                result.entries[other_key] = other
+                companions.add(other_key)
         counts[entry["kind"]] += 1
         if database is not None:
             result.write(database)

@@ -64,7 +64,6 @@ ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8]
 MAX_FILE_BYTES = 16 << 20  # far beyond MAX_ENTRIES entries: a larger file is not ours
 MAX_ENTRIES = 4096  # beyond this the oldest entries are dropped
 LOCK_TIMEOUT_S = 10.0
-BIAS_GRADIENT_FORMS = ("fused", "split")
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -125,7 +124,7 @@ def valid_entry(entry) -> bool:
         value = entry.get(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             return False
-    return entry.get("bias_gradient_form", "fused") in BIAS_GRADIENT_FORMS
+    return entry.get("bias_gradient_form", "fused") in _tuning_db.BIAS_GRADIENT_FORMS
 
 
 @dataclass
@@ -469,7 +468,8 @@ _ALL_IMPL_FLAGS = (1 << 64) - 1  # IMPL_MASK's default: every implementation all
 # ---- what Matmul and autotune call ----------------------------------------------------------------
 def recall(launch) -> tuple[HeuristicResult | None, dict]:
     """(the remembered HeuristicResult, if the library still accepts it for this launch and it fits the
-    launch's workspace limit; the stored entry) — or (None, {}). Never raises for the cache's sake."""
+    launch's workspace limit; the stored entry) — or (None, {}), or (None, {"bias_gradient_form": "split"})
+    where a database keeps the first pick in the two-call form. Never raises for the cache's sake."""
     if not recall_enabled:
         return None, {}
     try:
@@ -482,9 +482,11 @@ def recall(launch) -> tuple[HeuristicResult | None, dict]:
         return None, {}
     summary = problem_summary(description, launch.lib.api)
     if entry is None or entry.get("kind") == "default":
-        logger.debug("tuning %s for %s", "database: the heuristics' first pick stays" if entry else
-                     "cache: nothing remembered", summary)
-        return None, {}
+        split = entry is not None and entry.get("bias_gradient_form") == "split"
+        logger.debug("tuning %s for %s", "cache: nothing remembered" if entry is None else
+                     "database: the heuristics' first pick stays" + (", in the split bias-gradient form" if split
+                                                                     else ""), summary)
+        return None, ({"bias_gradient_form": "split"} if split else {})
     algo_type = launch.lib.api.cublasLtMatmulAlgo_t
     raw = bytes.fromhex(entry["algo"])
     result = launch.check(algo_type.from_buffer_copy(raw)) if len(raw) == ctypes.sizeof(

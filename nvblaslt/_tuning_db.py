@@ -9,6 +9,9 @@ Every other line is one entry, keyed like the tuning cache (``_tuning_cache.prob
 - ``"kind": "tuned"``: ``algo`` (the algorithm's 64 bytes in hex) beat the heuristics' first pick
   by ``ratio`` (its time over the first pick's, in an interleaved duel);
 - ``"kind": "default"``: nothing beat the first pick: it stays, and nothing is searched again;
+- on a ``tuned`` or ``default`` entry of a bias-gradient epilog, ``"bias_gradient_form": "split"``: the
+  two-call form (``_split_bgrad``: D without the bias gradient, then a GEMV) beat the fused kernel; the
+  first call's own kernel is the entry of its own problem, where the tune found one to keep;
 - ``"kind": "pinned"``: the algorithm a ``batch_invariant`` plan runs for every M, keyed by the
   problem with M left out (``_batch_invariant``). A measured pin may add ``ladder``: rungs
   ``{"up_to": M or null, "algo": …}`` in ascending order, each serving the M above the previous rung's
@@ -49,6 +52,7 @@ VERSION = 1  # of the file
 KEY_FORMAT = 1  # of the problem keys (_tuning_cache.problem_description): a change makes every key stale
 ENV_TUNING = "NVBLASLT_TUNING"
 KINDS = ("tuned", "default", "pinned")
+BIAS_GRADIENT_FORMS = ("fused", "split")  # a bias-gradient epilog's one kernel, or its two calls (_split_bgrad)
 MAX_FILE_BYTES = 64 << 20
 MAX_RUNGS = 64  # far beyond the M points a ladder is measured at: a longer one is not ours
 MAX_MEMBERS = 256  # far beyond the kernels a tune verifies per class: a longer list is not ours
@@ -186,7 +190,11 @@ def _entry_fault(entry) -> str | None:
         return f"kind: expected one of {KINDS}, got {kind!r}"
     if kind != "default" and not _hex(entry.get("algo"), 128):
         return f"algo: expected an algorithm's 64 bytes as 128 hex digits for a {kind!r} entry"
-    for name in ("ms", "first_pick_ms", "ratio", "stored"):
+    form = entry.get("bias_gradient_form", "fused")
+    if form not in BIAS_GRADIENT_FORMS or (form != "fused" and kind == "pinned"):
+        return (f"bias_gradient_form: expected one of {BIAS_GRADIENT_FORMS} on a 'tuned' or 'default' entry, got "
+                f"{form!r} on a {kind!r} one")
+    for name in ("ms", "first_pick_ms", "ratio", "form_ratio", "stored"):
         if name in entry and not _positive(entry[name]):
             return f"{name}: expected a positive number, got {entry[name]!r}"
     if "ladder" in entry:
@@ -365,17 +373,19 @@ def describe_ladder(entry: dict) -> str:
 
 
 def _choice(entry: dict) -> str:
+    form = ", split bias-gradient form" if entry.get("bias_gradient_form") == "split" else ""
     if entry["kind"] == "default":
-        return "default (the heuristics' first pick)"
+        return f"default (the heuristics' first pick{form})"
     ratio = f" at {entry['ratio']:.3f}× the first pick" if "ratio" in entry else ""
     ladder = f" (ladder {describe_ladder(entry)})" if entry.get("ladder") else ""
-    return f"{entry['kind']} {describe_config(entry)}{ratio}{ladder}"
+    return f"{entry['kind']} {describe_config(entry)}{ratio}{form}{ladder}"
 
 
 def _chosen(entry: dict) -> tuple:
     """What a plan runs for an entry: two entries with the same run the same kernels at every M."""
     rungs = tuple((r["up_to"], r["algo"]) for r in entry.get("ladder") or ())
-    return entry["kind"], entry.get("algo"), rungs, tuple(sorted(m["algo"] for m in members_of(entry)))
+    return (entry["kind"], entry.get("algo"), entry.get("bias_gradient_form", "fused"), rungs,
+            tuple(sorted(m["algo"] for m in members_of(entry))))
 
 
 def diff(a: TuningDatabase, b: TuningDatabase) -> list[str]:

@@ -60,7 +60,7 @@ class TuningResult:
     """What ``autotune`` chose, for the plan to apply: nothing of the plan is written by the tuner.
 
     ``timings`` is ``[(algorithm, ms)]``, the chosen one first, then every other one timed, fastest
-    first. After a search of a DRELU_BGRAD/DGELU_BGRAD plan, ``bias_gradient_form`` is
+    first. After a search of a bias-gradient plan, ``bias_gradient_form`` is
     ``(form, its ms, the other form's ms)`` and ``split_form`` the ``SplitBiasGradient`` to run when the
     form is "split" (None for "fused"); without that choice both stay None and the plan keeps its form."""
 

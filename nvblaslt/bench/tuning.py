@@ -140,11 +140,28 @@ def read_database(path: Path):
         nvblaslt.unload_tuning()
 
 
-def pick_of(entry: dict | None, first: bytes) -> bytes | None:
-    """The kernel an entry runs: its algorithm, or the first pick for a ``default`` one; None without one."""
+def pick_of(entry: dict | None, first: bytes) -> tuple[bytes, str] | None:
+    """What an entry runs: its algorithm, or the first pick for a ``default`` one, and its bias-gradient form
+    (``"fused"`` or ``"split"``); None without one."""
     if entry is None or entry["kind"] not in ("tuned", "default"):
         return None
-    return bytes.fromhex(entry["algo"]) if entry["kind"] == "tuned" else first
+    return bytes.fromhex(entry["algo"]) if entry["kind"] == "tuned" else first, entry.get("bias_gradient_form",
+                                                                                          "fused")
+
+
+def planned_pick(spec: dict, ops: dict, pick: tuple[bytes, str], database):
+    """A plan running ``pick``: its kernel; in the two-call bias-gradient form, as a process that loaded
+    ``database`` plans it (the form and its first call's kernel recalled from it)."""
+    algorithm, form = pick
+    if form == "fused":
+        return planned(spec, ops, algorithm)
+    import nvblaslt
+
+    nvblaslt.load_tuning(database.path)
+    try:
+        return planned(spec, ops)
+    finally:
+        nvblaslt.unload_tuning()
 
 
 # ---- part 2: duels, and the tunes' agreement --------------------------------------------------------------------
@@ -152,15 +169,15 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
     """The first pick, each database's pick (each kernel once) and torch's call, in interleaved rounds."""
     ops = operands(spec)
     first = planned(spec, ops)
-    first_bytes = first.algorithm.as_bytes()
-    plans = {first_bytes: first}
+    first_pick = (first.algorithm.as_bytes(), "fused")
+    plans = {first_pick: first}
     try:
         key = key_of(first._launch)
         entries = [db.entries.get(key) if db is not None and key else None for db in databases]
-        picks = [pick_of(entry, first_bytes) for entry in entries]
-        for pick in picks:
+        picks = [pick_of(entry, first_pick[0]) for entry in entries]
+        for pick, database in zip(picks, databases):
             if pick is not None and pick not in plans:
-                plans[pick] = planned(spec, ops, pick)
+                plans[pick] = planned_pick(spec, ops, pick, database)
         kernels = list(plans)
         cases: list[tuple[str, Any]] = [(f"kernel {i}", plans[k].execute) for i, k in enumerate(kernels)]
         cases.append(("torch", torch_call(spec, ops)))
@@ -172,7 +189,9 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
         del ops
     timed = dict(zip(kernels, samples))
     first_samples, torch_samples = samples[0], samples[-1]
-    row: dict[str, Any] = {"name": spec["name"], "key": key, "kinds": [e["kind"] if e else None for e in entries],
+    kinds = [None if e is None else e["kind"] + ("+split" if e.get("bias_gradient_form") == "split" else "")
+             for e in entries]
+    row: dict[str, Any] = {"name": spec["name"], "key": key, "kinds": kinds,
                            "tune_ratios": [e.get("ratio") if e else None for e in entries], "calls": calls,
                            "torch": torch_baseline(spec), "first_ms": statistics.median(first_samples),
                            "torch_ms": statistics.median(torch_samples)}
@@ -180,7 +199,7 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
         if pick is None:
             continue
         row[f"db{index}_ms"] = statistics.median(timed[pick])
-        row[f"first_over_db{index}"] = ({"ratio": 1.0, "same_kernel": True} if pick == first_bytes
+        row[f"first_over_db{index}"] = ({"ratio": 1.0, "same_kernel": True} if pick == first_pick
                                         else paired(first_samples, timed[pick]))
         row[f"torch_over_db{index}"] = paired(torch_samples, timed[pick])
     one, two = picks

@@ -43,14 +43,16 @@ class _Messages(logging.Handler):
 
 def recall_status(messages: list[str], summary: str) -> str:
     """What a tuning database gave the plan of ``summary``: "hit" (its algorithm), "default" (the first
-    pick stays), "refused" (not accepted for the launch) or "none" (nothing said)."""
+    pick stays), each with "+split" where it runs in the two-call bias-gradient form, "refused" (not
+    accepted for the launch) or "none" (nothing said)."""
     for message in messages:
         if f"for {summary}" not in message:
             continue
+        split = "+split" if "split bias-gradient form" in message else ""
         if message.startswith("tuning database hit"):
-            return "hit"
+            return "hit" + split
         if message.startswith("tuning database") and "first pick stays" in message:
-            return "default"
+            return "default" + split
         if message.startswith("tuning database") and "not accepted" in message:
             return "refused"
     return "none"
@@ -136,7 +138,7 @@ def evaluate(found: dict, entries: dict) -> dict:
             absent.append(name)
             continue
         tuned = entry["kind"] == "tuned"
-        status = "hit" if tuned else "default"
+        status = ("hit" if tuned else "default") + ("+split" if entry.get("bias_gradient_form") == "split" else "")
         exact = {"Matmul": row["algo"] == (entry["algo"] if tuned else row["first_pick"]) and row["Matmul"] == status,
                  "matmul()": row["matmul()"] == status}
         if "nvblaslt.torch" in row:

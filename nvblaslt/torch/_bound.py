@@ -75,23 +75,49 @@ class BoundGemm:
                 setter(pointer)
         self._last = pointers
 
+class BoundSplitGemm:
+    """A bias-gradient GEMM that runs in the two-call form a tuning database or search chose
+    (``_split_bgrad``), called as its ``BoundGemm`` would be: the first call writes D (taking every vector
+    but the bias gradient), then the GEMV writes the bias gradient from D or the caller's A or B."""
+
+    __slots__ = ("plan", "_first", "_sums", "_ones", "_summed", "_gradient_at")
+
+    def __init__(self, plan: Matmul, pointer_attributes: Sequence[str]) -> None:
+        split = plan._split_form
+        assert split is not None  # bind() makes one only for a plan in the two-call form
+        self.plan = plan  # holds the two plans (its split form)
+        self._gradient_at = list(pointer_attributes).index("BIAS_POINTER")  # a *_BGRAD epilog writes it
+        self._first = BoundGemm(split.main, [name for name in pointer_attributes if name != "BIAS_POINTER"])
+        self._sums = BoundGemm(split.sums, ())
+        self._ones, self._summed = split.ones.pointer, split.summed
+
+    def __call__(self, a: int, b: int, d: int, stream: int, *pointers: int) -> None:
+        at = self._gradient_at
+        self._first(a, b, d, stream, *pointers[:at], *pointers[at + 1:])
+        summed = self._summed
+        self._sums(d if summed == "d" else a if summed == "a" else b, self._ones, pointers[at], stream)
+
+
+Bound = BoundGemm | BoundSplitGemm  # what ``bind`` makes: called alike
+
+
 def bind(a, b, epilog: MatmulEpilog, inputs: dict | None, stream: int, result: tuple,
-         pointer_attributes: Sequence[str] = ()) -> BoundGemm | None:
-    """A ``BoundGemm`` of ``matmul(a, b, epilog=epilog, epilog_inputs=inputs)`` on ``stream``, or None where
-    its plan does not write D as ``result`` (shape, element strides) says, or runs the two-call bias-gradient
-    form a search chose: the caller then takes ``matmul()``'s path."""
+         pointer_attributes: Sequence[str] = ()) -> Bound | None:
+    """A ``BoundGemm`` of ``matmul(a, b, epilog=epilog, epilog_inputs=inputs)`` on ``stream`` (a
+    ``BoundSplitGemm`` where it runs the two-call bias-gradient form), or None where its plan does not
+    write D as ``result`` (shape, element strides) says: the caller then takes ``matmul()``'s path."""
     plan = Matmul(a, b, stream=stream)
     try:
         plan.plan(epilog=epilog, epilog_inputs=inputs)
         problem = plan._problem
-        if plan._split_form is not None or (tuple(problem.result_shape), tuple(problem.result_strides)) != result:
+        if (tuple(problem.result_shape), tuple(problem.result_strides)) != result:
             plan.free()
             return None
         plan._forget_arrays()  # the plan keeps no tensor of the caller's alive
     except BaseException:
         plan.free()
         raise
-    return BoundGemm(plan, pointer_attributes)
+    return BoundGemm(plan, pointer_attributes) if plan._split_form is None else BoundSplitGemm(plan, pointer_attributes)
 
 
 class _Steps(threading.local):

@@ -92,7 +92,7 @@ class Step:
             inputs, attributes = ({"bias": bias.detach()}, ("BIAS_POINTER",)) if bias is not None else (None, ())
             forward = _bound.bind(weights, rows.T, epilog, inputs, stream, ((o, m), (1, o)), attributes + outputs)
         # forward; dW = dZᵀ X with and without BGRADB; dX = dZ W (None: not made yet, or cannot be bound)
-        self.gemms: list[_bound.BoundGemm | None] = [forward, None, None, None]
+        self.gemms: list[_bound.Bound | None] = [forward, None, None, None]
         self.built = [True, False, False, False]
         self.captured = False  # a CUDA graph ran it: kept for the thread's life (_bound.keep_captured)
 
@@ -102,7 +102,7 @@ class Step:
             self.captured = True
             _bound.keep_captured(self)
 
-    def backward_gemm(self, index: int, x: Tensor, weight: Tensor, dz: Tensor) -> _bound.BoundGemm | None:
+    def backward_gemm(self, index: int, x: Tensor, weight: Tensor, dz: Tensor) -> _bound.Bound | None:
         """The backward's GEMM ``index`` (1: dW, 2: dW with db, 3: dX), made on first use from this call's
         tensors; None where it cannot be bound, a graph is being captured (planning allocates), or an
         ``autotune()`` context would search it (``_gemms``' path does)."""
@@ -141,7 +141,7 @@ def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str, ke
 
 def _launch_forward(step: Step, x: int, weight: int, out: int, stream: int, vectors: tuple[int, ...]) -> None:
     # a step whose forward cannot be bound is never run
-    gemm: _bound.BoundGemm = step.gemms[0]  # type: ignore[assignment]
+    gemm: _bound.Bound = step.gemms[0]  # type: ignore[assignment]
     if step.transposed:  # D = W Xᵀ
         gemm(weight, x, out, stream, *vectors)
     else:  # D = X Wᵀ
@@ -273,7 +273,7 @@ def linear_inference(key: tuple, x: Tensor, weight: Tensor, bias: Tensor | None,
     step = _bound.find(key, stream)
     if step is None:
         return None
-    gemm: _bound.BoundGemm | None = step.gemms[0]
+    gemm: _bound.Bound | None = step.gemms[0]
     if gemm is None:  # kept, but its forward could not be bound (see _bound.bind): the checked path
         return None
     several = _several if _several is not None else _several_devices()

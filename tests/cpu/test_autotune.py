@@ -15,7 +15,7 @@ import pytest
 
 from nvblaslt import _autotune, _search, _timing, _tuning_cache
 from nvblaslt._autotune import Contestant, duel, faster_confidence, median_bounds
-from nvblaslt._epilogs import MatmulEpilog
+from nvblaslt._epilogs import SPLIT_FORMS, MatmulEpilog
 from tests.fakes import simulated_timer
 
 
@@ -146,8 +146,8 @@ class FakeSplit:
 
     def __init__(self, plan, iterations):
         self.plan, self.freed = plan, False
-        masked_launch = types.SimpleNamespace(algorithm=FakeResult(900))
-        self.masked = types.SimpleNamespace(_launch=masked_launch, algorithm=masked_launch.algorithm)
+        main_launch = types.SimpleNamespace(algorithm=FakeResult(900))
+        self.main = types.SimpleNamespace(_launch=main_launch, algorithm=main_launch.algorithm)
         FakeSplit.instances.append(self)
 
     def trial_run(self, stream):
@@ -210,6 +210,9 @@ class StandInPlan(LaunchAlgorithms):
 
     def _trial_run(self, stream):
         self.ran = self._launch.algorithm.algorithm.id
+
+    def _splittable(self):
+        return self._epilog in SPLIT_FORMS
 
     def _make_split_form(self, iterations):
         return FakeSplit(self, iterations)
@@ -333,7 +336,7 @@ def test_the_bias_gradient_form_changes_only_beyond_noise(simulated, split_ms, e
     if expected == "split":
         assert plan._split_form is split and not split.freed and form_ms < other_ms
         assert stored[-2][3]["bias_gradient_form"] == "split"
-        assert stored[-1][0] is split.masked._launch  # the masking plan's own choice, for later plans
+        assert stored[-1][0] is split.main._launch  # the first plan's own choice, for later plans
     else:
         assert plan._split_form is None and split.freed
         assert stored[-1][3]["bias_gradient_form"] == "fused"

@@ -143,8 +143,9 @@ def test_agreement_counts_the_same_kernel_and_kernels_within_one_percent():
 
 def test_an_entry_runs_its_algorithm_or_the_first_pick():
     first = bytes(64)
-    assert tuning.pick_of({"kind": "tuned", "algo": "ab" * 64}, first) == bytes.fromhex("ab" * 64)
-    assert tuning.pick_of({"kind": "default"}, first) == first
+    assert tuning.pick_of({"kind": "tuned", "algo": "ab" * 64}, first) == (bytes.fromhex("ab" * 64), "fused")
+    assert tuning.pick_of({"kind": "default"}, first) == (first, "fused")
+    assert tuning.pick_of({"kind": "default", "bias_gradient_form": "split"}, first) == (first, "split")
     assert tuning.pick_of(None, first) is None
 
 
@@ -156,6 +157,20 @@ def test_recall_status_reads_the_tuning_database_s_log_lines():
                                        summary) == "default"
     assert tuning_recall.recall_status([f"tuning cache hit: id 1 for {summary} (…)"], summary) == "none"
     assert tuning_recall.recall_status(["tuning database hit: id 1 for another problem (…)"], summary) == "none"
+    # the messages _tuning_cache.recall writes for an entry in the two-call bias-gradient form
+    assert tuning_recall.recall_status([f"tuning database hit: id 1 for {summary} (0.1 ms when searched, split "
+                                        f"bias-gradient form); no search"], summary) == "hit+split"
+    assert tuning_recall.recall_status([f"tuning database: the heuristics' first pick stays, in the split "
+                                        f"bias-gradient form for {summary}"], summary) == "default+split"
+
+
+def test_recall_of_a_split_form_entry_is_exact_only_where_the_plan_ran_the_split_form():
+    entries = {"k1": {"kind": "default", "bias_gradient_form": "split"}}
+    found = {"split": {"key": "k1", "algo": "aa", "Matmul": "default+split", "matmul()": "default",
+                       "first_pick": "aa"}}
+    result = tuning_recall.evaluate(found, entries)
+    assert result["paths"]["Matmul"] == {"exact": 1, "plans": 1}
+    assert result["paths"]["matmul()"] == {"exact": 0, "plans": 1} and len(result["misses"]) == 1
 
 
 def test_recall_is_exact_only_where_every_path_ran_the_database_s_choice():

@@ -100,7 +100,7 @@ ALLOWED_WRITES: dict[str, dict[str, str]] = {
         "op.obj = …": "forget_arrays drops the Operands' references to the caller's arrays (their pointers stay)"},
     "nvblaslt/_scales.py": {"value.obj = …": "forget_arrays drops the scale Operands' references to the caller's "
                                              "arrays (their pointers stay)"},
-    "nvblaslt/_split_bgrad.py": {"row_sums._allocate_result = …": "the row-sum plan it has just made writes where "
+    "nvblaslt/_split_bgrad.py": {"sums._allocate_result = …": "the GEMV plan it has just made writes where "
                                  "the fused plan's bias gradient would (its result allocator replaced)"},
     "nvblaslt/_tune.py": {"_tuning_cache.recall_enabled = …": "nvblaslt tune plans from the heuristics alone: the "
                           "tuning cache's switch, set and restored around it"},

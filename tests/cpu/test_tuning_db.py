@@ -68,6 +68,8 @@ CORRUPT = {  # (content, the line named, words of the message)
     "bad algo": (None, 2, "algo"),
     "negative ms": (None, 2, "ms"),
     "duplicate key": (None, 3, "already on line 2"),
+    "bad form": (None, 2, "bias_gradient_form"),
+    "pinned split form": (None, 2, "bias_gradient_form"),
     "binary": (b"\xff\xfe\x00", None, "not UTF-8"),
 }
 
@@ -81,7 +83,10 @@ def corrupt_bytes(kind: str) -> bytes:
     lines = {"bad entry json": [good, '{"key": '], "bad kind": [json.dumps({"key": KEY, "kind": "fast"})],
              "bad algo": [json.dumps({"key": KEY, "kind": "tuned", "algo": "zz"})],
              "negative ms": [json.dumps({"key": KEY, "kind": "tuned", "algo": ALGO, "ms": -1})],
-             "duplicate key": [good, good]}[kind]
+             "duplicate key": [good, good],
+             "bad form": [json.dumps({"key": KEY, "kind": "default", "bias_gradient_form": "fastest"})],
+             "pinned split form": [json.dumps({"key": KEY, "kind": "pinned", "algo": ALGO,
+                                               "bias_gradient_form": "split"})]}[kind]
     return "\n".join([header, *lines]).encode()
 
 
@@ -127,6 +132,23 @@ def test_a_default_entry_keeps_the_heuristics_first_pick(plans, monkeypatch, lib
     nvblaslt.load_tuning(tmp_path / "db.jsonl")
     monkeypatch.setattr(Launch, "check", lambda self, algo: fake_result(lib))
     assert _tuning_cache.recall(plans()) == (None, {})
+
+
+def test_a_default_entry_in_the_split_form_keeps_the_first_pick_and_says_the_form(plans, monkeypatch, lib,
+                                                                                   tmp_path):
+    plan = plans()
+    database_for(plan, kind="default", bias_gradient_form="split", form_ratio=0.96).write(tmp_path / "db.jsonl")
+    nvblaslt.load_tuning(tmp_path / "db.jsonl")
+    monkeypatch.setattr(Launch, "check", lambda self, algo: fake_result(lib))
+    assert _tuning_cache.recall(plans()) == (None, {"bias_gradient_form": "split"})
+
+
+def test_diff_and_show_tell_the_split_form_apart_from_the_fused_one():
+    fused = TuningDatabase(fingerprint(), {KEY: {"kind": "default"}})
+    split = TuningDatabase(fingerprint(), {KEY: {"kind": "default", "bias_gradient_form": "split"}})
+    (line,) = _tuning_db.diff(fused, split)
+    assert line.startswith("~") and "split bias-gradient form" in line
+    assert _tuning_db.diff(split, split) == []
 
 
 def test_a_mismatched_fingerprint_is_ignored_with_one_log_line(plans, monkeypatch, lib, tmp_path, caplog):

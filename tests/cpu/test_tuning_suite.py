@@ -157,3 +157,29 @@ def test_the_commands_name_a_bad_file_and_exit_2(tmp_path, capsys):
     write_database(tmp_path / "mine.jsonl", {})
     assert main(["tune", "merge", str(tmp_path / "mine.jsonl"), str(other), "-o", str(tmp_path / "m.jsonl")]) == 2
     assert "keep one file per machine" in capsys.readouterr().err
+
+
+def test_a_split_forms_first_call_goes_beside_it_until_that_problem_is_tuned_itself(stand_in_tuning,
+                                                                                     monkeypatch):
+    """A problem whose search chose the two-call bias-gradient form writes its first call's kernel under
+    that call's own key; a later problem with that key is tuned all the same and replaces it."""
+    keys = iter(["a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40])
+    tuned = []
+
+    def tune_one(spec, share, device, patterns, skip):
+        key = next(keys)
+        if skip(key):
+            return None
+        tuned.append(key)
+        entry = _tuning_db.entry_for(None, "default", problem=spec["name"])
+        if key == "a" * 40:  # its first call is problem "c"'s GEMM
+            entry.update(bias_gradient_form="split", form_ratio=0.95)
+            return key, entry, ("c" * 40, {"kind": "tuned", "algo": "ab" * 64, "of_split_form": True})
+        return key, entry
+    monkeypatch.setattr(_tune, "_tune_matmul", tune_one)
+    lines = []
+    found = nvblaslt.tune("llm", None, models=["llama3-8b"], tokens=[1], budget_s=60, progress=lines.append)
+    assert tuned == ["a" * 40, "b" * 40, "c" * 40, "d" * 40, "e" * 40]  # "c" tuned though written beside "a"
+    assert found.entries["a" * 40]["bias_gradient_form"] == "split"
+    assert found.entries["c" * 40]["kind"] == "default" and "of_split_form" not in found.entries["c" * 40]
+    assert "split bias-gradient form at 0.950× the fused kernel" in lines[0]
