@@ -466,3 +466,69 @@ def test_other_epilogs_heuristics_are_asked_with_the_launch_reduction_mask(monke
                         or [])
     assert _search._heuristics_of_other_epilogs(launch, 1 << 20) == []
     assert asked and set(asked) == {3}
+
+
+def test_the_rescreen_ranks_close_candidates_by_the_median_of_their_reruns(monkeypatch):
+    """One rerun reads a few % off on a short GEMM: a candidate truly 7 % faster whose first rerun reads 5 %
+    slower must still reach the shortlist (within SHORTLIST_RATIO), and one whose single good reading was noise
+    must fall behind it."""
+    launch = StandInLaunch([1])
+    plan = StandInPlan([1], {})
+    plan._launch = launch
+    readings = {2: iter([1.05, 0.93, 0.93, 0.94, 0.93]), 3: iter([0.95, 1.04, 1.05, 1.04, 1.05])}
+
+    def timer(run, prepare):
+        prepare()
+        run()
+        return 1.0 if plan.ran == 1 else next(readings[plan.ran])
+    monkeypatch.setattr(_autotune.time, "perf_counter", lambda: 0.0)  # the deadline never comes
+    incumbent = _autotune._algorithm(plan, launch.algorithms[0], 0)
+    first = [(FakeResult(2), 1.03), (FakeResult(3), 1.01), (FakeResult(4), 1.5)]
+    again = _autotune._rescreen(timer, incumbent, first, plan, 0, deadline=1.0)
+    assert [(r.algorithm.id, ratio) for r, ratio in again] == [(2, 0.93), (3, 1.04), (4, 1.5)]
+    assert again[0][1] < _autotune.SHORTLIST_RATIO
+
+
+def test_the_rescreen_keeps_the_first_ratio_of_what_it_had_no_time_to_rerun(monkeypatch):
+    launch = StandInLaunch([1])
+    plan = StandInPlan([1], {})
+    plan._launch = launch
+    clock = [0.0]
+
+    def timer(run, prepare):
+        prepare()
+        run()
+        clock[0] += 1.0
+        return 1.0 if plan.ran == 1 else 0.9
+    monkeypatch.setattr(_autotune.time, "perf_counter", lambda: clock[0])
+    incumbent = _autotune._algorithm(plan, launch.algorithms[0], 0)
+    again = _autotune._rescreen(timer, incumbent, [(FakeResult(2), 1.03), (FakeResult(3), 1.01)], plan, 0,
+                                deadline=1.5)
+    assert dict((r.algorithm.id, ratio) for r, ratio in again) == {3: 0.9, 2: 1.03}  # 3 ranked first: rerun once
+
+
+def test_screening_times_each_candidate_after_an_untimed_run_that_loads_its_kernel(monkeypatch):
+    """With CUDA's lazy loading a kernel's first launch waits for its module (several ms on an H200): a
+    screening that timed first launches ranked candidates by their loading, and missed faster kernels."""
+    plan = StandInPlan([1], {})
+    runs: dict[int, int] = {}
+
+    def trial_run(stream):
+        plan.ran = plan._launch.algorithm.algorithm.id
+        runs[plan.ran] = runs.get(plan.ran, 0) + 1
+
+    plan._trial_run = trial_run
+    speed = {1: 1.0, 2: 0.9, 3: 1.2}
+
+    def timer(run, prepare=None):
+        if prepare is not None:
+            prepare()
+        run()
+        return speed[plan.ran] * (8.0 if runs[plan.ran] == 1 else 1.0)  # a first launch loads the kernel
+    monkeypatch.setattr(_autotune.time, "perf_counter", lambda: 0.0)
+    incumbent = _autotune._algorithm(plan, plan._launch.algorithms[0], 0)
+    trial_run(0)  # the incumbent ran before (autotune's rounds)
+    screened, failed, exhausted = _autotune._screen(plan, timer, incumbent, iter([FakeResult(2), FakeResult(3)]), 0,
+                                                    deadline=1.0)
+    assert exhausted and failed == 0
+    assert [(r.algorithm.id, round(ratio, 3)) for r, ratio in screened] == [(2, 0.9), (3, 1.2)]
