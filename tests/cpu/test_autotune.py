@@ -532,3 +532,43 @@ def test_screening_times_each_candidate_after_an_untimed_run_that_loads_its_kern
                                                     deadline=1.0)
     assert exhausted and failed == 0
     assert [(r.algorithm.id, round(ratio, 3)) for r, ratio in screened] == [(2, 0.9), (3, 1.2)]
+
+
+@pytest.mark.parametrize("back_to_back_ms, kept", [(27.0, 1), (24.0, 2)])
+def test_a_kernel_faster_in_single_launches_is_kept_only_if_faster_back_to_back(monkeypatch, back_to_back_ms, kept):
+    """Kernel 2 wins single launches (25 against 26 ms); back to back it takes ``back_to_back_ms`` a launch."""
+    plan = StandInPlan([1, 2], {1: 26.0, 2: 25.0})
+    per_launch = {1: (26.0, 26.0), 2: (25.0, back_to_back_ms)}
+    launches = [0]
+    trial_run = plan._trial_run
+
+    def counted(stream):
+        launches[0] += 1
+        trial_run(stream)
+    plan._trial_run = counted
+    generator = random.Random(0)
+
+    class Timer:
+        def __init__(self, device, stream):
+            pass
+
+        def __call__(self, run, prepare=None):
+            if prepare is not None:
+                prepare()
+            launches[0] = 0
+            run()
+            single, together = per_launch[plan.ran]
+            return (single if launches[0] == 1 else together * launches[0]) * math.exp(generator.gauss(0, 0.003))
+
+        def synchronize(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+    monkeypatch.setattr(_autotune, "Timer", Timer)
+    _autotune.autotune(plan, iterations=5, search=False, remember=False, stream=None)
+    assert plan.algorithm.algorithm.id == kept
+    assert (plan.tuning_report.first_pick_ratio < 1.0) == (kept == 2)
