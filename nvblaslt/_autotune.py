@@ -11,12 +11,9 @@ the incumbent, most promising first, until the screening budget is spent). Then 
 challengers duel the incumbent in interleaved rounds: each round gives one paired ratio per
 challenger (its time over the incumbent's in the same round), so drift cancels. A challenger wins
 when the distribution-free upper bound on its median ratio (the sign test inverted, Bonferroni
-over the challengers) is below 1 and its median gains at least ``MIN_GAIN``, and then again with
-each sample several launches back to back (single launches start from an idle GPU; a kernel can win
-them and lose at a training step's pace). Otherwise the incumbent stays; autotune's pick over the
-heuristics' list replaces their first pick on the same two conditions. For the bias-gradient
-epilogs the fused kernel then duels the split form (the masking epilog or plain GEMM, then the bias
-gradient as a GEMV; ``_split_bgrad``) the same way.
+over the challengers) is below 1 and its median gains at least ``MIN_GAIN``. Otherwise the
+incumbent stays. For the bias-gradient epilogs the fused kernel then duels the split form (the
+masking epilog or plain GEMM, then the bias gradient as a GEMV; ``_split_bgrad``) the same way.
 Everything is budgeted: ``SEARCH_BUDGET_S`` per search.
 """
 
@@ -59,8 +56,6 @@ RESCREEN_ROUNDS = 5  # reruns of each close one, as the rescreen's share of the 
 RUNNERS_UP = 2  # heuristic picks within RUNNER_UP_RATIO of autotune's also duel (its pick was one sample)
 RUNNER_UP_RATIO = 1.01
 MIN_ROUNDS = 10  # with 10 rounds a challenger must win all of them to pass at ALPHA
-BACK_TO_BACK_MS = 5.0  # a confirming sample: launches back to back for at least this long (a training step's pace)
-MAX_BACK_TO_BACK = 64
 MAX_ROUNDS = 60
 BLOCK = 5  # rounds between decisions
 DROP_RATIO = 1.01  # a challenger whose median is this much slower leaves the duel
@@ -81,35 +76,6 @@ class Contestant:
 def _algorithm(plan: TunablePlan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
     return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan._trial_run(stream),
                       lambda: plan._launch.select(result), result)
-
-
-def _back_to_back(contestant: Contestant, count: int) -> Contestant:
-    """``contestant`` run ``count`` times back to back per sample (one L2 flush before them)."""
-    run = contestant.run
-
-    def runs() -> None:
-        for _ in range(count):
-            run()
-    return Contestant(contestant.name, runs, contestant.prepare, contestant.result)
-
-
-def _confirmed_back_to_back(timer: Timer, incumbent: Contestant, winner: Standing, incumbent_ms: float,
-                            what: str) -> Standing | None:
-    """``winner`` of a duel of single launches, dueled again with each sample ``count`` launches back to
-    back (two at least, and at least BACK_TO_BACK_MS): kept only where it is faster there too, else None. Single launches
-    start from an idle GPU; a kernel can win them and lose at a training step's pace (H200, cuBLASLt
-    13.1: a search's GELU_AUX_BIAS pick at 0.94× the first pick in single launches read 1.04–1.06×
-    in ``bench.tuning``'s duels, behind GEMMs, in two runs)."""
-    count = max(2, min(MAX_BACK_TO_BACK, math.ceil(BACK_TO_BACK_MS / max(incumbent_ms, 1e-3))))
-    # its minimum rounds whatever the budget says: a switch is never made on fewer
-    deadline = time.perf_counter() + 2.5 * 2 * (MIN_ROUNDS + 1) * count * incumbent_ms / 1000
-    outcome = duel(timer, _back_to_back(incumbent, count), [_back_to_back(winner.contestant, count)],
-                   deadline=deadline, max_rounds=3 * MIN_ROUNDS, what=f"{what}, back to back")
-    standing = outcome.standings[0]
-    logger.info("%s: %s at %.4f× back to back (%d launches a sample, %d rounds): %s", what, winner.contestant.name,
-                standing.ratio, count, outcome.rounds,
-                "confirmed" if standing.verdict == "faster" else "not confirmed; the incumbent stays")
-    return winner if standing.verdict == "faster" else None
 
 
 def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int) -> list[HeuristicResult]:
@@ -161,8 +127,6 @@ def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResu
                    deadline=max(deadline, time.perf_counter() + 2.5 * (MIN_ROUNDS + 1) * (1 + len(faster)) * first_ms
                                 / 1000), max_rounds=3 * MIN_ROUNDS, what="autotune")
     winner = outcome.winner()
-    if winner is not None:
-        winner = _confirmed_back_to_back(timer, _algorithm(plan, first, stream), winner, first_ms, "autotune")
     timed = {id(s.contestant.result): statistics.median(s.samples) for s in outcome.standings if s.samples}
     ranked = [(r, timed.get(id(r), ms)) for r, ms in ranked]
     ranked = [(r, statistics.median(outcome.incumbent) if r is first else ms) for r, ms in ranked]
@@ -402,9 +366,6 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     outcome = duel(timer, incumbent, challengers, deadline=duel_deadline)
     winner, best = outcome.winner(), outcome.best()
     facts.update(duel=outcome, best=best, incumbent_duel_ms=statistics.median(outcome.incumbent))
-    if winner is not None and _confirmed_back_to_back(timer, incumbent, winner, incumbent_ms, "search") is None:
-        facts["note"] = f"{winner.contestant.name} won single launches, not back to back"
-        winner = None
     if winner is None:
         return incumbent_result, statistics.median(outcome.incumbent), facts
     facts["winner"] = winner
@@ -430,9 +391,7 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
     standing = outcome.standings[0]
     measured = {incumbent.name: statistics.median(outcome.incumbent),
                 challenger.name: statistics.median(standing.samples)}
-    won = standing.verdict == "faster" and _confirmed_back_to_back(
-        timer, incumbent, standing, measured[incumbent.name], "bias-gradient form") is not None
-    chosen = challenger.name if won else incumbent.name
+    chosen = challenger.name if standing.verdict == "faster" else incumbent.name
     other = "fused" if chosen == "split" else "split"
     logger.info("search: %s bias-gradient form (%s at %.4f× %s, confidence %.1f%%, %d rounds)", chosen,
                 challenger.name, standing.ratio, incumbent.name, 100 * standing.confidence, outcome.rounds)

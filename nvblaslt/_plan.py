@@ -549,7 +549,7 @@ class Matmul(Generic[ResultT]):
         ranking further down, their picks for other epilogs, cluster-shape and swizzle variants,
         then other algorithm ids and tiles, as far as the time allows) and switches to a
         challenger only when it is faster than autotune's pick beyond the measured noise (a sign
-        test over paired interleaved rounds), in single launches and back to back; for ``DRELU_BGRAD`` / ``DGELU_BGRAD`` /
+        test over paired interleaved rounds); for ``DRELU_BGRAD`` / ``DGELU_BGRAD`` /
         ``BGRADA`` / ``BGRADB`` it also times the two-call form (the masking epilog or the plain
         GEMM, then the bias gradient as a GEMV over D or the summed input) against the fused
         kernel, and keeps the faster. A search takes about 10 seconds at most.
