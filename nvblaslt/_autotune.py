@@ -265,20 +265,22 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
 # ---- the search -----------------------------------------------------------------------------------------
 def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicResult], stream: int,
             deadline: float) -> tuple[list[tuple[HeuristicResult, float]], int, bool]:
-    """[(candidate, its ms over the incumbent's)] from one timed run each, after an untimed one, in groups
-    of 8 each timed next to a run of the incumbent (so drift between groups cancels), until ``deadline``
-    or the pool runs dry; how many failed to run; whether the pool ran dry. The untimed run loads the
-    kernel: with CUDA's lazy loading a kernel's first launch waits for its module (H200, cuBLASLt 13.1:
-    the first run of each of 41 candidates for a 1.2 ms GELU_AUX_BIAS GEMM read a median 6.8× its second,
-    and none came within the rescreen's reach)."""
+    """[(candidate, its ms over the incumbent's)] from one run each, in groups of 8 each timed next
+    to a run of the incumbent (so drift between groups cancels), until ``deadline`` or the pool
+    runs dry; how many failed to run; whether the pool ran dry.
+
+    A candidate's run here is its first launch in the process: with CUDA's lazy loading it includes
+    loading its module (H200, cuBLASLt 13.1: a median 6.8× the second run for 41 candidates of a
+    1.2 ms GELU_AUX_BIAS GEMM, 1.5× for a 0.19 ms DGELU), so kernels already loaded pass to the
+    rescreen and the rest mostly do not. An untimed loading run first was tried (2026-11-29): in four
+    bench.tuning runs it gained nothing (geometric mean 1.009–1.014×, against 1.011–1.012× in three
+    without), and in each of them one of the two tunes kept a qwen3-8b GELU_AUX_BIAS kernel that its
+    duels read 0.91–0.94× the first pick and the bench's duels 1.06–1.07× (one run in three without).
+    Until the two timings agree, the search stays with the kernels already loaded."""
     screened: list[tuple[HeuristicResult, float]] = []
     failed, last_report, started = 0, time.perf_counter(), time.perf_counter()
 
     def run() -> None:
-        plan._trial_run(stream)
-
-    def select_and_load(candidate: HeuristicResult) -> None:
-        plan._launch.select(candidate)
         plan._trial_run(stream)
     exhausted = False
     while not exhausted and time.perf_counter() < deadline:
@@ -297,7 +299,7 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
         reference = timer(incumbent.run, incumbent.prepare)
         for candidate in group:
             try:
-                ms = timer(run, functools.partial(select_and_load, candidate))
+                ms = timer(run, functools.partial(plan._launch.select, candidate))
             except CublasLtError as error:  # accepted by the check, refused at launch
                 logger.debug("search: %s failed to run (%s)", _tuning_cache.describe_algorithm(candidate), error)
                 failed += 1
@@ -315,8 +317,8 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
               deadline: float) -> list[tuple[HeuristicResult, float]]:
     """The close ones run again, each next to a run of the incumbent, in up to RESCREEN_ROUNDS
     rounds until ``deadline``; the median of a candidate's reruns replaces its first ratio (kept where it
-    got none). One run reads a few % off on a short GEMM: two fresh tunes shortlisted different kernels
-    for it (0.18 ms DGELU, H200: one found a kernel 6.5 % faster, the other never dueled it)."""
+    got none): one run of a short GEMM reads a few % off, either way, and a single rerun decided which
+    near-equal kernels reached the duel."""
     screened = sorted(screened, key=lambda pair: pair[1])
     close = [pair for pair in screened[:RESCREEN_MAX] if pair[1] < RESCREEN_RATIO]
     reruns: list[list[float]] = [[] for _ in close]
