@@ -11,6 +11,7 @@ import pytest
 import nvblaslt
 from nvblaslt import Matmul, matmul
 from nvblaslt import _function_form, _tuning_cache, _tuning_db
+from tests.gpu.test_tuning_db_gpu import isolated  # noqa: F401 - autouse: a private cache, nothing loaded
 from tests.reference import host, rel_error
 
 pytestmark = pytest.mark.gpu
@@ -19,18 +20,6 @@ torch = pytest.importorskip("torch")
 TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2, "float64": 1e-12}
 RNG = np.random.default_rng()
 M, N, K, B = 72, 56, 200, 3
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """A private tuning cache, no database loaded before or after, and fresh function-form plans."""
-    monkeypatch.setenv("NVBLASLT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("NVBLASLT_TUNING", raising=False)
-    nvblaslt.unload_tuning()
-    nvblaslt.clear_plan_cache()
-    yield
-    nvblaslt.unload_tuning()
-    nvblaslt.clear_plan_cache()
 
 
 def rand(shape, dtype, layout="row"):
