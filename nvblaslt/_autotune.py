@@ -380,9 +380,12 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
                                deadline: float, call_ms: float):
     """Fused *_BGRAD against its two-call form (``_split_bgrad``); the form the plan had (fused, unless an
     earlier search's split form was recalled) stays unless the other is faster beyond noise.
-    Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen). A
-    split form made here and not chosen is freed; a recalled one stays the plan's (it frees it on applying)."""
+    Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen), or
+    (None, None) where the split form cannot be made. A split form made here and not chosen is freed; a
+    recalled one stays the plan's (it frees it on applying)."""
     split = recalled_split or plan._make_split_form(iterations)
+    if split is None:  # its plans could not be made (logged): no choice, the plan keeps its form
+        return None, None
     fused = Contestant("fused", lambda: plan._trial_run(stream))
     two_calls = Contestant("split", lambda: split.trial_run(stream))
     incumbent, challenger = (two_calls, fused) if recalled_split is not None else (fused, two_calls)
@@ -488,9 +491,12 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
         if form is not None:
             facts_to_store["bias_gradient_form"] = form[0]
         _tuning_cache.remember(plan._launch, chosen, chosen_ms, **facts_to_store)
-        if split is not None and form is not None:  # so that a later plan rebuilds it without timing
-            main = split.main
-            _tuning_cache.remember(main._launch, main.algorithm, form[1])
+        main = split.main if split is not None and form is not None else None
+        # its first call's kernel, so that a later plan rebuilds the form without timing; a choice its own
+        # problem already has (a search of the plain GEMM, say) stays
+        if main is not None and form is not None and not _tuning_cache.has_choice(main._launch):
+            autotuned = getattr(main, "tuning_report", None)  # the time of its call alone
+            _tuning_cache.remember(main._launch, main.algorithm, autotuned.chosen_ms if autotuned else form[1])
     return TuningResult(_timings(chosen, chosen_ms, heuristic, facts), report, form, split)
 
 

@@ -130,9 +130,8 @@ class Matmul(Generic[ResultT]):
     stream : int
         The plan's stream, as a ``cudaStream_t``.
     bias_gradient_form : tuple or None
-        Set by ``autotune(search=True)`` on a bias-gradient plan (``DRELU_BGRAD``, ``DGELU_BGRAD``,
-        ``BGRADA``, ``BGRADB``): ``(form, its ms, the other form's ms)``, form ``"fused"`` or
-        ``"split"``.
+        Set by ``autotune(search=True)`` on a bias-gradient plan (``*_BGRAD``, ``BGRADA``, ``BGRADB``):
+        ``(form, its ms, the other form's ms)``, form ``"fused"`` or ``"split"``.
 
     Raises
     ------
@@ -523,13 +522,13 @@ class Matmul(Generic[ResultT]):
         return found
 
     def _splittable(self) -> bool:
-        """Whether this plan's epilog has a two-call form for its operands (``_split_bgrad``)."""
-        return splittable(self._epilog, self._operands, self._problem)
+        """Whether its epilog has a two-call form for its operands (``_split_bgrad.splittable``)."""
+        return splittable(self._epilog, self._operands, self._problem, self._problem_operands)
 
-    def _make_split_form(self, iterations: int) -> SplitBiasGradient:
+    def _make_split_form(self, iterations: int) -> SplitBiasGradient | None:
         """A *_BGRAD epilog as two plans: D without the bias gradient (the masking epilog, or the plain
-        GEMM), then the bias gradient as a GEMV over D or the summed input. ``iterations`` > 0 autotunes
-        the first plan; 0 keeps what it planned (or recalled)."""
+        GEMM), then the bias gradient as a GEMV over D or the summed input; None where they cannot be
+        made. ``iterations`` > 0 autotunes the first plan; 0 keeps what it planned (or recalled)."""
         self._fast_bound = None  # the function form's next call must bind the first plan too
         return SplitBiasGradient.build(Matmul._from_operands, self._operands, self._input_operands, self._prepared,
                                        self._launch, self._options, self._alpha.value, self._beta.value,
@@ -549,10 +548,9 @@ class Matmul(Generic[ResultT]):
         ranking further down, their picks for other epilogs, cluster-shape and swizzle variants,
         then other algorithm ids and tiles, as far as the time allows) and switches to a
         challenger only when it is faster than autotune's pick beyond the measured noise (a sign
-        test over paired interleaved rounds); for ``DRELU_BGRAD`` / ``DGELU_BGRAD`` /
-        ``BGRADA`` / ``BGRADB`` it also times the two-call form (the masking epilog or the plain
-        GEMM, then the bias gradient as a GEMV over D or the summed input) against the fused
-        kernel, and keeps the faster. A search takes about 10 seconds at most.
+        test over paired interleaved rounds); for the bias-gradient epilogs it also times the
+        two-call form (the masking epilog or the plain GEMM, then the bias gradient as a GEMV)
+        against the fused kernel, and keeps the faster. A search takes about 10 seconds at most.
 
         Parameters
         ----------
@@ -1022,9 +1020,6 @@ class Matmul(Generic[ResultT]):
         for value, argument in ((alpha, "alpha"), (beta, "beta")):
             if value is not None:
                 Scalar(self._problem_operands.types.scale, argument).set(value)  # refuses what the plan's own would
-        if self._split_form is not None:  # its first plan checks the same things, then takes them
-            self._split_form.main.reset_operands(**new, alpha=alpha, beta=beta, epilog_inputs=epilog_inputs,
-                                                  stream=stream_h)
         # Commit. Copies into device memory a queued kernel may still read wait for the last stream's work.
         if self._last_stream != stream_h and not _cuda.is_capturing(stream_h):
             _memory.wait_for(self._last_stream, stream_h)
@@ -1062,6 +1057,9 @@ class Matmul(Generic[ResultT]):
         if self._planned:
             self._out_checker.forget()  # a new operand may overlap an out= checked before
             self._bind()
+        if self._split_form is not None:  # its first plan reads what this one now reads (host: the device copies)
+            self._split_form.main._set_operands(*self._operands.values(), dict(self._input_operands),
+                                                self._alpha.value, self._beta.value)
 
     def release_operands(self) -> None:
         """Drop the plan's references to the caller's arrays (nvmath-python's ``release_operands``).

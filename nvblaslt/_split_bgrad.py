@@ -24,20 +24,32 @@ import struct
 from . import _cuda, _dtypes, _memory
 from ._cuda import cudart
 from ._epilogs import SPLIT_FORMS
+from ._errors import NvblasltError
+from ._logging import logger
 from ._operands import Operand
 from ._options import MatmulOptions
+from ._problem import canonical
 
 _ONE = {"float32": struct.pack("<f", 1.0), "float64": struct.pack("<d", 1.0), "float16": b"\x00\x3c",
         "bfloat16": b"\x80\x3f"}
 _SUMMABLE = (_dtypes.FLOAT16, _dtypes.BFLOAT16, _dtypes.FLOAT32, _dtypes.FLOAT64)
 
 
-def splittable(epilog, operands: dict, problem) -> bool:
-    """Whether ``epilog`` on ``problem`` has a two-call form: one of SPLIT_FORMS, and where an input is
-    summed, a real, non-fp8 operand with the problem's own batch shape (a broadcast one would need its
-    sums repeated per batch) that is not conjugated."""
+def splittable(epilog, operands: dict, problem, problem_operands) -> bool:
+    """Whether ``epilog`` on ``problem`` (read from ``problem_operands``) has a two-call form: one of
+    SPLIT_FORMS whose first call writes D where the fused plan does (a plain GEMM follows A's order, the
+    bias-gradient epilogs write a column-major D: a row-major A would give D another layout), and where an
+    input is summed, a real, non-fp8 operand with the problem's own batch shape (a broadcast one would need
+    its sums repeated per batch) that is not conjugated."""
     form = SPLIT_FORMS.get(epilog)
     if form is None:
+        return False
+    try:
+        first = canonical(problem_operands, form[0])
+    except NvblasltError:
+        return False
+    if (tuple(first.result_shape), tuple(first.result_strides)) != (tuple(problem.result_shape),
+                                                                     tuple(problem.result_strides)):
         return False
     summed = form[1]
     if summed == "d":
@@ -57,15 +69,33 @@ class SplitBiasGradient:
 
     @classmethod
     def build(cls, new_plan, operands: dict, inputs: dict, prepared, launch, options, alpha, beta, framework,
-              device: int, stream: int, iterations: int) -> SplitBiasGradient:
+              device: int, stream: int, iterations: int) -> SplitBiasGradient | None:
         """The two plans for a fused plan with these operands and epilog ``prepared`` on ``launch``'s
         problem (``splittable`` must hold); ``new_plan`` is ``Matmul._from_operands``. ``iterations`` > 0
-        autotunes the plan that writes D."""
+        autotunes the plan that writes D. None where either plan cannot be made (said in the log): the
+        fused form stays, for a remembered choice never breaks a plan."""
+        made: list = []  # what to free if a later step refuses
+        try:
+            return cls._build(new_plan, operands, inputs, prepared, launch, options, alpha, beta, framework, device,
+                              stream, iterations, made)
+        except NvblasltError as error:
+            logger.info("the split bias-gradient form could not be made (%s); the fused kernel runs", error)
+            for part in made:
+                if isinstance(part, _memory.DeviceBuffer):
+                    part.release()
+                else:
+                    part.free()
+            return None
+
+    @classmethod
+    def _build(cls, new_plan, operands: dict, inputs: dict, prepared, launch, options, alpha, beta, framework,
+               device: int, stream: int, iterations: int, made: list) -> SplitBiasGradient:
         problem = launch.problem
         main_epilog, summed = SPLIT_FORMS[prepared.epilog]
         a, b, c = (operands[k] for k in "abc")
         options = dataclasses.replace(options, result_amax=False, logger=None)
         main = new_plan(a, b, c, stream=stream, options=options, alpha=alpha, beta=None if c is None else beta)
+        made.append(main)
         main.plan(epilog=main_epilog, epilog_inputs=inputs or None,
                   preferences={"limit": min(len(launch.algorithms), 1024),  # recalled + searched can pass it
                                "workspace_limit": launch.workspace_limit})
@@ -86,6 +116,7 @@ class SplitBiasGradient:
                 shape, strides = (*shape[:-2], shape[-1], shape[-2]), (*strides[:-2], strides[-1], strides[-2])
             pointer = op.ptr  # alignment as the first plan's; set per call from where it reads the operand
         ones = _memory.DeviceBuffer(length * summed_dtype.itemsize, stream)
+        made.append(ones)
         _cuda.check(cudart.cudaMemcpyAsync(ones.pointer, _ONE[summed_dtype.name] * length,
                                            length * summed_dtype.itemsize,
                                            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync")
@@ -94,6 +125,7 @@ class SplitBiasGradient:
         ones_vector = Operand(None, ones.pointer, (length,), (1,), summed_dtype, device, True, framework.name)
         result_type = None if summed_dtype == dtype else dtype.name  # the fused plan's bias gradient is D's type
         sums = new_plan(matrix, ones_vector, None, stream=stream, options=MatmulOptions(result_type=result_type))
+        made.append(sums)
         sums.plan()
         # the sums land where the fused plan's bias gradient would: same shape and strides
         output = next(o for o in prepared.outputs if o.key == prepared.spec.bias_output)
@@ -108,11 +140,13 @@ class SplitBiasGradient:
     def run(self, stream_h: int, framework_stream: int, out):
         d = self.main._run(stream_h, framework_stream, out)
         self._point_sums(self.main._launch.d_argument.value)
+        self.ones.used_on(stream_h)  # released after the last GEMV that reads it, on whichever stream that ran
         return d, {self.key: self.sums._run(stream_h, framework_stream, None)}
 
     def trial_run(self, stream_h: int) -> int:
         """Both calls into the plans' scratch memory (see ``Matmul._trial_run``)."""
         self._point_sums(self.main._trial_run(stream_h))
+        self.ones.used_on(stream_h)
         return self.sums._trial_run(stream_h)
 
     def free(self) -> None:

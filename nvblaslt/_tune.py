@@ -285,7 +285,8 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
     started = time.perf_counter()
     patterns: dict[str, bytes] = {}
     counts = {"tuned": 0, "default": 0, "pinned": 0, "skipped": 0, "failed": 0}
-    companions: set[str] = set()  # entries written beside a split form, which a problem of their own replaces
+    # entries written beside a split form (this run's or a continued file's), which a problem of their own replaces
+    companions = {key for key, entry in result.entries.items() if entry.get("of_split_form")}
     for index, spec in enumerate(specs):
         left = budget_s - (time.perf_counter() - started)
         share = min(_autotune.SEARCH_BUDGET_S, left / (len(specs) - index))

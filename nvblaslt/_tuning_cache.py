@@ -469,7 +469,8 @@ _ALL_IMPL_FLAGS = (1 << 64) - 1  # IMPL_MASK's default: every implementation all
 def recall(launch) -> tuple[HeuristicResult | None, dict]:
     """(the remembered HeuristicResult, if the library still accepts it for this launch and it fits the
     launch's workspace limit; the stored entry) — or (None, {}), or (None, {"bias_gradient_form": "split"})
-    where a database keeps the first pick in the two-call form. Never raises for the cache's sake."""
+    where the entry keeps the first pick, or a kernel not accepted here, in the two-call form. Never raises
+    for the cache's sake."""
     if not recall_enabled:
         return None, {}
     try:
@@ -495,11 +496,22 @@ def recall(launch) -> tuple[HeuristicResult | None, dict]:
     if result is None or result.workspace_size > launch.workspace_limit \
             or not fits_preference(result, launch.preference):  # in the key, but the check does not read it
         logger.info("%s: the remembered algorithm for %s is not accepted for this launch; ignored", source, summary)
-        return None, {}
+        split = entry.get("bias_gradient_form") == "split"  # the form holds whatever kernel runs fused
+        return None, ({"bias_gradient_form": "split"} if split else {})
     form = entry.get("bias_gradient_form")
     logger.info("%s hit: %s for %s (%.3f ms when searched%s); no search", source, describe_algorithm(result),
                 summary, entry.get("ms", math.nan), f", {form} bias-gradient form" if form else "")
     return result, entry
+
+
+def has_choice(launch) -> bool:
+    """Whether a loaded database or this user's cache holds a choice for ``launch``'s problem (unchecked)."""
+    try:
+        description = problem_description(launch)
+        key = problem_key(description)
+        return _tuning_db.lookup(description, key) is not None or cache_at(cache_path()).lookup(key) is not None
+    except Exception:  # noqa: BLE001 - the cache must never break autotune
+        return False
 
 
 def remember(launch, result, milliseconds: float, **facts) -> bool:

@@ -140,7 +140,7 @@ def read_database(path: Path):
         nvblaslt.unload_tuning()
 
 
-def pick_of(entry: dict | None, first: bytes) -> tuple[bytes, str] | None:
+def pick_of(entry: dict | None, first: bytes) -> tuple | None:
     """What an entry runs: its algorithm, or the first pick for a ``default`` one, and its bias-gradient form
     (``"fused"`` or ``"split"``); None without one."""
     if entry is None or entry["kind"] not in ("tuned", "default"):
@@ -149,10 +149,20 @@ def pick_of(entry: dict | None, first: bytes) -> tuple[bytes, str] | None:
                                                                                           "fused")
 
 
-def planned_pick(spec: dict, ops: dict, pick: tuple[bytes, str], database):
+def split_first_call(plan) -> bytes:
+    """The kernel of the first call of ``plan``'s two-call form; refused where the plan runs fused (its
+    database's split form was not recalled, which the recall part would report too)."""
+    split = plan._split_form
+    if split is None:
+        plan.free()
+        raise RuntimeError("a database's split bias-gradient form was not recalled: the plan runs fused")
+    return split.main.algorithm.as_bytes()
+
+
+def planned_pick(spec: dict, ops: dict, pick: tuple, database):
     """A plan running ``pick``: its kernel; in the two-call bias-gradient form, as a process that loaded
     ``database`` plans it (the form and its first call's kernel recalled from it)."""
-    algorithm, form = pick
+    algorithm, form = pick[:2]
     if form == "fused":
         return planned(spec, ops, algorithm)
     import nvblaslt
@@ -175,9 +185,16 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
         key = key_of(first._launch)
         entries = [db.entries.get(key) if db is not None and key else None for db in databases]
         picks = [pick_of(entry, first_pick[0]) for entry in entries]
-        for pick, database in zip(picks, databases):
-            if pick is not None and pick not in plans:
-                plans[pick] = planned_pick(spec, ops, pick, database)
+        for index, (pick, database) in enumerate(zip(picks, databases)):
+            if pick is None or pick in plans:
+                continue
+            plan = planned_pick(spec, ops, pick, database)
+            if pick[1] == "split":  # the same kernels only where the first calls' kernels are the same too
+                pick = picks[index] = (*pick, split_first_call(plan))
+                if pick in plans:
+                    plan.free()
+                    continue
+            plans[pick] = plan
         kernels = list(plans)
         cases: list[tuple[str, Any]] = [(f"kernel {i}", plans[k].execute) for i, k in enumerate(kernels)]
         cases.append(("torch", torch_call(spec, ops)))

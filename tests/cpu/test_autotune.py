@@ -325,6 +325,18 @@ def test_search_keeps_to_its_budget(simulated, monkeypatch):
     assert 0 < plan.tuning_report.screened < 100_000
 
 
+def test_a_split_forms_first_call_does_not_replace_its_problems_own_choice(simulated, monkeypatch):
+    """For BGRADB the first call is the plain GEMM: a search of that GEMM stored its own choice, which the
+    split form's unsearched kernel must not overwrite."""
+    make, stored = simulated
+    monkeypatch.setattr(_tuning_cache, "has_choice", lambda launch: launch is FakeSplit.instances[-1].main._launch)
+    plan = make([1, 2], {1: 26.0, 2: 26.5, "split": 24.0}, epilog=MatmulEpilog.BGRADB, noise=0.01)
+    _autotune.autotune(plan, iterations=5, search=True, remember=True, stream=None)
+    assert plan.bias_gradient_form[0] == "split"
+    assert stored[-1][3]["bias_gradient_form"] == "split"  # the plan's own choice, and nothing after it
+    assert all(entry[0] is not FakeSplit.instances[-1].main._launch for entry in stored)
+
+
 @pytest.mark.parametrize("split_ms, expected", [(24.0, "split"), (26.1, "fused"), (25.9, "fused")])
 def test_the_bias_gradient_form_changes_only_beyond_noise(simulated, split_ms, expected):
     make, stored = simulated

@@ -143,6 +143,14 @@ def test_a_default_entry_in_the_split_form_keeps_the_first_pick_and_says_the_for
     assert _tuning_cache.recall(plans()) == (None, {"bias_gradient_form": "split"})
 
 
+def test_a_tuned_entry_whose_kernel_is_refused_keeps_its_split_form(plans, monkeypatch, lib, tmp_path):
+    plan = plans()
+    database_for(plan, bias_gradient_form="split").write(tmp_path / "db.jsonl")
+    nvblaslt.load_tuning(tmp_path / "db.jsonl")
+    monkeypatch.setattr(Launch, "check", lambda self, algo: None)  # cuBLASLt no longer accepts the kernel
+    assert _tuning_cache.recall(plans()) == (None, {"bias_gradient_form": "split"})
+
+
 def test_diff_and_show_tell_the_split_form_apart_from_the_fused_one():
     fused = TuningDatabase(fingerprint(), {KEY: {"kind": "default"}})
     split = TuningDatabase(fingerprint(), {KEY: {"kind": "default", "bias_gradient_form": "split"}})

@@ -183,3 +183,18 @@ def test_a_split_forms_first_call_goes_beside_it_until_that_problem_is_tuned_its
     assert found.entries["a" * 40]["bias_gradient_form"] == "split"
     assert found.entries["c" * 40]["kind"] == "default" and "of_split_form" not in found.entries["c" * 40]
     assert "split bias-gradient form at 0.950× the fused kernel" in lines[0]
+
+
+def test_a_continued_file_tunes_a_problem_whose_entry_was_written_beside_a_split_form(stand_in_tuning, tmp_path):
+    """An `of_split_form` entry is the first call's autotuned kernel, never searched: a run continuing the
+    file tunes that problem when it comes to it, as the run that wrote it would have."""
+    path = tmp_path / "db.jsonl"
+    nvblaslt.tune("llm", path, models=["llama3-8b"], tokens=[1], budget_s=60, progress=None)
+    written = _tuning_db.read(path)
+    key = next(iter(written.entries))
+    written.entries[key] = {"kind": "tuned", "algo": "ab" * 64, "of_split_form": True}
+    written.write(path)
+    stand_in_tuning.clear()
+    nvblaslt.tune("llm", path, models=["llama3-8b"], tokens=[1], budget_s=60, progress=None)
+    assert len(stand_in_tuning) == 1  # that problem alone: the others are in the file
+    assert _tuning_db.read(path).entries[key]["kind"] == "default"  # the stand-in's own outcome replaced it

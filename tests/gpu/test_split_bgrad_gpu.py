@@ -83,6 +83,12 @@ def test_the_split_input_sums_match_float64_and_the_fused_kernel(epilog, dtype, 
             check(out[key], sums_reference(epilog, a, b), dtype, f"{name} {key}")
         assert tuple(out_split[key].shape) == tuple(out_fused[key].shape)
         assert out_split[key].stride() == out_fused[key].stride()
+        assert d_split.stride() == d_fused.stride()  # the first call writes D where the fused kernel does
+        y = torch.empty_strided(d_fused.shape, d_fused.stride(), dtype=d_fused.dtype, device="cuda")
+        _, out_y = mm.execute(out=y)  # an out= laid out as the fused plan's D is the split form's too
+        torch.cuda.synchronize()
+        check(y, d_ref, dtype, "split D into out=")
+        check(out_y[key], sums_reference(epilog, a, b), dtype, f"split {key} beside out=")
         # new operands of the same layouts: the GEMV reads them where the GEMM does
         a2, b2 = rand((*batch, M, K), dtype, a_layout), rand((*batch, K, N), dtype, b_layout)
         mm.reset_operands(a2, b2)
@@ -106,6 +112,22 @@ def test_a_broadcast_summed_operand_has_no_split_form():
     with Matmul(rand((B, M, K), "float16", "col"), rand((B, K, N), "float16")) as mm:
         mm.plan(epilog="BGRADA")
         assert mm._splittable()
+
+
+def test_host_operands_run_the_split_form_and_take_a_reset():
+    """NumPy operands: the plans read their device copies; D comes back laid out as the fused plan's, and
+    reset_operands refreshes the copies the first call reads."""
+    a, b = np.asfortranarray(RNG.standard_normal((M, K))), RNG.standard_normal((K, N))
+    with Matmul(a.astype(np.float32), b.astype(np.float32)) as mm:
+        mm.plan(epilog="BGRADB")
+        mm._split_form = mm._make_split_form(iterations=0)
+        assert mm._split_form is not None
+        for _ in range(2):
+            d, out = mm.execute()
+            check(d, a @ b, "float32", "D")
+            check(out["bgradb"], b.sum(axis=0), "float32", "bgradb")
+            a, b = np.asfortranarray(RNG.standard_normal((M, K))), RNG.standard_normal((K, N))
+            mm.reset_operands(a.astype(np.float32), b.astype(np.float32))
 
 
 def test_a_database_in_the_split_form_is_recalled_by_matmul_on_every_path(tmp_path):
