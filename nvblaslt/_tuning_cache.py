@@ -42,9 +42,9 @@ from ._errors import NvblasltError
 from ._logging import logger
 
 
-# The problem keys remember() stored in this process, in order, and their count. Plans made before a
-# choice for their problem may hold what the tuning cache now answers better: the function form's
-# per-thread caches retire those plans when they see a new count.
+# The problem keys remember() stored in this process, and those of tuning databases loaded or unloaded, in
+# order, and their count. Plans made before a choice for their problem may hold what the tuning cache now
+# answers better: the function form's per-thread caches retire those plans when they see a new count.
 stored_keys: list[str] = []
 generation = 0
 recall_enabled = True  # False while `nvblaslt tune` plans: it starts from the heuristics' own first pick
@@ -512,6 +512,16 @@ def has_choice(launch) -> bool:
         return _tuning_db.lookup(description, key) is not None or cache_at(cache_path()).lookup(key) is not None
     except Exception:  # noqa: BLE001 - the cache must never break autotune
         return False
+
+
+def _choices_changed(keys) -> None:
+    """A tuning database was loaded or unloaded: its problems' plans, cached in any thread, are made again."""
+    global generation
+    stored_keys.extend(keys)
+    generation = len(stored_keys)
+
+
+_tuning_db.choices_changed.append(_choices_changed)
 
 
 def remember(launch, result, milliseconds: float, **facts) -> bool:

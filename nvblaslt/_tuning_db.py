@@ -40,6 +40,7 @@ import stat
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -411,6 +412,14 @@ _loaded: list[TuningDatabase] = []
 _lock = threading.Lock()
 _environment_read = False
 _logged: set[tuple] = set()
+# Told the problem keys whose choice a load_tuning() or unload_tuning() may change (the tuning cache's
+# generation, which every thread's cached plans and nvblaslt.torch's bound steps check, registers here).
+choices_changed: list[Callable[[Iterable[str]], None]] = []
+
+
+def _tell(keys: Iterable[str]) -> None:
+    for listener in choices_changed:
+        listener(keys)
 
 
 def load_tuning(path: str | os.PathLike) -> TuningDatabase:
@@ -420,8 +429,10 @@ def load_tuning(path: str | os.PathLike) -> TuningDatabase:
     (each re-checked by cuBLASLt for the plan, as the tuning cache's are); a database's entry wins over
     the per-user tuning cache's. A database whose fingerprint does not match a GPU is ignored for that
     GPU, with one log line. Loading the same path again replaces it; the last one loaded is asked first.
-    Plans already made keep their algorithms (``clear_plan_cache()`` makes ``matmul()`` plan again).
-    ``$NVBLASLT_TUNING`` (paths joined by ``os.pathsep``) loads files at the first plan instead.
+    The plans ``matmul()``, grouped GEMM and ``nvblaslt.torch`` cached for its problems, in every thread,
+    are made again at their next call (as after a search stores a choice); a ``Matmul`` you hold keeps its
+    algorithms until ``plan()`` is called again. ``$NVBLASLT_TUNING`` (paths joined by ``os.pathsep``)
+    loads files at the first plan instead.
 
     Parameters
     ----------
@@ -452,7 +463,8 @@ def load_tuning(path: str | os.PathLike) -> TuningDatabase:
         raise NvblasltTypeError(f"path: expected a str or os.PathLike naming a tuning database, got "
                                 f"{type(path).__name__}")
     database = read(path)
-    _add(database)
+    replaced = _add(database)
+    _tell([*database.entries, *(replaced.entries if replaced is not None else ())])
     logger.info("tuning database %s: %d entries for %s", database.path, len(database),
                 describe_fingerprint(database.fingerprint))
     return database
@@ -460,7 +472,8 @@ def load_tuning(path: str | os.PathLike) -> TuningDatabase:
 
 def unload_tuning() -> None:
     """Forget every tuning database loaded (``$NVBLASLT_TUNING`` is not read again); later plans
-    recall from the per-user tuning cache only. Plans already made keep their algorithms.
+    recall from the per-user tuning cache only. The plans cached for their problems are made again at
+    their next call, as after ``load_tuning``; a ``Matmul`` you hold keeps its algorithms.
 
     Examples
     --------
@@ -469,15 +482,21 @@ def unload_tuning() -> None:
     """
     global _environment_read
     with _lock:
+        forgotten = [key for database in _loaded for key in database.entries]
         _loaded.clear()
         _logged.clear()
         _environment_read = True
+    if forgotten:
+        _tell(forgotten)
 
 
-def _add(database: TuningDatabase) -> None:
+def _add(database: TuningDatabase) -> TuningDatabase | None:
+    """Ask ``database`` first from now on; returns the one of the same path it replaces, if any."""
     with _lock:
+        replaced = next((d for d in _loaded if d.path == database.path), None)
         _loaded[:] = [d for d in _loaded if d.path != database.path]
         _loaded.insert(0, database)
+    return replaced
 
 
 def _read_environment() -> None:

@@ -221,3 +221,45 @@ def test_diff_says_what_was_added_removed_and_changed():
     assert "+ P3: default (the heuristics' first pick)" in lines
     assert any(line.startswith("~ P2: tuned") for line in lines)
     assert _tuning_db.diff(a, a) == []
+
+
+# ---- plans cached before a load ---------------------------------------------------------------------------
+def test_loading_and_unloading_make_every_threads_cached_plans_of_its_problems_plan_again(monkeypatch, tmp_path):
+    """load_tuning() after plans were cached (a warmed-up training loop, whose backward plans live in
+    autograd's thread): the caches of every thread retire the plans of the database's problems at their next
+    call, as after a search stores a choice; plans of other problems stay. unload_tuning() likewise."""
+    import threading
+
+    from nvblaslt._plan_cache import PlanCache
+
+    class Plan:
+        def __init__(self, key):
+            self._launch, self.freed = key, 0
+
+        def free(self):
+            self.freed += 1
+    monkeypatch.setattr(_tuning_cache, "stored_keys", [])
+    monkeypatch.setattr(_tuning_cache, "generation", 0)
+    monkeypatch.setattr(_tuning_cache, "key_of", lambda launch: launch)  # a stand-in plan's key is its launch
+    other = "f" * 40
+    caches = {}
+
+    def warm_up(name):  # each thread's own cache, as the function form keeps them
+        cache = caches[name] = PlanCache(8, 8)
+        cache.add("tuned problem", Plan(KEY))
+        cache.add("other problem", Plan(other))
+    for name in ("main", "autograd"):
+        thread = threading.Thread(target=warm_up, args=(name,))
+        thread.start()
+        thread.join()
+    path = tmp_path / "db.jsonl"
+    TuningDatabase(fingerprint(), {KEY: {"kind": "tuned", "algo": ALGO}}).write(path)
+    nvblaslt.load_tuning(path)
+    for cache in caches.values():
+        assert cache.generation != _tuning_cache.generation  # each call checks this first
+        cache.retire_tuned(lambda: 0)
+        assert cache.get("tuned problem") is None and cache.get("other problem") is not None
+    caches["main"].add("tuned problem", Plan(KEY))
+    nvblaslt.unload_tuning()
+    caches["main"].retire_tuned(lambda: 0)
+    assert caches["main"].get("tuned problem") is None and caches["main"].get("other problem") is not None
