@@ -60,7 +60,8 @@ def database_with(tmp_path, plan, entry: dict):
 @pytest.mark.parametrize("epilog", ["BGRADA", "BGRADB"])
 def test_the_split_input_sums_match_float64_and_the_fused_kernel(epilog, dtype, other_layout, batched, scaled):
     """The summed operand in the layout cuBLASLt 13.1 has fused kernels for (BGRADA: a column-major A; BGRADB:
-    a row-major B), the other in either; C column-major (the bias-gradient epilogs write a column-major D)."""
+    a row-major B), the other in either; C column-major (the bias-gradient epilogs write a column-major D).
+    BGRADB with a row-major A and no C has no split form: the plain GEMM would write D row-major."""
     batch = (B,) if batched else ()
     a_layout, b_layout = ("col", other_layout) if epilog == "BGRADA" else (other_layout, "row")
     a, b = rand((*batch, M, K), dtype, a_layout), rand((*batch, K, N), dtype, b_layout)
@@ -72,6 +73,11 @@ def test_the_split_input_sums_match_float64_and_the_fused_kernel(epilog, dtype, 
         except (nvblaslt.CublasLtError, nvblaslt.NvblasltUnsupportedError) as error:
             pytest.skip(f"cuBLASLt runs no fused {epilog} here: {error}")
         d_fused, out_fused = mm.execute()
+        if epilog == "BGRADB" and other_layout == "row" and not scaled:
+            assert not mm._splittable()
+            check(d_fused, host(a) @ host(b), dtype, "fused D")
+            check(out_fused["bgradb"], sums_reference(epilog, a, b), dtype, "fused bgradb")
+            return
         assert mm._splittable()
         mm._split_form = mm._make_split_form(iterations=0)
         d_split, out_split = mm.execute()
@@ -131,19 +137,32 @@ def test_host_operands_run_the_split_form_and_take_a_reset():
 
 
 def test_a_database_in_the_split_form_is_recalled_by_matmul_on_every_path(tmp_path):
-    a, b = rand((M, K), "bfloat16"), rand((K, N), "bfloat16")
+    """A = xᵀ (column-major), as a weight gradient's GEMM has it: the plain GEMM writes D where BGRADB does."""
+    a, b = rand((M, K), "bfloat16", "col"), rand((K, N), "bfloat16")
     with Matmul(a, b) as mm:
         mm.plan(epilog="BGRADB")
         database_with(tmp_path, mm, {"kind": "default", "bias_gradient_form": "split", "form_ratio": 0.95})
     _function_form.clear_plan_cache()
     for _ in range(3):  # planned (recalled), the checked path's cache hit, then the fast path
-        a, b = rand((M, K), "bfloat16"), rand((K, N), "bfloat16")
+        a, b = rand((M, K), "bfloat16", "col"), rand((K, N), "bfloat16")
         d, out = matmul(a, b, epilog="BGRADB")
         torch.cuda.synchronize()
         check(d, host(a) @ host(b), "bfloat16", "D")
         check(out["bgradb"], host(b).sum(axis=0), "bfloat16", "bgradb")
     plans = [p for p in _function_form._local.plans.values() if p._epilog.name == "BGRADB"]
     assert plans and all(p._split_form is not None for p in plans)
+    # a row-major A: a problem of its own, with no split form whatever a database says; the fused kernel runs
+    a, b = rand((M, K), "bfloat16"), rand((K, N), "bfloat16")
+    with Matmul(a, b) as mm:
+        mm.plan(epilog="BGRADB")
+        database_with(tmp_path, mm, {"kind": "default", "bias_gradient_form": "split", "form_ratio": 0.95})
+    _function_form.clear_plan_cache()
+    d, out = matmul(a, b, epilog="BGRADB")
+    torch.cuda.synchronize()
+    check(d, host(a) @ host(b), "bfloat16", "row-major A: D")
+    check(out["bgradb"], host(b).sum(axis=0), "bfloat16", "row-major A: bgradb")
+    assert tuple(d.stride()) == (1, M)  # BGRADB's column-major D
+    assert all(p._split_form is None for p in _function_form._local.plans.values() if p._epilog.name == "BGRADB")
 
 
 def test_linear_backward_recalls_the_split_form_a_database_chose(tmp_path, caplog):
@@ -199,8 +218,8 @@ def test_a_pointwise_convs_bound_backward_step_runs_the_split_form(tmp_path):
 
 @pytest.mark.parametrize("epilog", ["BGRADA", "BGRADB"])
 def test_autotune_search_picks_fused_or_split_input_sums_and_both_are_right(epilog):
-    a = rand((2, 256, 1024), "float16", "col" if epilog == "BGRADA" else "row")
-    b = rand((2, 1024, 384), "float16")
+    a = rand((2, 256, 1024), "float16", "col")  # BGRADA's fused kernels take a column-major A; for BGRADB it
+    b = rand((2, 1024, 384), "float16")  # makes the plain GEMM write D where the fused kernel does
     key = epilog.lower()
     with Matmul(a, b) as mm:
         mm.plan(epilog=epilog)
@@ -212,3 +231,8 @@ def test_autotune_search_picks_fused_or_split_input_sums_and_both_are_right(epil
         torch.cuda.synchronize()
         check(d, host(a) @ host(b), "float16", "D")
         check(out[key], sums_reference(epilog, a, b), "float16", key)
+    if epilog == "BGRADB":  # a row-major A: no split form to choose, so the search reports none
+        with Matmul(rand((2, 256, 1024), "float16"), b) as mm:
+            mm.plan(epilog=epilog)
+            mm.autotune(iterations=2, search=True, remember=False)
+            assert mm.bias_gradient_form is None and mm._split_form is None
