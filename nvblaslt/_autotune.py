@@ -265,22 +265,22 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
 # ---- the search -----------------------------------------------------------------------------------------
 def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicResult], stream: int,
             deadline: float) -> tuple[list[tuple[HeuristicResult, float]], int, bool]:
-    """[(candidate, its ms over the incumbent's)] from one run each, in groups of 8 each timed next
-    to a run of the incumbent (so drift between groups cancels), until ``deadline`` or the pool
-    runs dry; how many failed to run; whether the pool ran dry.
-
-    A candidate's run here is its first launch in the process: with CUDA's lazy loading it includes
-    loading its module (H200, cuBLASLt 13.1: a median 6.8× the second run for 41 candidates of a
-    1.2 ms GELU_AUX_BIAS GEMM, 1.5× for a 0.19 ms DGELU), so kernels already loaded pass to the
-    rescreen and the rest mostly do not. An untimed loading run first was tried (2026-11-29): in four
-    bench.tuning runs it gained nothing (geometric mean 1.009–1.014×, against 1.011–1.012× in three
-    without), and in each of them one of the two tunes kept a qwen3-8b GELU_AUX_BIAS kernel that its
-    duels read 0.91–0.94× the first pick and the bench's duels 1.06–1.07× (one run in three without).
-    Until the two timings agree, the search stays with the kernels already loaded."""
+    """[(candidate, its ms over the incumbent's)] from one timed run each, after an untimed one, in groups
+    of 8 each timed next to a run of the incumbent (so drift between groups cancels), until ``deadline``
+    or the pool runs dry; how many failed to run; whether the pool ran dry. The untimed run loads the
+    kernel: with CUDA's lazy loading a kernel's first launch waits for its module (H200, cuBLASLt 13.1:
+    a median 6.8× the second run for 41 candidates of a 1.2 ms GELU_AUX_BIAS GEMM, 1.5× for a 0.19 ms
+    DGELU), and a screening without it passes on mostly the kernels already loaded. Timed after their
+    loading run, the pools of the quick LLM suite held a kernel or form ≥ 1 % faster than the first pick
+    for 20 of 30 problems (``tools/probe_tuning_ceiling``, 2026-11-29)."""
     screened: list[tuple[HeuristicResult, float]] = []
     failed, last_report, started = 0, time.perf_counter(), time.perf_counter()
 
     def run() -> None:
+        plan._trial_run(stream)
+
+    def select_and_load(candidate: HeuristicResult) -> None:
+        plan._launch.select(candidate)
         plan._trial_run(stream)
     exhausted = False
     while not exhausted and time.perf_counter() < deadline:
@@ -299,7 +299,7 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
         reference = timer(incumbent.run, incumbent.prepare)
         for candidate in group:
             try:
-                ms = timer(run, functools.partial(plan._launch.select, candidate))
+                ms = timer(run, functools.partial(select_and_load, candidate))
             except CublasLtError as error:  # accepted by the check, refused at launch
                 logger.debug("search: %s failed to run (%s)", _tuning_cache.describe_algorithm(candidate), error)
                 failed += 1

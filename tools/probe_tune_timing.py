@@ -10,7 +10,10 @@ slower. For each tuned problem of a database, this times the first pick and the 
 now), and two more that tell the causes apart: ``gated``, the stream held on a host flag
 (``cuStreamWaitValue32``) while the sample is queued and released after (no host gap inside the events, the
 GPU idle before), and ``gemm ahead``, a ~1 ms GEMM queued ahead (the SMs busy and drawing power, as the
-layer before in a training step). It prints pick / first for each, beside the ratio the tune recorded.
+layer before in a training step). Later modes (``MODES``) tell the bench's own queues apart from these: the
+data the GEMMs ahead run on (random or constant), and the problem's own kernel ahead. It prints pick / first
+for each, beside the ratio the tune recorded, and when each problem's row started (to read beside a power log
+such as ``nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv -lms 100``).
 
     PYTHONPATH=. python -m tools.probe_tune_timing PROBLEMS.jsonl DATABASE.jsonl [--rounds 30]
 """
@@ -25,13 +28,26 @@ import statistics
 import torch
 
 import random
+import time
 
 from nvblaslt import _timing, _tuning_db
 from nvblaslt._tuning_cache import key_of
 from nvblaslt.bench.timing import event_rounds
-from nvblaslt.bench.tuning_problems import flush_buffer, operands, planned
+from nvblaslt.bench.tuning_problems import flush_buffer, gpu_rounds, operands, planned
 
 SPIN_CYCLES = 2_000_000  # about 1 ms of queued GPU work ahead of a spin sample
+# What runs ahead of each sample (every one flushes the L2 just before it, "bench spin" before its sleep):
+MODES = {
+    "idle": "nothing: the GPU idles while the host issues the sample",
+    "spin>flush": "a ~1 ms sleep kernel, then the flush",
+    "bench spin": "bench.tuning --queue spin: the flush, then a sleep kernel",
+    "Timer": "_timing.Timer, as the tune's duels time",
+    "gated": "the stream held on a host flag while the sample is queued (no host gap inside the events)",
+    "randn ahead": "five 4096³ bf16 GEMMs on random values (the SMs busy, drawing power)",
+    "ones ahead": "the same five GEMMs on ones (constant data: the SMs busy, drawing less power)",
+    "bench gemm": "bench.tuning --queue gemm, as it times by default",
+    "own ahead": "about 1 ms of the problem's own first pick (the layer before, at this GEMM's power)",
+}
 
 
 class Gate:
@@ -74,13 +90,14 @@ def main(argv=None) -> None:
     specs = [json.loads(line) for line in open(options.problems) if line.strip()]
     print(f"{torch.cuda.get_device_name()}; pick / first pick, median of {options.rounds} interleaved rounds "
           f"(below 1: the pick is faster)")
-    print(f"  {'problem':66s} {'idle':>8s} {'spin, as the bench':>19s} {'_timing.Timer':>14s} {'gated':>7s} "
-          f"{'gemm ahead':>10s}  tune's own")
     timer = _timing.Timer(0, torch.cuda.current_stream().cuda_stream)
     gate = Gate(torch.cuda.current_stream().cuda_stream)
-    big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)  # 4096³ bf16: about 0.2 ms; four of them
+    big = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)  # 4096³ bf16: about 0.2 ms; five of them
+    ones = torch.ones(4096, 4096, device="cuda", dtype=torch.bfloat16)  # the same GEMM on constant data
     for _ in range(2):
         torch.mm(big, big)
+    modes = list(MODES)
+    print(f"  {'problem':66s} " + " ".join(f"{m:>{max(7, len(m))}s}" for m in modes) + "  tune's own  (unix time)")
     for spec in specs:
         if spec.get("kind") != "matmul":
             continue
@@ -91,17 +108,23 @@ def main(argv=None) -> None:
             first.free()
             continue
         pick = planned(spec, ops, bytes.fromhex(entry["algo"]))
+        cases = [("first", first.execute), ("pick", pick.execute)]
+        started = time.time()
 
-        def idle():
+        def ahead_of(matrix):
+            def before():
+                for _ in range(5):  # about 1 ms
+                    torch.mm(matrix, matrix)
+                flush.zero_()
+            return before
+
+        def own_ahead():  # the first pick itself, about 1 ms of it: the layer before, at this GEMM's power
+            for _ in range(own_calls):
+                first.execute()
             flush.zero_()
 
-        def spin():
+        def spin_then_flush():
             torch.cuda._sleep(SPIN_CYCLES)
-            flush.zero_()
-
-        def ahead():
-            for _ in range(5):  # about 1 ms
-                torch.mm(big, big)
             flush.zero_()
 
         def gated(case) -> float:
@@ -117,15 +140,27 @@ def main(argv=None) -> None:
             stop.synchronize()
             return start.elapsed_time(stop)
 
-        cases = [("first", first.execute), ("pick", pick.execute)]
-        cold = event_rounds(torch, cases, options.rounds, before=idle)
-        warm = event_rounds(torch, cases, options.rounds, before=spin)
-        timed = _timing.shuffled_rounds(cases, options.rounds, lambda case: timer(case[1]), shuffler=random.Random(0))
-        held = _timing.shuffled_rounds(cases, options.rounds, gated, shuffler=random.Random(1))
-        busy = event_rounds(torch, cases, options.rounds, before=ahead)
-        print(f"  {spec['name'][:66]:66s} {_ratio(cold[1], cold[0]):8.3f} {_ratio(warm[1], warm[0]):19.3f}"
-              f" {_ratio(timed[1], timed[0]):14.3f} {_ratio(held[1], held[0]):7.3f} {_ratio(busy[1], busy[0]):10.3f}"
-              f"  {entry.get('ratio', float('nan')):.3f}")
+        one_ms = event_rounds(torch, cases[:1], 3, before=flush.zero_)[0]
+        own_calls = max(1, min(16, round(1.0 / max(statistics.median(one_ms), 1e-3))))
+        rounds = options.rounds
+        timings = {
+            "idle": lambda: event_rounds(torch, cases, rounds, before=flush.zero_),
+            "spin>flush": lambda: event_rounds(torch, cases, rounds, before=spin_then_flush),
+            "bench spin": lambda: gpu_rounds(cases, rounds, 1, flush, "spin"),
+            "Timer": lambda: _timing.shuffled_rounds(cases, rounds, lambda case: timer(case[1]),
+                                                     shuffler=random.Random(0)),
+            "gated": lambda: _timing.shuffled_rounds(cases, rounds, gated, shuffler=random.Random(1)),
+            "randn ahead": lambda: event_rounds(torch, cases, rounds, before=ahead_of(big)),
+            "ones ahead": lambda: event_rounds(torch, cases, rounds, before=ahead_of(ones)),
+            "bench gemm": lambda: gpu_rounds(cases, rounds, 1, flush, "gemm"),
+            "own ahead": lambda: event_rounds(torch, cases, rounds, before=own_ahead),
+        }
+        ratios = {}
+        for mode in modes:
+            samples = timings[mode]()
+            ratios[mode] = _ratio(samples[1], samples[0])
+        print(f"  {spec['name'][:66]:66s} " + " ".join(f"{ratios[m]:{max(7, len(m))}.3f}" for m in modes)
+              + f"  {entry.get('ratio', float('nan')):10.3f}  ({started:.1f})", flush=True)
         first.free()
         pick.free()
 

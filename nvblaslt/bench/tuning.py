@@ -16,9 +16,9 @@ Parts, in this order, each timed and written to ``--json`` as it ends:
 
 The problems are ``nvblaslt tune``'s LLM suite (``--quick``: a representative subset) without its grouped
 GEMMs, with BIAS / RELU_BIAS / GELU_BIAS forms of the MLP's up projection (the suite has GELU_AUX_BIAS).
-Times are GPU time, not host time: per sample about 1 ms of GEMMs is queued ahead (the host's time to issue
-the calls hidden, the SMs busy as in a training step; ``--queue spin``: a sleep kernel instead), the L2 is
-flushed, and CUDA events time a burst of calls (one call from 0.05 ms up).
+Times are GPU time, not host time: per sample about 1 ms of GEMMs on random values is queued ahead (the
+host's time to issue the calls hidden, the SMs at the power a training step draws; ``--queue spin``: a sleep
+kernel instead), the L2 is flushed, and CUDA events time a burst of calls (one call from 0.05 ms up).
 ``--seconds`` is the time share: each tune gets a quarter of it (``--tune-budget``), the duels stop where
 the recall and invariance parts would lose their share, and parts cut short say so.
 """

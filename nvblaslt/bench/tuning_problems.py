@@ -177,10 +177,12 @@ def flush_buffer():
 
 
 # What runs ahead of each sample, so that the host's time to issue it stays hidden. "gemm": GEMMS_AHEAD 4096³
-# bf16 GEMMs (about 1 ms: the SMs busy and drawing power, as the layer before in a training step). "spin": a
-# sleep kernel, as before the seventh pass of 2026-11-28: behind it two of eleven tuned picks read slower than
-# the first pick, and faster in every other context tried (idle, the stream held on a host flag until the
-# sample was queued, behind GEMMs), in one run on an H200 (tools/probe_tune_timing).
+# bf16 GEMMs on random values (about 1 ms: the SMs busy and drawing power, as the layer before in a training
+# step). On ones they drew 424 W against 689 W and the clock ran 195 MHz higher than a training step lets it
+# (tools/probe_ahead_power, H200, 2026-11-29), and tuned picks read up to 8 % slower behind them than behind
+# the problem's own kernel (tools/probe_tune_timing: qwen3-8b's DGELU at 8192 tokens, 0.937× against
+# 0.864×). "spin": a sleep kernel, as before the seventh pass of 2026-11-28: behind it two of eleven tuned
+# picks read slower than the first pick, and faster in every other context tried then.
 QUEUES = ("gemm", "spin")
 GEMMS_AHEAD = 5
 
@@ -193,7 +195,7 @@ def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, que
 
     if queue not in QUEUES:
         raise ValueError(f"queue: expected one of {QUEUES}, got {queue!r}")
-    ahead = torch.ones(4096, 4096, device="cuda", dtype=torch.bfloat16) if queue == "gemm" else None
+    ahead = torch.rand(4096, 4096, device="cuda", dtype=torch.bfloat16) * 2 - 1 if queue == "gemm" else None
     product = torch.empty_like(ahead) if ahead is not None else None
 
     def before() -> None:

@@ -518,3 +518,29 @@ def test_the_rescreen_keeps_the_first_ratio_of_what_it_had_no_time_to_rerun(monk
                                 deadline=1.5)
     assert dict((r.algorithm.id, ratio) for r, ratio in again) == {3: 0.9, 2: 1.03}  # 3 ranked first: rerun once
 
+
+def test_screening_times_each_candidate_after_an_untimed_run_that_loads_its_kernel(monkeypatch):
+    """With CUDA's lazy loading a kernel's first launch waits for its module (several ms on an H200): a
+    screening that timed first launches ranked candidates by their loading, and missed faster kernels."""
+    plan = StandInPlan([1], {})
+    runs: dict[int, int] = {}
+
+    def trial_run(stream):
+        plan.ran = plan._launch.algorithm.algorithm.id
+        runs[plan.ran] = runs.get(plan.ran, 0) + 1
+
+    plan._trial_run = trial_run
+    speed = {1: 1.0, 2: 0.9, 3: 1.2}
+
+    def timer(run, prepare=None):
+        if prepare is not None:
+            prepare()
+        run()
+        return speed[plan.ran] * (8.0 if runs[plan.ran] == 1 else 1.0)  # a first launch loads the kernel
+    monkeypatch.setattr(_autotune.time, "perf_counter", lambda: 0.0)
+    incumbent = _autotune._algorithm(plan, plan._launch.algorithms[0], 0)
+    trial_run(0)  # the incumbent ran before (autotune's rounds)
+    screened, failed, exhausted = _autotune._screen(plan, timer, incumbent, iter([FakeResult(2), FakeResult(3)]), 0,
+                                                    deadline=1.0)
+    assert exhausted and failed == 0
+    assert [(r.algorithm.id, round(ratio, 3)) for r, ratio in screened] == [(2, 0.9), (3, 1.2)]

@@ -26,3 +26,39 @@ def test_the_burst_size_probe_runs_behind_the_same_queue_as_the_duel(monkeypatch
     monkeypatch.setattr(tuning, "torch_baseline", lambda spec: None)
     row = tuning.duel_problem({"name": "a problem"}, [None, None], 3, flush=None, queue="spin")
     assert row["calls"] == 5 and queues == ["spin", "spin"]
+
+
+def test_the_gemm_queue_multiplies_random_values_not_constants(monkeypatch):
+    """GEMMs on constant data draw less power (H200: 424 W against 689 W), so the clock ran higher behind them
+    than a training step lets it: the queue's GEMMs read random values."""
+    import sys
+
+    made, multiplied = [], []
+
+    class Matrix:
+        def __init__(self, kind):
+            self.kind = kind
+            made.append(kind)
+
+        def __mul__(self, other):
+            return self
+
+        def __sub__(self, other):
+            return self
+
+    fake = SimpleNamespace(
+        bfloat16="bf16", rand=lambda *shape, **kw: Matrix("random"), ones=lambda *shape, **kw: Matrix("ones"),
+        empty_like=lambda m: Matrix("empty"), mm=lambda x, y, out=None: multiplied.append((x.kind, y.kind)),
+        cuda=SimpleNamespace(_sleep=lambda cycles: None))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+
+    def rounds(torch, cases, rounds, calls, before):
+        before()
+        return [[0.01] for _ in cases]
+    monkeypatch.setattr(tuning_problems, "event_rounds", rounds)
+    flush = SimpleNamespace(zero_=lambda: None)
+    tuning_problems.gpu_rounds([("case", lambda: None)], 1, 1, flush, "gemm")
+    assert multiplied and set(multiplied) == {("random", "random")}
+    multiplied.clear()
+    tuning_problems.gpu_rounds([("case", lambda: None)], 1, 1, flush, "spin")
+    assert not multiplied  # the spin queue runs a sleep kernel only
