@@ -27,12 +27,19 @@ import time
 
 import torch
 
-from nvblaslt import _search, _timing
+from nvblaslt import _search, _timing, _tuning_cache
 from nvblaslt._errors import NvblasltError
 from nvblaslt.bench.timing import event_rounds
 from nvblaslt.bench.tuning_problems import flush_buffer, operands, planned
 
 FINALISTS = 8
+
+
+def _name(result) -> str:
+    """The kernel's id, tile and stages, with its split-K count, custom option and swizzle."""
+    config = result.algorithm.config()
+    return (f"{_tuning_cache.describe_algorithm(result)} split {config.get('SPLITK_NUM')} "
+            f"option {config.get('CUSTOM_OPTION')} swizzle {config.get('CTA_SWIZZLING')}")
 
 
 def _screen(first, seconds: float) -> tuple[list[tuple[float, bytes]], int, bool]:
@@ -91,12 +98,14 @@ def main(argv=None) -> None:
     parser.add_argument("problems")
     parser.add_argument("--screen-seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--only", help="a substring of the problems' names to keep")
+    parser.add_argument("--only", help="comma-separated substrings of the names of the problems to keep")
+    parser.add_argument("--verbose", action="store_true", help="name the first pick's and the best's kernels")
     options = parser.parse_args(argv)
     flush = flush_buffer()
     contexts = _contexts(flush)
     specs = [json.loads(line) for line in open(options.problems) if line.strip()]
-    specs = [s for s in specs if s.get("kind") == "matmul" and (not options.only or options.only in s["name"])]
+    wanted = options.only.split(",") if options.only else None
+    specs = [s for s in specs if s.get("kind") == "matmul" and (not wanted or any(w in s["name"] for w in wanted))]
     print(f"{torch.cuda.get_device_name()}; the pool's best / first pick (below 1: faster): chosen in a duel of "
           f"{options.rounds} rounds behind GEMMs on random values, then timed against the first pick alone in a "
           f"fresh duel of {options.rounds} rounds in each context; screening {options.screen_seconds} s a problem")
@@ -132,6 +141,9 @@ def main(argv=None) -> None:
         kind = finalists[best][0] if best is not None else "-"
         print(f"  {spec['name'][:66]:66s} {timed:6d} {'all' if exhausted else 'part':>5s} {screen:>7s} "
               f"{min(chosen, default=1.0):7.3f} {kind:>6s}" + "".join(f" {row[c]:11.3f}" for c in contexts), flush=True)
+        if options.verbose and best is not None:
+            print(f"    first pick {_name(first.algorithm)}; best "
+                  f"{_name(finalists[best][1].algorithm)}", flush=True)
         for plan in (first, *(p for _, p in finalists)):
             plan.free()
     for context, values in ceilings.items():

@@ -218,3 +218,35 @@ def test_every_algorithm_the_search_offers_gives_the_right_result(m, k, n, epilo
                 pre = aux["gelu_aux"][..., :m, :].double()  # rows past M are padding
                 assert float((pre - z).abs().max() / z.abs().max()) < 2e-2, f"{name}: the GELU aux"
     print(f"{len(pool)} candidates, {splits} with split-K, all right")
+
+
+def test_the_screening_times_a_decode_gemm_without_the_hosts_time_to_issue_it():
+    """A 1-token GEMM (bf16, 4096 → 6144: about 22 µs on an H200). Before the Timer checked that the host had
+    queued each call before the GPU reached it, the screening read the incumbent at 46–66 µs and its own
+    kernel's other options at 24 µs or 60 µs, and ranked candidates by that. The incumbent's runs in the
+    screening must read what it reads timed on its own, within noise."""
+    from nvblaslt import _search, _timing
+
+    a = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(6144, 4096, device="cuda", dtype=torch.bfloat16).T
+    with Matmul(a, b) as mm:
+        mm.plan()
+        stream = torch.cuda.current_stream().cuda_stream
+        launch = mm._launch
+        incumbent = _autotune._algorithm(mm, launch.algorithm, stream)
+        samples: list[float] = []
+
+        class Recording(_timing.Timer):
+            def __call__(self, run, prepare=None):
+                ms = super().__call__(run, prepare)
+                samples.append(ms)
+                return ms
+        with Recording(mm.device, stream) as timer:
+            clean = sorted(timer(incumbent.run, incumbent.prepare) for _ in range(21))[10]
+            samples.clear()
+            pool = _search.candidates(launch, workspace_limit=launch.workspace_limit, incumbent=launch.algorithm)
+            screened, failed, _ = _autotune._screen(mm, timer, incumbent, itertools.islice(pool, 48), stream,
+                                                    deadline=time.perf_counter() + 10)
+        assert screened and failed == 0
+        references = samples[0::9]  # each group of 8 candidates is timed after one run of the incumbent
+        assert len(references) >= 5 and max(references) < 1.5 * clean, (clean, references)
