@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from . import _cuda
 from ._cuda import cudart
+from ._logging import logger
 from ._memory import DeviceBuffer
 
 T = TypeVar("T")
@@ -31,20 +32,23 @@ ATTEMPTS = 4  # samples taken of one call at most, the cover doubled after each 
 
 
 class Timer:
-    """Milliseconds of one call on ``stream``, L2 flushed before it, CUDA events around it, and no host
-    time inside them.
+    """Milliseconds of one call on ``stream``, L2 flushed before it, CUDA events around it, with the host's
+    time to issue the call kept out of the events wherever the cover allows.
 
     The events time the GPU from the start event to the stop event. If the GPU reaches the start event
     before the host has queued the call, the host's time to issue it is timed as well: on an H200 the
     search's screening read a 22 µs decode GEMM at 46–93 µs that way (the host's first launch of a kernel
     and the plan's Python), and ranked its candidates by that. So the flush is queued ``cover`` times ahead
     of each sample, a sample counts only if the start event was still pending once the stop event was
-    queued (``cudaEventQuery``), and one that the host outran is taken again with the cover doubled."""
+    queued (``cudaEventQuery``), and one that the host outran is taken again with the cover doubled (up to
+    ``MAX_COVER`` flushes, ``ATTEMPTS`` tries; the cover stays for the Timer's life: one tune). ``retaken``
+    counts the samples taken again, ``outran`` those returned with host time in them all the same."""
 
     def __init__(self, device: int, stream: int):
         self.stream = stream
         self.cover = 1  # flushes queued ahead of each sample: GPU work that outlasts the host's issue time
-        self.retaken = 0  # samples taken again because the host outran the cover
+        self.retaken = 0
+        self.outran = 0
         self._flush = DeviceBuffer(max(2 * _l2_bytes(device), 1 << 20), stream)
         self._start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
         self._stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
@@ -62,19 +66,30 @@ class Timer:
             _cuda.check(cudart.cudaEventRecord(self._start, stream), "cudaEventRecord")
             run()
             _cuda.check(cudart.cudaEventRecord(self._stop, stream), "cudaEventRecord")
-            (pending,) = cudart.cudaEventQuery(self._start)  # NotReady: the GPU was still on the cover
+            (status,) = cudart.cudaEventQuery(self._start)
+            pending = status != _cuda.SUCCESS and status.name == "cudaErrorNotReady"  # the GPU was still on the cover
+            if status != _cuda.SUCCESS and not pending:
+                _cuda.check((status,), "cudaEventQuery")
             _cuda.check(cudart.cudaEventSynchronize(self._stop), "cudaEventSynchronize")
             ms = _cuda.check(cudart.cudaEventElapsedTime(self._start, self._stop), "cudaEventElapsedTime")
-            if pending != _cuda.SUCCESS or self.cover >= MAX_COVER or attempt == ATTEMPTS - 1:
+            if pending:
                 return ms
-            self.cover = min(2 * self.cover, MAX_COVER)
+            grown = min(2 * self.cover, MAX_COVER)
+            if grown == self.cover or attempt == ATTEMPTS - 1:
+                self.cover = grown
+                self.outran += 1
+                return ms
+            self.cover = grown
             self.retaken += 1
-        return ms
+        raise AssertionError("unreachable: the last attempt returns")
 
     def synchronize(self) -> None:
         _cuda.check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
 
     def close(self) -> None:
+        if self.retaken or self.outran:
+            logger.info("timing: %d samples taken again behind more L2 flushes (%d queued ahead at the end), %d "
+                        "kept with the host's time to issue the call in them", self.retaken, self.cover, self.outran)
         cudart.cudaEventDestroy(self._start)
         cudart.cudaEventDestroy(self._stop)
         self._flush.release()

@@ -33,17 +33,26 @@ def main(argv=None) -> None:
     options = parser.parse_args(argv)
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
                             "-lms", "100"], stdout=subprocess.PIPE, text=True)
+    try:
+        phases = _phases(options.seconds)
+    finally:
+        smi.terminate()
+    _report(phases, smi.stdout.read().splitlines(), options.seconds)
+
+
+def _phases(seconds: float) -> list:
+    """(kind, started, stopped, TF/s of each burst) of each phase, after a second of the log alone."""
     time.sleep(1.0)
     phases = []
     for kind in PHASES:
         started = time.time()
         rates = []
         if kind == "idle":
-            time.sleep(options.seconds)
+            time.sleep(seconds)
         else:
             x, out = _values(kind), torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            while time.time() - started < options.seconds:
+            while time.time() - started < seconds:
                 begin.record()
                 for _ in range(20):
                     torch.mm(x, x, out=out)
@@ -51,9 +60,12 @@ def main(argv=None) -> None:
                 end.synchronize()
                 rates.append(20 * 2 * 4096**3 / (begin.elapsed_time(end) * 1e9))
         phases.append((kind, started, time.time(), rates))
-    smi.terminate()
+    return phases
+
+
+def _report(phases: list, lines: list[str], seconds: float) -> None:
     samples = []
-    for line in smi.stdout.read().splitlines():
+    for line in lines:
         parts = [p.strip() for p in line.split(",")]
         try:
             stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float(
@@ -61,7 +73,7 @@ def main(argv=None) -> None:
             samples.append((stamp, float(parts[1]), float(parts[2])))
         except (IndexError, ValueError):
             continue
-    print(f"{torch.cuda.get_device_name()}: 4096³ bf16 GEMMs back to back, {options.seconds} s a phase; the last "
+    print(f"{torch.cuda.get_device_name()}: 4096³ bf16 GEMMs back to back, {seconds} s a phase; the last "
           "half of each phase's nvidia-smi samples")
     print(f"  {'phase':8s} {'TF/s (median)':>14s} {'SM clock MHz':>13s} {'power W':>8s} {'samples':>8s}")
     for kind, start, stop, rates in phases:

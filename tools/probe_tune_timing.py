@@ -43,10 +43,10 @@ MODES = {
     "bench spin": "bench.tuning --queue spin: the flush, then a sleep kernel",
     "Timer": "_timing.Timer, as the tune's duels time",
     "gated": "the stream held on a host flag while the sample is queued (no host gap inside the events)",
-    "randn ahead": "five 4096³ bf16 GEMMs on random values (the SMs busy, drawing power)",
+    "randn ahead": "five 4096³ bf16 GEMMs on normal random values (the SMs busy, drawing power)",
     "ones ahead": "the same five GEMMs on ones (constant data: the SMs busy, drawing less power)",
     "bench gemm": "bench.tuning --queue gemm, as it times by default",
-    "own ahead": "about 1 ms of the problem's own first pick (the layer before, at this GEMM's power)",
+    "own ahead": "the problem's own first pick, about 1 ms of it and at most 16 calls (the layer before)",
 }
 
 

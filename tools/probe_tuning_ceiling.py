@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import statistics
@@ -54,7 +55,7 @@ def _screen(first, seconds: float) -> tuple[list[tuple[float, bytes]], int, bool
     exhausted = False
     with _timing.Timer(first.device, stream) as timer:
         run = functools.partial(first._trial_run, stream)
-        for candidate in [*launch.algorithms[1:], *pool]:
+        for candidate in itertools.chain(launch.algorithms[1:], pool):  # the pool enumerated lazily
             if time.perf_counter() >= deadline:
                 break
             launch.ensure_workspace(candidate.workspace_size, stream)

@@ -234,19 +234,20 @@ def test_the_screening_times_a_decode_gemm_without_the_hosts_time_to_issue_it():
         stream = torch.cuda.current_stream().cuda_stream
         launch = mm._launch
         incumbent = _autotune._algorithm(mm, launch.algorithm, stream)
-        samples: list[float] = []
+        references: list[float] = []
 
         class Recording(_timing.Timer):
             def __call__(self, run, prepare=None):
                 ms = super().__call__(run, prepare)
-                samples.append(ms)
+                if run is incumbent.run:
+                    references.append(ms)
                 return ms
         with Recording(mm.device, stream) as timer:
             clean = sorted(timer(incumbent.run, incumbent.prepare) for _ in range(21))[10]
-            samples.clear()
+            references.clear()
             pool = _search.candidates(launch, workspace_limit=launch.workspace_limit, incumbent=launch.algorithm)
-            screened, failed, _ = _autotune._screen(mm, timer, incumbent, itertools.islice(pool, 48), stream,
-                                                    deadline=time.perf_counter() + 10)
-        assert screened and failed == 0
-        references = samples[0::9]  # each group of 8 candidates is timed after one run of the incumbent
+            screened, _, _ = _autotune._screen(mm, timer, incumbent, itertools.islice(pool, 48), stream,
+                                               deadline=time.perf_counter() + 10)
+        assert screened
+        # each group of 8 candidates is timed after one run of the incumbent
         assert len(references) >= 5 and max(references) < 1.5 * clean, (clean, references)
