@@ -14,6 +14,8 @@ when the distribution-free upper bound on its median ratio (the sign test invert
 over the challengers) is below 1 and its median gains at least ``MIN_GAIN``. Otherwise the
 incumbent stays. For the bias-gradient epilogs the fused kernel then duels the split form (the
 masking epilog or plain GEMM, then the bias gradient as a GEMV; ``_split_bgrad``) the same way.
+The search's screening and duels start with the incumbent run back to back for ``_timing.SETTLE_S``:
+whether the GPU sits at its power limit decides some duels, and large GEMMs run at it in real use.
 Everything is budgeted: ``SEARCH_BUDGET_S`` per search.
 """
 
@@ -102,6 +104,13 @@ def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int)
     return kept
 
 
+def _settle(timer: Timer, contestant: Contestant, seconds: float) -> None:
+    """``contestant`` back to back for ``seconds``: the GPU in the power state its own work keeps it in."""
+    if contestant.prepare is not None:
+        contestant.prepare()
+    _timing.settle(contestant.run, timer.synchronize, seconds)
+
+
 def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> list[list[float]]:
     """Samples (ms) of each contestant over ``rounds`` shuffled rounds, after one warm-up run each."""
     for contestant in contestants:  # module load, first-launch costs
@@ -113,7 +122,8 @@ def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> li
 
 
 def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResult], samples: list[list[float]],
-                              stream: int, deadline: float) -> tuple[list[tuple[HeuristicResult, float]], float]:
+                              stream: int, deadline: float,
+                              settle_s: float = 0.0) -> tuple[list[tuple[HeuristicResult, float]], float]:
     """([(algorithm, ms)], fastest first, but the heuristics' first pick stays first unless another beats it
     in a duel: a median over a few rounds is noise at a 1-3 % difference (issue 35 saw autotune keep a
     kernel 4.6 % slower than the first pick), and autotune() must never keep a slower one; the kept one's
@@ -123,9 +133,10 @@ def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResu
     faster = [(result, ms) for result, ms in ranked if result is not first and ms < first_ms][:RUNNERS_UP]
     if not faster:
         return ranked, 1.0
+    minimum_s = settle_s + 2.5 * (MIN_ROUNDS + 1) * (1 + len(faster)) * first_ms / 1000
     outcome = duel(timer, _algorithm(plan, first, stream), [_algorithm(plan, r, stream) for r, _ in faster],
-                   deadline=max(deadline, time.perf_counter() + 2.5 * (MIN_ROUNDS + 1) * (1 + len(faster)) * first_ms
-                                / 1000), max_rounds=3 * MIN_ROUNDS, what="autotune")
+                   deadline=max(deadline, time.perf_counter() + minimum_s), max_rounds=3 * MIN_ROUNDS,
+                   what="autotune", settle_s=settle_s)
     winner = outcome.winner()
     timed = {id(s.contestant.result): statistics.median(s.samples) for s in outcome.standings if s.samples}
     ranked = [(r, timed.get(id(r), ms)) for r, ms in ranked]
@@ -213,11 +224,13 @@ class Duel:
 
 def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadline: float,
          alpha: float = ALPHA, min_gain: float = MIN_GAIN, min_rounds: int = MIN_ROUNDS,
-         max_rounds: int = MAX_ROUNDS, what: str = "search", shuffler: random.Random | None = None) -> Duel:
+         max_rounds: int = MAX_ROUNDS, what: str = "search", shuffler: random.Random | None = None,
+         settle_s: float = 0.0) -> Duel:
     """Interleaved rounds of the incumbent and the challengers still undecided, until every
     challenger is judged faster or slower, ``max_rounds`` pass, or the clock reaches ``deadline``
     (``time.perf_counter()``); an undecided challenger does not win. ``shuffler`` orders each round
-    (default: freshly seeded, so that no order is shared by every duel)."""
+    (default: freshly seeded, so that no order is shared by every duel). With ``settle_s`` the incumbent
+    runs back to back that long before the first round (``_timing.settle``), within the deadline."""
     standings = [Standing(c) for c in challengers]
     each_alpha = alpha / max(1, len(challengers))
     incumbent_samples: list[float] = []
@@ -228,6 +241,8 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
             contestant.prepare()
         contestant.run()
     timer.synchronize()
+    if settle_s > 0:
+        _settle(timer, incumbent, settle_s)
     while rounds < max_rounds:
         alive = [s for s in standings if s.verdict == "undecided"]
         if not alive:
@@ -341,9 +356,10 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     """The search over algorithms: (the choice, its ms, facts for the report and the timings list)."""
     incumbent_result, incumbent_ms = heuristic[0]
     incumbent = _algorithm(plan, incumbent_result, stream)
+    _settle(timer, incumbent, _timing.SETTLE_S)  # the screening ranks as the duel will: settled
     remaining = deadline - time.perf_counter()
     # the duel's share: at least its minimum rounds with a full shortlist
-    duel_minimum = 1.2 * (1 + SHORTLIST + RUNNERS_UP) * (MIN_ROUNDS + 1) * incumbent_ms / 1000
+    duel_minimum = 1.2 * (1 + SHORTLIST + RUNNERS_UP) * (MIN_ROUNDS + 1) * incumbent_ms / 1000 + _timing.SETTLE_S
     screen_deadline = time.perf_counter() + max(0.0, min(0.55 * remaining, remaining - duel_minimum))
     logger.info("search: incumbent %s at %.4f ms (autotune's pick of %d); screening until %.1f s", incumbent.name,
                 incumbent_ms, len(heuristic), screen_deadline - started)
@@ -365,7 +381,7 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
         return incumbent_result, incumbent_ms, facts
     logger.info("search: duel of the incumbent against %d challengers: %s", len(challengers),
                 ", ".join(c.name for c in challengers))
-    outcome = duel(timer, incumbent, challengers, deadline=duel_deadline)
+    outcome = duel(timer, incumbent, challengers, deadline=duel_deadline, settle_s=_timing.SETTLE_S)
     winner, best = outcome.winner(), outcome.best()
     facts.update(duel=outcome, best=best, incumbent_duel_ms=statistics.median(outcome.incumbent))
     if winner is None:
@@ -390,9 +406,9 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
     two_calls = Contestant("split", lambda: split.trial_run(stream))
     incumbent, challenger = (two_calls, fused) if recalled_split is not None else (fused, two_calls)
     # the duel gets its minimum rounds even past the budget: a decision on fewer would be noise
-    deadline = max(deadline, time.perf_counter() + 2.5 * (MIN_ROUNDS + 1) * call_ms / 1000)
+    deadline = max(deadline, time.perf_counter() + _timing.SETTLE_S + 2.5 * (MIN_ROUNDS + 1) * call_ms / 1000)
     outcome = duel(timer, incumbent, [challenger], deadline=deadline, max_rounds=3 * MIN_ROUNDS,
-                   what="bias-gradient form")
+                   what="bias-gradient form", settle_s=_timing.SETTLE_S)
     standing = outcome.standings[0]
     measured = {incumbent.name: statistics.median(outcome.incumbent),
                 challenger.name: statistics.median(standing.samples)}
@@ -412,7 +428,7 @@ def _form_reserve(plan, iterations: int, call_ms: float, remaining: float) -> fl
     if not plan._splittable():
         return 0.0
     calls = len(plan.algorithms) * (iterations + 1) + 2 * (MIN_ROUNDS + 1)
-    return min(0.4 * remaining, 1.25 * calls * call_ms / 1000)
+    return min(0.4 * remaining, 1.25 * calls * call_ms / 1000 + _timing.SETTLE_S)
 
 
 def tuning_iterations(value: object) -> int:
@@ -465,8 +481,10 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
                         max(1, iterations))
             candidates = _runnable(plan, candidates, stream_h)
             samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
+            # a search's duels start settled (_timing.SETTLE_S); autotune() alone stays as quick as its rounds
             heuristic, first_ratio = _first_pick_unless_beaten(plan, timer, candidates, samples, stream_h,
-                                                               started + budget_s)
+                                                               started + budget_s,
+                                                               _timing.SETTLE_S if search else 0.0)
         incumbent, incumbent_ms = heuristic[0]
         if not search:
             report = TuningReport(False, _tuning_cache.describe_algorithm(incumbent), incumbent_ms,

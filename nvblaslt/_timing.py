@@ -1,5 +1,6 @@
-"""Timing on the GPU: ``Timer`` (CUDA events around one call, L2 flushed before it) and
-``shuffled_rounds``, the one way this package times several things against each other.
+"""Timing on the GPU: ``Timer`` (CUDA events around one call, L2 flushed before it),
+``shuffled_rounds``, the one way this package times several things against each other, and ``settle``,
+which brings the GPU to the power state a problem's own work keeps it in before a duel.
 
 Every contestant runs once per round, and each round runs them in a fresh random order. In a
 fixed or rotated order a contestant always follows the same neighbour, and at the seed's shape on
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -26,6 +28,15 @@ T = TypeVar("T")
 def _l2_bytes(device: int) -> int:
     return _cuda.device_properties(device).l2CacheSize
 
+
+# The GPU's power state decides some duels. An H200 running a large GEMM back to back sits at its power
+# limit (700 W) and its clock follows; after a second or more idle it starts a duel boosted, and the kernels
+# that win there are not the ones that win at the limit: qwen3-8b's GELU_AUX_BIAS pick at 8192 tokens read
+# 0.906-0.911x the first pick's time after 0.3 s of the first pick back to back, 0.904-0.909x after 1 s, and
+# 0.985-1.051x after 1.5 s idle (tools/probe_pick_stability --between, 2026-11-29). Large GEMMs run back to
+# back in a training or prefill step, so a search's duels start settled.
+SETTLE_S = 0.3
+SETTLE_CHUNK = 8  # calls queued between synchronizations while settling
 
 MAX_COVER = 32  # L2 flushes queued ahead of a sample at most (about 1 ms of GPU work on an H200)
 ATTEMPTS = 4  # samples taken of one call at most, the cover doubled after each that the host outran
@@ -99,6 +110,17 @@ class Timer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def settle(run: Callable[[], object], synchronize: Callable[[], None], seconds: float = SETTLE_S) -> None:
+    """``run()`` back to back for ``seconds`` (wall clock; the stream synchronized every ``SETTLE_CHUNK``
+    calls, so that no more than that is ever queued): what is timed next starts in the power state that
+    this work keeps the GPU in (``SETTLE_S`` says why)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(SETTLE_CHUNK):
+            run()
+        synchronize()
 
 
 # Where each timing's orders come from: fresh seeds by default (no order shared by every timing);

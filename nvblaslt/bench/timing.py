@@ -10,7 +10,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from nvblaslt._timing import shuffled_rounds
+from nvblaslt._timing import settle, shuffled_rounds
 
 
 def _warm_up(torch, cases: Sequence[tuple[str, Callable]]) -> None:
@@ -22,11 +22,16 @@ def _warm_up(torch, cases: Sequence[tuple[str, Callable]]) -> None:
 
 
 def event_rounds(torch, cases: Sequence[tuple[str, Callable]], rounds: int, calls: int = 1,
-                 seed: int = 0, before: Callable[[], None] | None = None) -> list[list[float]]:
+                 seed: int = 0, before: Callable[[], None] | None = None,
+                 settle_s: float = 0.0) -> list[list[float]]:
     """Per-call ms of each ``(name, fn)`` case: CUDA events around a burst of ``calls`` calls, every
     case once per round in a fresh order (seeded), after two warm-up calls each. ``before()`` runs ahead
-    of each sample's first event (an L2 flush, a spin that hides the host)."""
+    of each sample's first event (an L2 flush, a spin that hides the host). With ``settle_s`` the first
+    case runs back to back that long before the first round (``nvblaslt._timing.settle``: the GPU in the
+    power state that work keeps it in)."""
     _warm_up(torch, cases)
+    if settle_s > 0:
+        settle(cases[0][1], torch.cuda.synchronize, settle_s)
 
     def measure(case: tuple[str, Callable]) -> float:
         fn = case[1]

@@ -11,6 +11,7 @@ from typing import Any
 
 from nvblaslt import _tune_suite
 from nvblaslt._autotune import median_bounds
+from nvblaslt._timing import SETTLE_S
 from .timing import event_rounds
 
 # The --quick subset: several models, every token count, forward bf16 and fp8, the epilogs with their backward.
@@ -167,6 +168,28 @@ def torch_call(spec: dict, ops: dict):
     return lambda: torch.mm(a, b)
 
 
+def launched_kernels(fn, calls: int = 3) -> list[tuple[str, float]]:
+    """(name, mean µs per call) of each CUDA kernel ``fn()`` launches (torch.profiler), over ``calls`` calls
+    after two untimed: which kernels torch's call and a plan run, told apart by name."""
+    import collections
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total: dict[str, float] = collections.defaultdict(float)
+    for event in profiled.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.name and not event.name.startswith("Memset"):
+            total[event.name] += event.device_time
+    return [(name, us / calls) for name, us in total.items()]
+
+
 # ---- the clock -------------------------------------------------------------------------------------------------
 def flush_buffer():
     """Twice the L2 cache, zeroed before each sample: every sample reads its operands from memory."""
@@ -187,10 +210,12 @@ QUEUES = ("gemm", "spin")
 GEMMS_AHEAD = 5
 
 
-def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, queue: str = "gemm") -> list[list[float]]:
+def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, queue: str = "gemm",
+               settle_s: float = SETTLE_S) -> list[list[float]]:
     """ms per call of each ``(name, fn)`` case over ``rounds`` interleaved rounds, after two warm-up calls
-    each: per sample the L2 flushed, the host's time hidden behind what ``queue`` names (one of
-    ``QUEUES``), CUDA events around ``calls`` calls."""
+    each and the first case back to back for ``settle_s`` (the GPU at the power its own work draws, as
+    ``nvblaslt tune``'s duels start): per sample the L2 flushed, the host's time hidden behind what
+    ``queue`` names (one of ``QUEUES``), CUDA events around ``calls`` calls."""
     import torch
 
     if queue not in QUEUES:
@@ -205,13 +230,13 @@ def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, que
         flush.zero_()
         if ahead is None:
             torch.cuda._sleep(SPIN_CYCLES + SPIN_CYCLES_PER_CALL * calls)
-    return event_rounds(torch, cases, rounds, calls, before=before)
+    return event_rounds(torch, cases, rounds, calls, before=before, settle_s=settle_s)
 
 
 def burst_calls(fn, flush, queue: str = "gemm") -> int:
     """Calls per sample for cases of about ``fn``'s time: one from ``BURST_MS`` up, at most ``MAX_CALLS``
     (``fn`` timed behind what ``queue`` names, as the samples will be)."""
-    ms = gpu_rounds([("probe", fn)], 1, 1, flush, queue)[0][0]
+    ms = gpu_rounds([("probe", fn)], 1, 1, flush, queue, settle_s=0.0)[0][0]
     return max(1, min(MAX_CALLS, math.ceil(BURST_MS / max(ms, 1e-4))))
 
 

@@ -325,6 +325,53 @@ def test_search_keeps_to_its_budget(simulated, monkeypatch):
     assert 0 < plan.tuning_report.screened < 100_000
 
 
+def test_a_search_starts_its_screening_and_every_duel_settled_on_the_incumbent(simulated, monkeypatch):
+    """Whether the GPU sits at its power limit decides some duels (H200: a GELU_AUX_BIAS pick 0.91x the first
+    pick's time after 0.3 s of the first pick back to back, 1.03x after 1.5 s idle): the search runs its
+    incumbent back to back before the screening and before each duel, the duels' first timed rounds after
+    that; plain autotune() does not pay for it."""
+    make, _ = simulated
+    events: list = []
+    real_settle = _timing.settle
+
+    def settle(run, synchronize, seconds):
+        events.append(("settle", plan._launch.algorithm.algorithm.id, seconds))
+        real_settle(run, synchronize, seconds)
+    monkeypatch.setattr(_timing, "settle", settle)
+    speeds = {1: 26.0, 2: 25.9, 3: 26.5, **{i: 26.8 for i in range(100, 120)}, 111: 25.0, "split": 30.0}
+    plan = make([1, 2, 3], speeds, pool_ids=range(100, 120), epilog=MatmulEpilog.BGRADB)
+    _autotune.autotune(plan, iterations=5, search=True, remember=False, stream=None)
+    settled = [event for event in events if event[0] == "settle"]
+    assert [seconds for *_, seconds in settled] == [_timing.SETTLE_S] * len(settled)
+    # the first pick's duel (2 reads faster in its rounds), the screening and the search's duel, all on the
+    # incumbent of the moment; then the bias-gradient form's duel on the chosen fused kernel
+    assert len(settled) == 4 and settled[0][1] == 1 and settled[-1][1] == plan.algorithm.algorithm.id
+    events.clear()
+    plain = make([1, 2, 3], speeds)
+    _autotune.autotune(plain, iterations=5, search=False, remember=False, stream=None)
+    assert events == [] and plain.algorithm.algorithm.id in (1, 2)
+
+
+def test_a_duel_settles_on_its_incumbent_before_its_first_timed_round():
+    gpu = SimulatedGPU(0)
+    log: list[str] = []
+    incumbent = Contestant("incumbent", lambda: (log.append("incumbent"), setattr(gpu, "last", 26.0)),
+                           prepare=lambda: log.append("select incumbent"))
+    challenger = Contestant("c", lambda: (log.append("c"), setattr(gpu, "last", 25.0)),
+                            prepare=lambda: log.append("select c"))
+
+    def timed(run, prepare=None):
+        log.append("timed")
+        return gpu(run, prepare)
+    timed.synchronize = lambda: log.append("sync")  # type: ignore[attr-defined]
+    duel(timed, incumbent, [challenger], deadline=time.perf_counter() + 60, max_rounds=2, min_rounds=1000,
+         shuffler=random.Random(0), settle_s=0.01)
+    first_timed = log.index("timed")
+    settling = log[log.index("sync") + 1:first_timed]  # after the warm-up's synchronize
+    assert settling[0] == "select incumbent" and "c" not in settling and "select c" not in settling
+    assert settling.count("incumbent") >= _timing.SETTLE_CHUNK and settling[-1] == "sync"
+
+
 def test_a_split_forms_first_call_does_not_replace_its_problems_own_choice(simulated, monkeypatch):
     """For BGRADB the first call is the plain GEMM: a search of that GEMM stored its own choice, which the
     split form's unsearched kernel must not overwrite."""

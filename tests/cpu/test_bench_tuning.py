@@ -117,19 +117,26 @@ def test_every_problem_names_torch_s_call_and_the_torch_layer_maps_bf16_ones():
 
 
 # ---- the figures' arithmetic -----------------------------------------------------------------------------------
-def row(name, first_over_db, torch_over_db, db1_over_db2=None, same=False):
-    found = {"name": name, "first_over_db1": {"ratio": first_over_db}, "torch_over_db1": {"ratio": torch_over_db}}
+def row(name, first_over_db, torch_over_db, db1_over_db2=None, same=False, torch_bounds=None, torch_kernels=False):
+    bounds = torch_bounds or (torch_over_db - 0.01, torch_over_db + 0.01)
+    found = {"name": name, "first_over_db1": {"ratio": first_over_db},
+             "torch_over_db1": {"ratio": torch_over_db, "bounds": list(bounds)}, "same_kernels_as_torch": torch_kernels}
     if db1_over_db2 is not None:
         found.update(same_pick=same, db1_over_db2={"ratio": db1_over_db2})
     return found
 
 
 def test_duel_summary_geomean_worst_and_slower_than_torch():
-    rows = [row("a", 1.10, 1.2), row("b", 1.0, 0.98), row("c", 0.95, 1.0), {"name": "no entry"}]
+    rows = [row("a", 1.10, 1.2), row("b", 1.0, 0.98), row("c", 0.95, 1.0), {"name": "no entry"},
+            row("noise", 1.0, 0.998, torch_bounds=(0.99, 1.004), torch_kernels=True)]
     summary = tuning.summarize_duels(rows)
-    assert summary["geomean"] == pytest.approx(math.exp((math.log(1.1) + math.log(0.95)) / 3))
+    assert summary["geomean"] == pytest.approx(math.exp((math.log(1.1) + math.log(0.95)) / 4))
     assert (summary["worst"], summary["worst_problem"]) == (0.95, "c")
-    assert summary["slower_than_torch"] == ["b"] and summary["with_entry"] == 3 and summary["problems"] == 4
+    assert summary["with_entry"] == 4 and summary["problems"] == 5
+    # the verdict counts a problem torch's call beats beyond the duel's bounds; one slower by the median alone,
+    # running torch's very kernels, is listed as such
+    assert summary["slower_than_torch"] == ["b"] and summary["slower_than_torch_by_median"] == ["b", "noise"]
+    assert summary["slower_by_median_same_kernels"] == ["noise"] and summary["same_kernels_as_torch"] == 1
 
 
 def test_agreement_counts_the_same_kernel_and_kernels_within_one_percent():

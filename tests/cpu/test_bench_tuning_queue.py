@@ -1,5 +1,6 @@
 """``python -m nvblaslt.bench.tuning --queue``: what runs ahead of a sample, without a GPU (the timing
-stubbed): every sample of a duel, the burst-size probe included, runs behind what ``--queue`` names."""
+stubbed): every sample of a duel, the burst-size probe included, runs behind what ``--queue`` names, and a duel
+starts with the GPU settled (``--settle``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from nvblaslt.bench import tuning, tuning_problems
 
 
 def test_the_burst_size_probe_runs_behind_the_same_queue_as_the_duel(monkeypatch):
-    queues = []
+    queues, settles = [], []
 
-    def rounds_behind(cases, rounds, calls, flush, queue="gemm"):
+    def rounds_behind(cases, rounds, calls, flush, queue="gemm", settle_s=tuning_problems.SETTLE_S):
         queues.append(queue)
+        settles.append(settle_s)
         return [[0.01] * rounds for _ in cases]
 
     plan = SimpleNamespace(algorithm=SimpleNamespace(as_bytes=lambda: b"first"), _launch=None,
@@ -24,8 +26,13 @@ def test_the_burst_size_probe_runs_behind_the_same_queue_as_the_duel(monkeypatch
     monkeypatch.setattr(tuning, "key_of", lambda launch: None)
     monkeypatch.setattr(tuning, "torch_call", lambda spec, ops: lambda: None)
     monkeypatch.setattr(tuning, "torch_baseline", lambda spec: None)
+    monkeypatch.setattr(tuning, "launched_kernels", lambda fn: [("a kernel", 1.0)])
     row = tuning.duel_problem({"name": "a problem"}, [None, None], 3, flush=None, queue="spin")
     assert row["calls"] == 5 and queues == ["spin", "spin"]
+    # the duel starts settled, as a tune's duels do; the one-sample probe needs no settling
+    assert settles == [0.0, tuning_problems.SETTLE_S] and tuning_problems.SETTLE_S > 0
+    tuning.duel_problem({"name": "a problem"}, [None, None], 3, flush=None, settle_s=0.0)
+    assert settles[-1] == 0.0  # --settle 0: as before
 
 
 def test_the_gemm_queue_multiplies_random_values_not_constants(monkeypatch):
@@ -52,7 +59,7 @@ def test_the_gemm_queue_multiplies_random_values_not_constants(monkeypatch):
         cuda=SimpleNamespace(_sleep=lambda cycles: None))
     monkeypatch.setitem(sys.modules, "torch", fake)
 
-    def rounds(torch, cases, rounds, calls, before):
+    def rounds(torch, cases, rounds, calls, before, settle_s=0.0):
         before()
         return [[0.01] for _ in cases]
     monkeypatch.setattr(tuning_problems, "event_rounds", rounds)

@@ -123,3 +123,24 @@ def test_a_failing_query_raises_instead_of_counting_as_pending(fake, monkeypatch
     timer = _timing.Timer(0, 0)
     with pytest.raises(CudaError, match="cudaErrorInvalidResourceHandle"):
         timer(lambda: None)
+
+
+# ---- settle: the GPU at the power its own work draws, before a duel ---------------------------------------------
+def test_settle_runs_back_to_back_until_its_time_is_up_never_queuing_more_than_a_chunk(monkeypatch):
+    clock = [0.0]
+    log: list[str] = []
+
+    def run():  # a 1 ms call on a clock only the calls advance
+        clock[0] += 0.001
+        log.append("run")
+    monkeypatch.setattr(_timing.time, "perf_counter", lambda: clock[0])
+    _timing.settle(run, lambda: log.append("sync"), seconds=0.05)
+    assert 0.05 <= clock[0] < 0.05 + _timing.SETTLE_CHUNK * 0.001 + 1e-9  # stops within a chunk of its time
+    chunks = "".join("r" if entry == "run" else "|" for entry in log).split("|")
+    assert chunks[-1] == "" and all(len(chunk) == _timing.SETTLE_CHUNK for chunk in chunks[:-1])
+
+
+def test_settle_takes_no_time_when_given_none():
+    calls = []
+    _timing.settle(lambda: calls.append(1), lambda: calls.append(0), seconds=0.0)
+    assert calls == []
