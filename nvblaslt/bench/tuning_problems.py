@@ -211,11 +211,11 @@ GEMMS_AHEAD = 5
 
 
 def gpu_rounds(cases: list[tuple[str, Any]], rounds: int, calls: int, flush, queue: str = "gemm",
-               settle_s: float = SETTLE_S) -> list[list[float]]:
+               settle_s: float = 0.0) -> list[list[float]]:
     """ms per call of each ``(name, fn)`` case over ``rounds`` interleaved rounds, after two warm-up calls
-    each and the first case back to back for ``settle_s`` (the GPU at the power its own work draws, as
-    ``nvblaslt tune``'s duels start): per sample the L2 flushed, the host's time hidden behind what
-    ``queue`` names (one of ``QUEUES``), CUDA events around ``calls`` calls."""
+    each and the first case back to back for ``settle_s`` (the duels pass ``SETTLE_S``: the GPU at the power
+    its own work draws, as ``nvblaslt tune``'s duels start): per sample the L2 flushed, the host's time hidden
+    behind what ``queue`` names (one of ``QUEUES``), CUDA events around ``calls`` calls."""
     import torch
 
     if queue not in QUEUES:

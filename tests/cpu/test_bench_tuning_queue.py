@@ -59,8 +59,11 @@ def test_the_gemm_queue_multiplies_random_values_not_constants(monkeypatch):
         cuda=SimpleNamespace(_sleep=lambda cycles: None))
     monkeypatch.setitem(sys.modules, "torch", fake)
 
-    def rounds(torch, cases, rounds, calls, before, settle_s=0.0):
+    settled = []
+
+    def rounds(torch, cases, rounds, calls, before, settle_s):
         before()
+        settled.append(settle_s)
         return [[0.01] for _ in cases]
     monkeypatch.setattr(tuning_problems, "event_rounds", rounds)
     flush = SimpleNamespace(zero_=lambda: None)
@@ -69,3 +72,4 @@ def test_the_gemm_queue_multiplies_random_values_not_constants(monkeypatch):
     multiplied.clear()
     tuning_problems.gpu_rounds([("case", lambda: None)], 1, 1, flush, "spin")
     assert not multiplied  # the spin queue runs a sleep kernel only
+    assert settled == [0.0, 0.0]  # only a duel asks to settle: the invariance part times 81 plan pairs per (N, K)
