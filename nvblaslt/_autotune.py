@@ -62,6 +62,7 @@ MAX_ROUNDS = 60
 BLOCK = 5  # rounds between decisions
 DROP_RATIO = 1.01  # a challenger whose median is this much slower leaves the duel
 PROGRESS_S = 2.0  # seconds between progress lines
+SETTLE_SHARE = 30  # a search settles for at most its budget / this, four times at most (settle_time)
 
 
 # ---- timing ---------------------------------------------------------------------------------------
@@ -102,6 +103,13 @@ def _runnable(plan: TunablePlan, candidates: list[HeuristicResult], stream: int)
     if refused:
         plan._launch.leave_out(refused)
     return kept
+
+
+def settle_time(budget_s: float) -> float:
+    """Seconds a search settles before its screening and each duel: ``_timing.SETTLE_S``, less for a small
+    budget, so that its (up to four) settles take at most 4/30 of it."""
+    return min(_timing.SETTLE_S, budget_s / SETTLE_SHARE)
+
 
 
 def _settle(timer: Timer, contestant: Contestant, seconds: float) -> None:
@@ -230,7 +238,7 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
     challenger is judged faster or slower, ``max_rounds`` pass, or the clock reaches ``deadline``
     (``time.perf_counter()``); an undecided challenger does not win. ``shuffler`` orders each round
     (default: freshly seeded, so that no order is shared by every duel). With ``settle_s`` the incumbent
-    runs back to back that long before the first round (``_timing.settle``), within the deadline."""
+    runs back to back that long before the first round (``_timing.settle``), or until the deadline."""
     standings = [Standing(c) for c in challengers]
     each_alpha = alpha / max(1, len(challengers))
     incumbent_samples: list[float] = []
@@ -241,8 +249,8 @@ def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadlin
             contestant.prepare()
         contestant.run()
     timer.synchronize()
-    if settle_s > 0:
-        _settle(timer, incumbent, settle_s)
+    if settle_s > 0:  # within the deadline: a duel called late settles less
+        _settle(timer, incumbent, min(settle_s, max(0.0, deadline - time.perf_counter())))
     while rounds < max_rounds:
         alive = [s for s in standings if s.verdict == "undecided"]
         if not alive:
@@ -352,14 +360,14 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
 
 
 def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult, float]], stream: int,
-                      started: float, deadline: float) -> tuple[HeuristicResult, float, dict]:
+                      started: float, deadline: float, settle_s: float) -> tuple[HeuristicResult, float, dict]:
     """The search over algorithms: (the choice, its ms, facts for the report and the timings list)."""
     incumbent_result, incumbent_ms = heuristic[0]
     incumbent = _algorithm(plan, incumbent_result, stream)
-    _settle(timer, incumbent, _timing.SETTLE_S)  # the screening ranks as the duel will: settled
+    _settle(timer, incumbent, settle_s)  # the screening ranks as the duel will: settled
     remaining = deadline - time.perf_counter()
     # the duel's share: at least its minimum rounds with a full shortlist
-    duel_minimum = 1.2 * (1 + SHORTLIST + RUNNERS_UP) * (MIN_ROUNDS + 1) * incumbent_ms / 1000 + _timing.SETTLE_S
+    duel_minimum = 1.2 * (1 + SHORTLIST + RUNNERS_UP) * (MIN_ROUNDS + 1) * incumbent_ms / 1000 + settle_s
     screen_deadline = time.perf_counter() + max(0.0, min(0.55 * remaining, remaining - duel_minimum))
     logger.info("search: incumbent %s at %.4f ms (autotune's pick of %d); screening until %.1f s", incumbent.name,
                 incumbent_ms, len(heuristic), screen_deadline - started)
@@ -381,7 +389,7 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
         return incumbent_result, incumbent_ms, facts
     logger.info("search: duel of the incumbent against %d challengers: %s", len(challengers),
                 ", ".join(c.name for c in challengers))
-    outcome = duel(timer, incumbent, challengers, deadline=duel_deadline, settle_s=_timing.SETTLE_S)
+    outcome = duel(timer, incumbent, challengers, deadline=duel_deadline, settle_s=settle_s)
     winner, best = outcome.winner(), outcome.best()
     facts.update(duel=outcome, best=best, incumbent_duel_ms=statistics.median(outcome.incumbent))
     if winner is None:
@@ -393,7 +401,7 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
 
 
 def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int, stream: int, recalled_split,
-                               deadline: float, call_ms: float):
+                               deadline: float, call_ms: float, settle_s: float):
     """Fused *_BGRAD against its two-call form (``_split_bgrad``); the form the plan had (fused, unless an
     earlier search's split form was recalled) stays unless the other is faster beyond noise.
     Returns ((form, its ms, the other form's ms), the SplitBiasGradient if the split form is chosen), or
@@ -406,9 +414,9 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
     two_calls = Contestant("split", lambda: split.trial_run(stream))
     incumbent, challenger = (two_calls, fused) if recalled_split is not None else (fused, two_calls)
     # the duel gets its minimum rounds even past the budget: a decision on fewer would be noise
-    deadline = max(deadline, time.perf_counter() + _timing.SETTLE_S + 2.5 * (MIN_ROUNDS + 1) * call_ms / 1000)
+    deadline = max(deadline, time.perf_counter() + settle_s + 2.5 * (MIN_ROUNDS + 1) * call_ms / 1000)
     outcome = duel(timer, incumbent, [challenger], deadline=deadline, max_rounds=3 * MIN_ROUNDS,
-                   what="bias-gradient form", settle_s=_timing.SETTLE_S)
+                   what="bias-gradient form", settle_s=settle_s)
     standing = outcome.standings[0]
     measured = {incumbent.name: statistics.median(outcome.incumbent),
                 challenger.name: statistics.median(standing.samples)}
@@ -423,12 +431,12 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
     return (chosen, measured[chosen], measured[other]), split
 
 
-def _form_reserve(plan, iterations: int, call_ms: float, remaining: float) -> float:
+def _form_reserve(plan, iterations: int, call_ms: float, remaining: float, settle_s: float) -> float:
     """Seconds to keep for the bias-gradient form: autotuning its first plan and a short duel."""
     if not plan._splittable():
         return 0.0
     calls = len(plan.algorithms) * (iterations + 1) + 2 * (MIN_ROUNDS + 1)
-    return min(0.4 * remaining, 1.25 * calls * call_ms / 1000 + _timing.SETTLE_S)
+    return min(0.4 * remaining, 1.25 * calls * call_ms / 1000 + settle_s)
 
 
 def tuning_iterations(value: object) -> int:
@@ -466,6 +474,7 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
     The trial launches select algorithms on ``plan._launch`` (and leave out those cuBLASLt refuses at
     launch); nothing else of the plan changes. Returns a ``TuningResult`` for the plan to apply."""
     started = time.perf_counter()
+    settle_s = settle_time(budget_s)
     stream_h = stream_handle(stream) if stream is not None else plan.stream
     recalled_split = plan._split_form  # a split form recalled from the tuning cache: the incumbent form
     with Timer(plan.device, stream_h) as timer:
@@ -481,10 +490,9 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
                         max(1, iterations))
             candidates = _runnable(plan, candidates, stream_h)
             samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
-            # a search's duels start settled (_timing.SETTLE_S); autotune() alone stays as quick as its rounds
+            # a search's duels start settled; autotune() alone stays as quick as its rounds
             heuristic, first_ratio = _first_pick_unless_beaten(plan, timer, candidates, samples, stream_h,
-                                                               started + budget_s,
-                                                               _timing.SETTLE_S if search else 0.0)
+                                                               started + budget_s, settle_s if search else 0.0)
         incumbent, incumbent_ms = heuristic[0]
         if not search:
             report = TuningReport(False, _tuning_cache.describe_algorithm(incumbent), incumbent_ms,
@@ -494,14 +502,14 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
             logger.info("%s", report)
             return TuningResult(heuristic, report)
         deadline = started + budget_s
-        form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter())
+        form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter(), settle_s)
         chosen, chosen_ms, facts = _choose_algorithm(plan, timer, heuristic, stream_h, started,
-                                                     deadline - form_reserve)
+                                                     deadline - form_reserve, settle_s)
         plan._launch.select(chosen)  # the fused form duels with the chosen algorithm
         form = split = None
         if plan._splittable():
             form, split = _choose_bias_gradient_form(plan, timer, iterations, stream_h, recalled_split, deadline,
-                                                     chosen_ms)
+                                                     chosen_ms, settle_s)
     report = _report(chosen, chosen_ms, heuristic, facts, form, time.perf_counter() - started, first_ratio)
     logger.info("%s", report)
     if remember:

@@ -220,7 +220,7 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
                            "tune_ratios": [e.get("ratio") if e else None for e in entries], "calls": calls,
                            "torch": torch_baseline(spec), "first_ms": statistics.median(first_samples),
                            "torch_ms": statistics.median(torch_samples)}
-    row["same_kernels_as_torch"] = launched["torch"] == launched["db1"]
+    row["same_kernels_as_torch"] = bool(launched["torch"]) and launched["torch"] == launched["db1"]
     row["torch_kernels"], row["db1_kernels"] = launched["torch"], launched["db1"]
     for index, pick in enumerate(picks, 1):
         if pick is None:

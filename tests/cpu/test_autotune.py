@@ -372,6 +372,26 @@ def test_a_duel_settles_on_its_incumbent_before_its_first_timed_round():
     assert settling.count("incumbent") >= _timing.SETTLE_CHUNK and settling[-1] == "sync"
 
 
+def test_a_small_budget_settles_less_and_still_screens(simulated, monkeypatch):
+    """nvblaslt tune may give a problem 1 s: four full settles of 0.3 s would leave its screening nothing. On a
+    clock only the "kernels" advance (1 ms each), with the real SETTLE_S and a first-pick duel to run."""
+    make, _ = simulated
+    monkeypatch.setattr(_timing, "SETTLE_S", 0.3)
+    assert _autotune.settle_time(_autotune.SEARCH_BUDGET_S) == 0.3 and _autotune.settle_time(1.0) < 0.05
+    speeds = {1: 1.0, 2: 0.99, **{i: 1.03 for i in range(100, 10_100)}}  # 2 reads faster: the first pick duels
+    plan = make([1, 2], speeds, pool_ids=range(100, 10_100))
+    original = plan._trial_run
+    clock = [1000.0]
+
+    def slow_run(*args):
+        clock[0] += 0.001
+        original(*args)
+    plan._trial_run = slow_run
+    monkeypatch.setattr(_autotune.time, "perf_counter", lambda: clock[0])
+    _autotune.autotune(plan, iterations=3, search=True, remember=False, stream=None, budget_s=1.0)
+    assert clock[0] - 1000.0 < 1.5 and plan.tuning_report.screened > 0
+
+
 def test_a_split_forms_first_call_does_not_replace_its_problems_own_choice(simulated, monkeypatch):
     """For BGRADB the first call is the plain GEMM: a search of that GEMM stored its own choice, which the
     split form's unsearched kernel must not overwrite."""
