@@ -13,7 +13,9 @@ ceiling is min(1, that ratio): the first pick is always available.
 
 Each problem's screening stops at ``--screen-seconds``; a row says how much of its pool that reached.
 
-    PYTHONPATH=. python -m tools.probe_tuning_ceiling PROBLEMS.jsonl [--screen-seconds 3] [--rounds 15]
+``--settle 0.3`` times a settled GPU, as the search does now (the second pass's 1.032× was taken without).
+
+    PYTHONPATH=. python -m tools.probe_tuning_ceiling PROBLEMS.jsonl [--screen-seconds 3] [--rounds 15] [--settle 0.3]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from nvblaslt import _search, _timing, _tuning_cache
 from nvblaslt._errors import NvblasltError
+from nvblaslt._timing import settle
 from nvblaslt.bench.timing import event_rounds
 from nvblaslt.bench.tuning_problems import flush_buffer, operands, planned
 
@@ -88,9 +91,10 @@ def _contexts(flush):
     return {"randn ahead": ahead_of(random_values), "ones ahead": ahead_of(ones)}
 
 
-def _ratios(cases, rounds: int, before) -> list[float]:
-    """Each case after the first: the median over rounds of its time / the first case's."""
-    samples = event_rounds(torch, cases, rounds, before=before)
+def _ratios(cases, rounds: int, before, settle_s: float = 0.0) -> list[float]:
+    """Each case after the first: the median over rounds of its time / the first case's, the first case run
+    back to back for ``settle_s`` before the rounds."""
+    samples = event_rounds(torch, cases, rounds, before=before, settle_s=settle_s)
     return [statistics.median(p / f for p, f in zip(s, samples[0])) for s in samples[1:]]
 
 
@@ -101,6 +105,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--only", help="comma-separated substrings of the names of the problems to keep")
     parser.add_argument("--verbose", action="store_true", help="name the first pick's and the best's kernels")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds of the first pick back to back before the screening and each duel (as "
+                             "nvblaslt tune does since 2026-11-29's third pass: 0.3); 0, as the second pass ran")
     options = parser.parse_args(argv)
     flush = flush_buffer()
     contexts = _contexts(flush)
@@ -116,6 +123,7 @@ def main(argv=None) -> None:
     for spec in specs:
         ops = operands(spec)
         first = planned(spec, ops)
+        settle(first.execute, torch.cuda.synchronize, options.settle)
         screened, timed, exhausted = _screen(first, options.screen_seconds)
         finalists = []
         for _, algo in screened[:FINALISTS]:
@@ -131,11 +139,12 @@ def main(argv=None) -> None:
             else:
                 split.free()
         cases = [("first", first.execute)] + [(f"{kind} {i}", p.execute) for i, (kind, p) in enumerate(finalists)]
-        chosen = _ratios(cases, options.rounds, contexts["randn ahead"])
+        chosen = _ratios(cases, options.rounds, contexts["randn ahead"], options.settle)
         best = min(range(len(chosen)), key=chosen.__getitem__) if chosen else None
         row = {}
         for context, before in contexts.items():
-            confirmed = _ratios([cases[0], cases[1 + best]], options.rounds, before)[0] if best is not None else 1.0
+            confirmed = (_ratios([cases[0], cases[1 + best]], options.rounds, before, options.settle)[0]
+                         if best is not None else 1.0)
             row[context] = min(1.0, confirmed)
             ceilings[context].append(row[context])
         screen = f"{screened[0][0]:.3f}" if screened else "-"
