@@ -73,3 +73,32 @@ def test_the_gemm_queue_multiplies_random_values_not_constants(monkeypatch):
     tuning_problems.gpu_rounds([("case", lambda: None)], 1, 1, flush, "spin")
     assert not multiplied  # the spin queue runs a sleep kernel only
     assert settled == [0.0, 0.0]  # only a duel asks to settle: the invariance part times 81 plan pairs per (N, K)
+
+
+def test_a_settled_duel_runs_its_first_case_back_to_back_after_the_warm_up_and_before_its_rounds():
+    from nvblaslt.bench.timing import event_rounds
+
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("event")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 1.0
+    fake = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: log.append("sync")))
+    cases = [("first", lambda: log.append("first")), ("pick", lambda: log.append("pick"))]
+    event_rounds(fake, cases, 1, settle_s=0.01)
+    warm_up_end = log.index("sync")  # two calls each, then the device drained
+    assert sorted(log[:warm_up_end]) == ["first", "first", "pick", "pick"]
+    settling = log[warm_up_end + 1:log.index("event")]
+    assert settling.count("first") >= 8 and "pick" not in settling and settling[-1] == "sync"
+    log.clear()
+    event_rounds(fake, cases, 1)  # unsettled: the rounds follow the warm-up at once
+    assert log[log.index("sync") + 1] == "event"
