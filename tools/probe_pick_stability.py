@@ -23,6 +23,7 @@ import time
 import torch
 
 from nvblaslt import _tuning_db
+from nvblaslt._timing import settle
 from nvblaslt._tuning_cache import key_of
 from nvblaslt.bench.timing import event_rounds
 from nvblaslt.bench.tuning_problems import flush_buffer, operands, planned
@@ -52,24 +53,16 @@ def _fill_as_tune(array) -> None:
 
 
 def _before_duel(state: str, seconds: float, matrix, own) -> None:
-    """The GPU at its power limit (``settle``), running the first pick back to back (``own``) or idle
-    (``idle``) for ``seconds`` before a duel."""
+    """The GPU at its power limit (``settle``: GEMMs on random values), running the first pick back to back
+    (``own``, as the search settles) or idle (``idle``) for ``seconds`` before a duel."""
     torch.cuda.synchronize()
     if state == "own":
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            for _ in range(8):
-                own()
-            torch.cuda.synchronize()
+        settle(own, torch.cuda.synchronize, seconds)
     elif state == "idle":
         time.sleep(seconds)
     elif state == "settle":
         product = torch.empty_like(matrix)
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            for _ in range(20):
-                torch.mm(matrix, matrix, out=product)
-            torch.cuda.synchronize()
+        settle(lambda: torch.mm(matrix, matrix, out=product), torch.cuda.synchronize, seconds)
 
 
 def main(argv=None) -> None:
