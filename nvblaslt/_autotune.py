@@ -526,6 +526,28 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
     return TuningResult(_timings(chosen, chosen_ms, heuristic, facts), report, form, split)
 
 
+def confirm(plan: TunablePlan, first: HeuristicResult, chosen: HeuristicResult, *, first_ms: float, stream,
+            budget_s: float, settle_s: float) -> Standing:
+    """``chosen`` against ``first`` (the heuristics' first pick) in a fresh duel, settled, on the operands the plan
+    points at now; the standing's ``verdict`` is ``"faster"`` where it still wins by ``MIN_GAIN`` beyond the
+    noise. ``nvblaslt tune`` calls it after pointing the plan at a second set of operands (other values at other
+    addresses): a database pick serves every process and every placement of its problem's arrays, and a pick
+    that wins on one set only is not kept. The duel settles on ``first`` for ``settle_s`` and gets its minimum
+    rounds even past ``budget_s``."""
+    stream_h = stream_handle(stream) if stream is not None else plan.stream
+    minimum_s = settle_s + 2.5 * (MIN_ROUNDS + 1) * 2 * first_ms / 1000
+    with Timer(plan.device, stream_h) as timer:
+        plan._launch.ensure_workspace(max(first.workspace_size or 0, chosen.workspace_size or 0), stream_h)
+        outcome = duel(timer, _algorithm(plan, first, stream_h), [_algorithm(plan, chosen, stream_h)],
+                       deadline=time.perf_counter() + max(budget_s, minimum_s), what="confirmation",
+                       settle_s=settle_s)
+    plan._launch.select(chosen)
+    standing = outcome.standings[0]
+    logger.info("confirmation: %s at %.4f× the first pick on other operands (%d rounds): %s", standing.contestant.name,
+                standing.ratio, outcome.rounds, "kept" if standing.verdict == "faster" else "not kept")
+    return standing
+
+
 def _report(chosen, chosen_ms, heuristic, facts: dict, form, seconds: float, first_ratio: float) -> TuningReport:
     incumbent, incumbent_ms = heuristic[0]
     winner, best = facts.get("winner"), facts.get("best")

@@ -12,13 +12,13 @@ from ._cuda import cudart
 _FILL_ELEMENTS = 1 << 22  # random values made once per dtype, copied over each array
 
 
-def pattern(dtype: _dtypes.DType) -> bytes:
+def pattern(dtype: _dtypes.DType, seed: int = 0) -> bytes:
     """``_FILL_ELEMENTS`` random values of ``dtype`` as bytes (timings on zeros read fast: less power)."""
     try:
         import numpy
     except ImportError:
-        return _pattern_without_numpy(dtype)
-    generator = numpy.random.default_rng(0)
+        return _pattern_without_numpy(dtype, seed)
+    generator = numpy.random.default_rng(seed)
     if dtype.itemsize == 1:
         mask = 0xB7 if dtype.name == "float8_e4m3fn" else 0xBB if dtype.name == "float8_e5m2" else 0xFF
         return (generator.integers(0, 256, _FILL_ELEMENTS, dtype=numpy.uint8) & mask).tobytes()
@@ -28,10 +28,10 @@ def pattern(dtype: _dtypes.DType) -> bytes:
     return values.astype({2: numpy.float16, 4: numpy.float32, 8: numpy.float64}[dtype.itemsize]).tobytes()
 
 
-def _pattern_without_numpy(dtype: _dtypes.DType) -> bytes:
+def _pattern_without_numpy(dtype: _dtypes.DType, seed: int) -> bytes:
     import random
 
-    generator = random.Random(0)
+    generator = random.Random(seed)
     if dtype.itemsize == 1:  # fp8 (sign, a small exponent: no NaN or infinity), int8, a ReLU bitmask
         mask = 0xB7 if dtype.name == "float8_e4m3fn" else 0xBB if dtype.name == "float8_e5m2" else 0xFF
         return bytes(generator.getrandbits(8) & mask for _ in range(_FILL_ELEMENTS))
@@ -46,16 +46,19 @@ def _pattern_without_numpy(dtype: _dtypes.DType) -> bytes:
     return b"".join(struct.pack("e", v) for v in values)  # float16
 
 
-def device_array(spec: dict, device: int, stream: int, patterns: dict) -> _memory.DeviceArray:
+def device_array(spec: dict, device: int, stream: int, patterns: dict, seed: int = 0) -> _memory.DeviceArray:
+    """An array laid out as ``spec`` says, filled with ``pattern(dtype, seed)`` (made once per dtype and seed, kept
+    in ``patterns``)."""
     from ._strides import span_elements
 
     dtype = _dtypes.BY_NAME[spec["dtype"]]
     shape, strides = tuple(spec["shape"]), tuple(spec["strides"])
     size = span_elements(shape, strides) * dtype.itemsize
     buffer = _memory.DeviceBuffer(size, stream)
-    values = patterns.get(dtype.name)
+    which = dtype.name if seed == 0 else f"{dtype.name} seed {seed}"
+    values = patterns.get(which)
     if values is None:
-        values = patterns[dtype.name] = pattern(dtype)
+        values = patterns[which] = pattern(dtype, seed)
     host = ctypes.create_string_buffer(values, len(values))
     for offset in range(0, size, len(values)):
         _cuda.check(cudart.cudaMemcpyAsync(buffer.pointer + offset, ctypes.addressof(host),

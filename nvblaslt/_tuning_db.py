@@ -7,8 +7,11 @@ compute capability and SM count, driver, cuBLASLt version, and the format of the
 Every other line is one entry, keyed like the tuning cache (``_tuning_cache.problem_key``):
 
 - ``"kind": "tuned"``: ``algo`` (the algorithm's 64 bytes in hex) beat the heuristics' first pick
-  by ``ratio`` (its time over the first pick's, in an interleaved duel);
-- ``"kind": "default"``: nothing beat the first pick: it stays, and nothing is searched again;
+  by ``ratio`` (its time over the first pick's, in an interleaved duel), and again on a second set of
+  operands (other values at other addresses) by ``second_ratio`` (``nvblaslt tune`` since 2026-11-29);
+- ``"kind": "default"``: nothing beat the first pick: it stays, and nothing is searched again; with
+  ``unconfirmed`` (a config), ``unconfirmed_ratio`` and ``second_ratio``, a kernel beat it on the tune's
+  operands by that ratio but not on the second set (there it read ``second_ratio``);
 - on a ``tuned`` or ``default`` entry of a bias-gradient epilog, ``"bias_gradient_form": "split"``: the
   two-call form (``_split_bgrad``: D without the bias gradient, then a GEMV) beat the fused kernel; the
   first call's own kernel is the entry of its own problem, where the tune found one to keep;
@@ -195,7 +198,7 @@ def _entry_fault(entry) -> str | None:
     if form not in BIAS_GRADIENT_FORMS or (form != "fused" and kind == "pinned"):
         return (f"bias_gradient_form: expected one of {BIAS_GRADIENT_FORMS} on a 'tuned' or 'default' entry, got "
                 f"{form!r} on a {kind!r} one")
-    for name in ("ms", "first_pick_ms", "ratio", "form_ratio", "stored"):
+    for name in ("ms", "first_pick_ms", "ratio", "form_ratio", "second_ratio", "unconfirmed_ratio", "stored"):
         if name in entry and not _positive(entry[name]):
             return f"{name}: expected a positive number, got {entry[name]!r}"
     if "ladder" in entry:
@@ -376,7 +379,9 @@ def describe_ladder(entry: dict) -> str:
 def _choice(entry: dict) -> str:
     form = ", split bias-gradient form" if entry.get("bias_gradient_form") == "split" else ""
     if entry["kind"] == "default":
-        return f"default (the heuristics' first pick{form})"
+        unconfirmed = (f"; a kernel at {entry['unconfirmed_ratio']:.3f}× it read {entry['second_ratio']:.3f}× on other "
+                       "operands" if "unconfirmed_ratio" in entry and "second_ratio" in entry else "")
+        return f"default (the heuristics' first pick{form}{unconfirmed})"
     ratio = f" at {entry['ratio']:.3f}× the first pick" if "ratio" in entry else ""
     ladder = f" (ladder {describe_ladder(entry)})" if entry.get("ladder") else ""
     return f"{entry['kind']} {describe_config(entry)}{ratio}{form}{ladder}"

@@ -215,7 +215,7 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
     timed = dict(zip(kernels, samples))
     first_samples, torch_samples = samples[0], samples[-1]
     kinds = [None if e is None else e["kind"] + ("+split" if e.get("bias_gradient_form") == "split" else "")
-             for e in entries]
+             + ("+unconfirmed" if "unconfirmed" in e else "") for e in entries]
     row: dict[str, Any] = {"name": spec["name"], "key": key, "kinds": kinds,
                            "tune_ratios": [e.get("ratio") if e else None for e in entries], "calls": calls,
                            "torch": torch_baseline(spec), "first_ms": statistics.median(first_samples),
@@ -257,12 +257,19 @@ def summarize_duels(rows: list[dict]) -> dict:
 
 
 def agreement(rows: list[dict]) -> dict:
-    """Of the problems both tunes covered, how many got the same kernel or kernels within ``AGREE_WITHIN``."""
+    """Of the problems both tunes covered, how many got the same kernel or kernels within ``AGREE_WITHIN`` (the
+    median of the duel's paired ratios: the target's verdict); of the others, how many are that far apart beyond
+    the duel's 95 % bounds (both bounds outside ``AGREE_WITHIN``), the rest being within the duel's noise of it."""
     both = [r for r in rows if "same_pick" in r]
     agree = [r for r in both if r["same_pick"] or abs(r["db1_over_db2"]["ratio"] - 1.0) <= AGREE_WITHIN]
+
+    def apart_beyond_bounds(row: dict) -> bool:
+        low, high = row["db1_over_db2"].get("bounds", (1.0, 1.0))
+        return low > 1.0 + AGREE_WITHIN or high < 1.0 - AGREE_WITHIN
     return {"both": len(both), "same": sum(r["same_pick"] for r in both), "agree": len(agree),
             "fraction": len(agree) / len(both) if both else None,
-            "disagree": [{"name": r["name"], "db1_over_db2": r["db1_over_db2"]["ratio"]}
+            "disagree": [{"name": r["name"], "db1_over_db2": r["db1_over_db2"]["ratio"],
+                          "bounds": r["db1_over_db2"].get("bounds"), "beyond_bounds": apart_beyond_bounds(r)}
                          for r in both if r not in agree]}
 
 
@@ -299,8 +306,13 @@ def report_duels(rows: list[dict], summary: dict, agreed: dict) -> None:
     print(f"two fresh tunes agree on {agreed['agree']} of the {agreed['both']} problems both tuned "
           f"({agreed['same']} the same kernel, the rest within {AGREE_WITHIN:.0%}): {agreed['fraction']:.1%} "
           f"(target ≥ {TARGETS['agreement']:.0%}: {verdict(agreed['fraction'], TARGETS['agreement'])})")
+    beyond = sum(miss["beyond_bounds"] for miss in agreed["disagree"])
+    if agreed["disagree"]:
+        print(f"  of the {len(agreed['disagree'])} that differ, {beyond} more than {AGREE_WITHIN:.0%} apart beyond the "
+              f"duel's 95 % bounds, the rest within its noise of {AGREE_WITHIN:.0%}")
     for miss in agreed["disagree"]:
-        print(f"  differ: {miss['name']}: database 1's pick at {miss['db1_over_db2']:.3f}× database 2's")
+        bounds = "" if miss["bounds"] is None else f" (bounds {miss['bounds'][0]:.3f}–{miss['bounds'][1]:.3f})"
+        print(f"  differ: {miss['name']}: database 1's pick at {miss['db1_over_db2']:.3f}× database 2's{bounds}")
 
 
 # ---- the run -------------------------------------------------------------------------------------------------------

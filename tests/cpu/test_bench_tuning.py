@@ -148,6 +148,19 @@ def test_agreement_counts_the_same_kernel_and_kernels_within_one_percent():
     assert tuning.agreement([])["fraction"] is None
 
 
+def test_a_disagreement_is_far_apart_only_beyond_the_duels_bounds(capsys):
+    far, noisy = row("far", 1, 1, 0.97), row("noisy", 1, 1, 1.02)
+    far["db1_over_db2"]["bounds"], noisy["db1_over_db2"]["bounds"] = [0.96, 0.985], [1.005, 1.03]
+    agreed = tuning.agreement([far, noisy, row("same", 1, 1, 1.0, same=True)])
+    assert agreed["agree"] == 1 and [(d["name"], d["beyond_bounds"]) for d in agreed["disagree"]] == \
+        [("far", True), ("noisy", False)]
+    tuning.report_duels([], {"slower_than_torch": [], "slower_than_torch_by_median": [], "with_entry": 0,
+                             "slower_by_median_same_kernels": [], "same_kernels_as_torch": 0}, agreed)
+    shown = capsys.readouterr().out
+    assert "of the 2 that differ, 1 more than 1% apart beyond the duel's 95 % bounds" in shown
+    assert "differ: noisy: database 1's pick at 1.020× database 2's (bounds 1.005–1.030)" in shown
+
+
 def test_an_entry_runs_its_algorithm_or_the_first_pick():
     first = bytes(64)
     assert tuning.pick_of({"kind": "tuned", "algo": "ab" * 64}, first) == (bytes.fromhex("ab" * 64), "fused")

@@ -114,6 +114,32 @@ LADDER_LARGE_M = (511, 512, 513, 1000, 1024, 1025, 2048, 4095, 4096, 6000, 8191)
 BETWEEN_M = (12, 24, 48, 96, 192, 384, 768, 1536, 3072, 6144)  # between the ladder's points, where members serve
 
 
+def test_a_kept_kernel_must_win_again_on_other_operands():
+    """``nvblaslt tune``'s confirmation on a real plan: the first pick dueled against itself on the second operands
+    cannot gain ``MIN_GAIN``, so the entry becomes ``default`` and says what read what; the plan then runs on the
+    second operands (other values: its result is theirs, not the first operands')."""
+    from nvblaslt import _tune, _tuning_db
+    from nvblaslt._tune_arrays import device_array
+
+    spec = forward_problem(16, 1024, 2048)
+    a, b = (device_array(spec[name], 0, 0, {}) for name in ("a", "b"))
+    with _tune._heuristics_only(), nvblaslt.Matmul(a, b, options=spec["options"], stream=0) as plan:
+        plan.plan()
+        first = plan.algorithm
+        kept = _tuning_db.entry_for(first, "tuned", problem="p", first_pick_ms=0.01, ratio=0.95, seconds=0.5)
+        written = _tune._confirmed(kept, plan, spec, first, first, 2.0, 0, 0)
+        assert written["kind"] == "default" and "algo" not in written and written["unconfirmed"] == kept["config"]
+        assert written["unconfirmed_ratio"] == 0.95 and 0.95 < written["second_ratio"] < 1.05
+        d = torch.from_dlpack(plan.execute()).double()  # bf16: through DLPack (the array interface has no typestr)
+        torch.cuda.synchronize()
+    second = [torch.from_dlpack(device_array(spec[name], 0, 0, {}, seed=1)).double() for name in "ab"]
+    original = [torch.from_dlpack(device_array(spec[name], 0, 0, {})).double() for name in "ab"]
+    assert not torch.equal(second[0], original[0])
+    expected, before = second[0] @ second[1], original[0] @ original[1]
+    assert torch.isfinite(d).all()
+    assert torch.allclose(d, expected, rtol=2e-2, atol=0.25) and not torch.allclose(d, before, rtol=2e-2, atol=0.25)
+
+
 @pytest.fixture(scope="module")
 def ladders(tmp_path_factory):
     """(the path, the database, the tune's progress lines) of ``LADDER_PAIRS``' RELU_BIAS ladders."""

@@ -1,0 +1,103 @@
+"""``nvblaslt tune`` keeps a kernel only where it beats the heuristics' first pick again on a second set of
+operands (other values at other addresses): ``_autotune.confirm`` on simulated timings, ``_tune._confirmed`` with
+the GPU parts stood in, and the entries it writes as the database checks and shows them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nvblaslt import _autotune, _dtypes, _tune, _tune_arrays, _tuning_db
+from tests.cpu.test_autotune import simulated  # noqa: F401 - the fixture
+
+TUNED = {"kind": "tuned", "algo": "ab" * 64, "config": {"ID": 66, "TILE_ID": 18, "CLUSTER_SHAPE_ID": 2},
+         "problem": "GELU_AUX_BIAS D 14336x16", "ms": 0.0421, "first_pick_ms": 0.0440, "ratio": 0.9575,
+         "confidence": 0.99, "seconds": 1.2, "stored": 1.0}
+SPEC = {"a": {"shape": [14336, 4096], "strides": [4096, 1], "dtype": "bfloat16"},
+        "b": {"shape": [4096, 16], "strides": [1, 4096], "dtype": "bfloat16"}, "c": None}
+
+
+def test_confirm_keeps_a_kernel_that_wins_again_and_leaves_it_selected(simulated):  # noqa: F811
+    make, _ = simulated
+    plan = make([1, 2], {1: 26.0, 2: 25.0}, seed=1)
+    first, chosen = plan.algorithms
+    standing = _autotune.confirm(plan, first, chosen, first_ms=26.0, stream=None, budget_s=5.0, settle_s=0.0)
+    assert standing.verdict == "faster" and standing.ratio == pytest.approx(25.0 / 26.0, rel=0.01)
+    assert plan.algorithm is chosen
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_confirm_does_not_keep_a_kernel_that_only_ties_on_the_second_operands(simulated, seed):  # noqa: F811
+    make, _ = simulated
+    plan = make([1, 2], {1: 26.0, 2: 25.95}, seed=seed)  # 0.2 % faster: below MIN_GAIN
+    first, chosen = plan.algorithms
+    standing = _autotune.confirm(plan, first, chosen, first_ms=26.0, stream=None, budget_s=5.0, settle_s=0.0)
+    assert standing.verdict != "faster"
+
+
+class Recorder:
+    """What ``_confirmed`` uses of a plan (the operands it is pointed at), and the stood-in ``confirm``."""
+
+    def __init__(self, verdict: str, ratio: float):
+        self.standing = _autotune.Standing(contestant=None, log_ratios=[math.log(ratio)] * 12, verdict=verdict)
+        self.reset, self.confirm_args = None, None
+
+    def reset_operands(self, a, b, c):
+        self.reset = (a, b, c)
+
+    def confirm(self, plan, first, chosen, **keywords):
+        self.confirm_args = (plan, first, chosen, keywords)
+        return self.standing
+
+
+@pytest.fixture
+def stood_in(monkeypatch):
+    def make(verdict: str, ratio: float) -> Recorder:
+        recorder = Recorder(verdict, ratio)
+        monkeypatch.setattr(_tune, "device_array",
+                            lambda spec, device, stream, patterns, seed=0: ("array", tuple(spec["shape"]), seed))
+        monkeypatch.setattr(_autotune, "confirm", recorder.confirm)
+        return recorder
+    return make
+
+
+def test_a_kernel_that_wins_again_keeps_its_entry_with_its_second_ratio(stood_in):
+    recorder = stood_in("faster", 0.962)
+    entry = _tune._confirmed(dict(TUNED), recorder, SPEC, "first", "chosen", 2.5, 0, 0)
+    assert {k: v for k, v in entry.items() if k not in ("second_ratio", "seconds")} == \
+        {k: v for k, v in TUNED.items() if k != "seconds"}
+    assert entry["second_ratio"] == 0.962 and entry["seconds"] >= TUNED["seconds"]
+    # the second operands: other values (seed 1) at other addresses, in the spec's layouts; no C where it has none
+    assert recorder.reset == (("array", (14336, 4096), 1), ("array", (4096, 16), 1), None)
+    plan, first, chosen, keywords = recorder.confirm_args
+    assert (plan, first, chosen) == (recorder, "first", "chosen") and keywords["first_ms"] == 0.0440
+    assert keywords["budget_s"] == pytest.approx(_tune.CONFIRM_SHARE * 2.5)
+    assert keywords["settle_s"] == _autotune.settle_time(2.5)
+
+
+@pytest.mark.parametrize("verdict", ["slower", "undecided"])
+def test_a_kernel_not_confirmed_is_written_as_default_naming_it(stood_in, verdict):
+    recorder = stood_in(verdict, 1.004)
+    entry = _tune._confirmed(dict(TUNED), recorder, SPEC, "first", "chosen", 2.5, 0, 0)
+    assert entry["kind"] == "default" and "algo" not in entry
+    assert entry["unconfirmed"] == TUNED["config"]
+    assert entry["unconfirmed_ratio"] == 0.9575 and entry["second_ratio"] == 1.004
+    assert entry["first_pick_ms"] == TUNED["first_pick_ms"] and entry["problem"] == TUNED["problem"]
+    # the database takes it, shows it, and a progress line says so
+    assert _tuning_db._entry_fault({**entry, "key": "ab" * 20}) is None
+    assert "0.958× it read 1.004× on other operands" in _tuning_db._choice(entry)
+    assert "not kept" in _tune._shown(entry) and "1.004" in _tune._shown(entry)
+
+
+def test_the_second_ratio_must_be_a_positive_number():
+    fault = _tuning_db._entry_fault({**TUNED, "key": "ab" * 20, "second_ratio": -1})
+    assert fault is not None and fault.startswith("second_ratio")
+
+
+def test_the_second_operands_hold_other_values():
+    bf16 = _dtypes.BY_NAME["bfloat16"]
+    first, second = _tune_arrays.pattern(bf16), _tune_arrays.pattern(bf16, seed=1)
+    assert len(first) == len(second) and first != second
+    assert _tune_arrays.pattern(bf16, seed=1) == second  # the same every run: tunes stay comparable
+    assert _tune_arrays._pattern_without_numpy(bf16, 1)[:64] != _tune_arrays._pattern_without_numpy(bf16, 0)[:64]
