@@ -6,8 +6,9 @@ recalled), then searched by ``_autotune``'s engine within its share of the budge
 in shuffled rounds, where the first pick stays unless another beats it in an interleaved duel, then
 ``_search``'s candidates (the heuristics' deeper ranking, other epilogs' picks, cluster and swizzle
 variants, every algorithm id and tile ``cublasLtMatmulAlgoCheck`` accepts), a challenger kept only when
-it beats that incumbent in a duel by ``_autotune.MIN_GAIN`` beyond the noise. The database records the
-winner (``tuned``, with its time over the first pick's), or that the first pick stays (``default``). A
+it beats that incumbent in a duel by ``_autotune.MIN_GAIN`` beyond the noise, and then beats the first pick
+again on a second set of operands (``_confirmed``). The database records the winner (``tuned``, with its time
+over the first pick's), or that the first pick stays (``default``). A
 ``batch_invariant`` problem records the algorithms pinned for it (``pinned``: a ladder, one kernel per
 range of M, all of one verified bit class; ``_invariant_ladder``).
 
@@ -239,7 +240,8 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
 
     Each problem is planned with the heuristics alone and searched by ``Matmul.autotune(search=True)``'s
     engine in its share of the budget; the database records the kernel that beat the heuristics' first
-    pick in an interleaved duel (by 1.5 % at least, beyond the noise), or that the first pick stays.
+    pick in an interleaved duel (by 1.5 % at least, beyond the noise) and again on a second set of operands
+    (other values at other addresses), or that the first pick stays.
     Problems marked ``batch_invariant`` record a measured ladder: of the heuristics' picks at M = 1 … 8192
     and the search's, each with split-K 1, 2, 4 and 8 (a fixed count, the COMPUTE_TYPE reduction), those
     whose first tokens are bitwise the same at every M checked, grouped into classes by those bits; the
