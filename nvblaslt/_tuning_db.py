@@ -7,8 +7,9 @@ compute capability and SM count, driver, cuBLASLt version, and the format of the
 Every other line is one entry, keyed like the tuning cache (``_tuning_cache.problem_key``):
 
 - ``"kind": "tuned"``: ``algo`` (the algorithm's 64 bytes in hex) beat the heuristics' first pick
-  by ``ratio`` (its time over the first pick's, in an interleaved duel), and again on a second set of
-  operands (other values at other addresses) by ``second_ratio`` (``nvblaslt tune`` since 2026-11-29);
+  by ``ratio`` (its time over the first pick's, in an interleaved duel), and, where ``second_ratio`` is
+  given, again on a second set of operands (other values at other addresses) by that ratio (``nvblaslt tune``
+  since 2026-11-29 confirms the fused kernels it keeps; not a split form's, nor grouped GEMM's);
 - ``"kind": "default"``: nothing beat the first pick: it stays, and nothing is searched again; with
   ``unconfirmed`` (a config), ``unconfirmed_ratio`` and ``second_ratio``, a kernel beat it on the tune's
   operands by that ratio but not on the second set (there it read ``second_ratio``);

@@ -153,6 +153,13 @@ def pick_of(entry: dict | None, first: bytes) -> tuple | None:
                                                                                           "fused")
 
 
+def entry_label(entry: dict) -> str:
+    """An entry's kind as the duels' table shows it: ``+split`` for the two-call bias-gradient form,
+    ``+unconfirmed`` for a default whose kernel did not win again on the tune's second set of operands."""
+    return (entry["kind"] + ("+split" if entry.get("bias_gradient_form") == "split" else "")
+            + ("+unconfirmed" if "unconfirmed" in entry else ""))
+
+
 def split_first_call(plan) -> bytes:
     """The kernel of the first call of ``plan``'s two-call form; refused where the plan runs fused (its
     database's split form was not recalled, which the recall part would report too)."""
@@ -214,8 +221,7 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
         del ops
     timed = dict(zip(kernels, samples))
     first_samples, torch_samples = samples[0], samples[-1]
-    kinds = [None if e is None else e["kind"] + ("+split" if e.get("bias_gradient_form") == "split" else "")
-             + ("+unconfirmed" if "unconfirmed" in e else "") for e in entries]
+    kinds = [None if e is None else entry_label(e) for e in entries]
     row: dict[str, Any] = {"name": spec["name"], "key": key, "kinds": kinds,
                            "tune_ratios": [e.get("ratio") if e else None for e in entries], "calls": calls,
                            "torch": torch_baseline(spec), "first_ms": statistics.median(first_samples),

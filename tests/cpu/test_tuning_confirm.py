@@ -9,13 +9,15 @@ import math
 import pytest
 
 from nvblaslt import _autotune, _dtypes, _tune, _tune_arrays, _tuning_db
+from nvblaslt._errors import CublasLtError, CudaError
 from tests.cpu.test_autotune import simulated  # noqa: F401 - the fixture
 
 TUNED = {"kind": "tuned", "algo": "ab" * 64, "config": {"ID": 66, "TILE_ID": 18, "CLUSTER_SHAPE_ID": 2},
          "problem": "GELU_AUX_BIAS D 14336x16", "ms": 0.0421, "first_pick_ms": 0.0440, "ratio": 0.9575,
          "confidence": 0.99, "seconds": 1.2, "stored": 1.0}
 SPEC = {"a": {"shape": [14336, 4096], "strides": [4096, 1], "dtype": "bfloat16"},
-        "b": {"shape": [4096, 16], "strides": [1, 4096], "dtype": "bfloat16"}, "c": None}
+        "b": {"shape": [4096, 16], "strides": [1, 4096], "dtype": "bfloat16"}, "c": None,
+        "inputs": {"bias": {"shape": [14336], "strides": [1], "dtype": "bfloat16"}}}
 
 
 def test_confirm_keeps_a_kernel_that_wins_again_and_leaves_it_selected(simulated):  # noqa: F811
@@ -39,22 +41,24 @@ def test_confirm_does_not_keep_a_kernel_that_only_ties_on_the_second_operands(si
 class Recorder:
     """What ``_confirmed`` uses of a plan (the operands it is pointed at), and the stood-in ``confirm``."""
 
-    def __init__(self, verdict: str, ratio: float):
+    def __init__(self, verdict: str, ratio: float, raises: Exception | None = None):
         self.standing = _autotune.Standing(contestant=None, log_ratios=[math.log(ratio)] * 12, verdict=verdict)
-        self.reset, self.confirm_args = None, None
+        self.reset, self.confirm_args, self.raises = None, None, raises
 
-    def reset_operands(self, a, b, c):
-        self.reset = (a, b, c)
+    def reset_operands(self, a, b, c, *, epilog_inputs=None):
+        self.reset = (a, b, c, epilog_inputs)
 
     def confirm(self, plan, first, chosen, **keywords):
         self.confirm_args = (plan, first, chosen, keywords)
+        if self.raises is not None:
+            raise self.raises
         return self.standing
 
 
 @pytest.fixture
 def stood_in(monkeypatch):
-    def make(verdict: str, ratio: float) -> Recorder:
-        recorder = Recorder(verdict, ratio)
+    def make(verdict: str, ratio: float, raises: Exception | None = None) -> Recorder:
+        recorder = Recorder(verdict, ratio, raises)
         monkeypatch.setattr(_tune, "device_array",
                             lambda spec, device, stream, patterns, seed=0: ("array", tuple(spec["shape"]), seed))
         monkeypatch.setattr(_autotune, "confirm", recorder.confirm)
@@ -64,12 +68,14 @@ def stood_in(monkeypatch):
 
 def test_a_kernel_that_wins_again_keeps_its_entry_with_its_second_ratio(stood_in):
     recorder = stood_in("faster", 0.962)
-    entry = _tune._confirmed(dict(TUNED), recorder, SPEC, "first", "chosen", 2.5, 0, 0)
+    entry = _tune._confirmed(dict(TUNED), recorder, SPEC, "first", "chosen", 2.5, 0, 0, {})
     assert {k: v for k, v in entry.items() if k not in ("second_ratio", "seconds")} == \
         {k: v for k, v in TUNED.items() if k != "seconds"}
     assert entry["second_ratio"] == 0.962 and entry["seconds"] >= TUNED["seconds"]
-    # the second operands: other values (seed 1) at other addresses, in the spec's layouts; no C where it has none
-    assert recorder.reset == (("array", (14336, 4096), 1), ("array", (4096, 16), 1), None)
+    # the second operands: other values (seed 1) at other addresses, in the spec's layouts, the epilog's inputs
+    # too; no C where it has none
+    assert recorder.reset == (("array", (14336, 4096), 1), ("array", (4096, 16), 1), None,
+                              {"bias": ("array", (14336,), 1)})
     plan, first, chosen, keywords = recorder.confirm_args
     assert (plan, first, chosen) == (recorder, "first", "chosen") and keywords["first_ms"] == 0.0440
     assert keywords["budget_s"] == pytest.approx(_tune.CONFIRM_SHARE * 2.5)
@@ -79,7 +85,7 @@ def test_a_kernel_that_wins_again_keeps_its_entry_with_its_second_ratio(stood_in
 @pytest.mark.parametrize("verdict", ["slower", "undecided"])
 def test_a_kernel_not_confirmed_is_written_as_default_naming_it(stood_in, verdict):
     recorder = stood_in(verdict, 1.004)
-    entry = _tune._confirmed(dict(TUNED), recorder, SPEC, "first", "chosen", 2.5, 0, 0)
+    entry = _tune._confirmed(dict(TUNED), recorder, SPEC, "first", "chosen", 2.5, 0, 0, {})
     assert entry["kind"] == "default" and "algo" not in entry
     assert entry["unconfirmed"] == TUNED["config"]
     assert entry["unconfirmed_ratio"] == 0.9575 and entry["second_ratio"] == 1.004
@@ -88,6 +94,21 @@ def test_a_kernel_not_confirmed_is_written_as_default_naming_it(stood_in, verdic
     assert _tuning_db._entry_fault({**entry, "key": "ab" * 20}) is None
     assert "0.958× it read 1.004× on other operands" in _tuning_db._choice(entry)
     assert "not kept" in _tune._shown(entry) and "1.004" in _tune._shown(entry)
+
+
+@pytest.mark.parametrize("error", [CublasLtError("cublasLtMatmul", 15, "CUBLAS_STATUS_NOT_SUPPORTED", "the requested functionality is not supported"),
+                                   CudaError("cudaMallocAsync failed: cudaErrorMemoryAllocation")])
+def test_a_confirmation_that_cannot_run_leaves_the_entry_as_it_was(stood_in, error):
+    recorder = stood_in("faster", 0.96, raises=error)
+    assert _tune._confirmed(dict(TUNED), recorder, SPEC, "first", "chosen", 2.5, 0, 0, {}) == TUNED
+
+
+def test_the_bench_labels_an_unconfirmed_default_and_a_split_form():
+    from nvblaslt.bench.tuning import entry_label
+
+    assert entry_label(TUNED) == "tuned"
+    assert entry_label({"kind": "default", "unconfirmed": TUNED["config"]}) == "default+unconfirmed"
+    assert entry_label({"kind": "tuned", "bias_gradient_form": "split"}) == "tuned+split"
 
 
 def test_the_second_ratio_must_be_a_positive_number():

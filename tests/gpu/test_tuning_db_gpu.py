@@ -114,30 +114,44 @@ LADDER_LARGE_M = (511, 512, 513, 1000, 1024, 1025, 2048, 4095, 4096, 6000, 8191)
 BETWEEN_M = (12, 24, 48, 96, 192, 384, 768, 1536, 3072, 6144)  # between the ladder's points, where members serve
 
 
-def test_a_kept_kernel_must_win_again_on_other_operands():
+def bias_problem(tokens: int, fan_in: int, fan_out: int) -> dict:
+    """D = W xᵀ + bias, a bias per output feature, as the suite lays out its bias epilogs."""
+    return {"kind": "matmul", "name": f"BIAS {tokens}x{fan_in}->{fan_out}",
+            "a": {"shape": [fan_out, fan_in], "strides": [fan_in, 1], "dtype": "bfloat16"},
+            "b": {"shape": [fan_in, tokens], "strides": [1, fan_in], "dtype": "bfloat16"}, "c": None,
+            "epilog": "BIAS", "inputs": {"bias": {"shape": [fan_out], "strides": [1], "dtype": "bfloat16"}},
+            "options": forward_problem(tokens, fan_in, fan_out)["options"]}
+
+
+@pytest.mark.parametrize("spec", [forward_problem(16, 1024, 2048), bias_problem(16, 1024, 2048)],
+                         ids=["plain", "bias"])
+def test_a_kept_kernel_must_win_again_on_other_operands(spec):
     """``nvblaslt tune``'s confirmation on a real plan: the first pick dueled against itself on the second operands
     cannot gain ``MIN_GAIN``, so the entry becomes ``default`` and says what read what; the plan then runs on the
-    second operands (other values: its result is theirs, not the first operands')."""
+    second operands and bias (other values: its result is theirs, not the first operands')."""
     from nvblaslt import _tune, _tuning_db
     from nvblaslt._tune_arrays import device_array
 
-    spec = forward_problem(16, 1024, 2048)
-    a, b = (device_array(spec[name], 0, 0, {}) for name in ("a", "b"))
-    with _tune._heuristics_only(), nvblaslt.Matmul(a, b, options=spec["options"], stream=0) as plan:
-        plan.plan()
+    def arrays(seed: int) -> dict:
+        return {name: device_array(layout, 0, 0, {}, seed=seed)
+                for name, layout in [("a", spec["a"]), ("b", spec["b"]), *spec["inputs"].items()]}
+    made = arrays(0)
+    with _tune._heuristics_only(), nvblaslt.Matmul(made["a"], made["b"], options=spec["options"], stream=0) as plan:
+        plan.plan(epilog=spec["epilog"], epilog_inputs={"bias": made["bias"]} if "bias" in made else None)
         first = plan.algorithm
         kept = _tuning_db.entry_for(first, "tuned", problem="p", first_pick_ms=0.01, ratio=0.95, seconds=0.5)
-        written = _tune._confirmed(kept, plan, spec, first, first, 2.0, 0, 0)
+        written = _tune._confirmed(kept, plan, spec, first, first, 2.0, 0, 0, {})
         assert written["kind"] == "default" and "algo" not in written and written["unconfirmed"] == kept["config"]
         assert written["unconfirmed_ratio"] == 0.95 and 0.95 < written["second_ratio"] < 1.05
         d = torch.from_dlpack(plan.execute()).double()  # bf16: through DLPack (the array interface has no typestr)
         torch.cuda.synchronize()
-    second = [torch.from_dlpack(device_array(spec[name], 0, 0, {}, seed=1)).double() for name in "ab"]
-    original = [torch.from_dlpack(device_array(spec[name], 0, 0, {})).double() for name in "ab"]
-    assert not torch.equal(second[0], original[0])
-    expected, before = second[0] @ second[1], original[0] @ original[1]
-    assert torch.isfinite(d).all()
-    assert torch.allclose(d, expected, rtol=2e-2, atol=0.25) and not torch.allclose(d, before, rtol=2e-2, atol=0.25)
+
+    def product(found: dict):
+        tensors = {name: torch.from_dlpack(array).double() for name, array in found.items()}
+        return tensors["a"] @ tensors["b"] + (tensors["bias"][:, None] if "bias" in tensors else 0)
+    expected, before = product(arrays(1)), product(arrays(0))
+    assert torch.isfinite(d).all() and not torch.allclose(expected, before, rtol=2e-2, atol=0.25)
+    assert torch.allclose(d, expected, rtol=2e-2, atol=0.25)
 
 
 @pytest.fixture(scope="module")
