@@ -346,6 +346,8 @@ def test_a_search_starts_its_screening_and_every_duel_settled_on_the_incumbent(s
     # the first pick's duel (2 reads faster in its rounds), the screening and the search's duel, all on the
     # incumbent of the moment; then the bias-gradient form's duel on the chosen fused kernel
     assert len(settled) == 4 and settled[0][1] == 1 and settled[-1][1] == plan.algorithm.algorithm.id
+    incumbent = int(plan.tuning_report.incumbent.split()[1])  # autotune's pick: "id N tile …"
+    assert settled[1][1] == settled[2][1] == incumbent, (settled, plan.tuning_report.incumbent)
     events.clear()
     plain = make([1, 2, 3], speeds)
     _autotune.autotune(plain, iterations=5, search=False, remember=False, stream=None)

@@ -102,3 +102,26 @@ def test_a_settled_duel_runs_its_first_case_back_to_back_after_the_warm_up_and_b
     log.clear()
     event_rounds(fake, cases, 1)  # unsettled: the rounds follow the warm-up at once
     assert log[log.index("sync") + 1] == "event"
+
+
+def test_the_settle_and_queue_options_reach_every_duel(monkeypatch):
+    """``--settle`` and ``--queue`` through argparse to each problem's duel (the default settles as the search's
+    duels do)."""
+    import time
+
+    import pytest
+
+    pytest.importorskip("torch")
+    seen = []
+
+    def duel_problem(spec, databases, rounds, flush, queue, settle_s):
+        seen.append((spec["name"], rounds, queue, settle_s))
+        return {"name": spec["name"], "error": "stood in"}
+    monkeypatch.setattr(tuning, "duel_problem", duel_problem)
+    monkeypatch.setattr(tuning, "free_memory", lambda torch: None)
+    args = tuning.arguments(["--quick", "--settle", "0.5", "--queue", "spin", "--rounds", "7"])
+    results: dict = {}
+    tuning.run_duels(args, [{"name": "p1"}, {"name": "p2"}], [None, None], results, time.perf_counter() + 60, None)
+    assert seen == [("p1", 7, "spin", 0.5), ("p2", 7, "spin", 0.5)]
+    assert [row["name"] for row in results["duels"]["rows"]] == ["p1", "p2"]
+    assert tuning.arguments(["--quick"]).settle == tuning_problems.SETTLE_S
