@@ -238,6 +238,14 @@ def _shown(entry: dict) -> str:
     return entry["kind"]
 
 
+def _second_set(entry: dict) -> str:
+    """What the confirmation on a second set of operands found, for ``tune show``."""
+    if entry["kind"] == "default" and "unconfirmed_ratio" in entry:
+        return (f"not kept: a kernel at {entry['unconfirmed_ratio']:.3f}× the first pick read "
+                f"{entry['second_ratio']:.3f}× on a second set of operands")
+    return f"on a second set of operands: {entry['second_ratio']:.3f}×"
+
+
 def _print_progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -433,6 +441,8 @@ def main(argv: list[str]) -> int:
                 print(f"  {entry['kind']:8}{ratio:>8}  {entry.get('problem', key)}")
                 if entry.get("ladder"):
                     print(f"{'':18}ladder: {_tuning_db.describe_ladder(entry)}")
+                if "second_ratio" in entry:
+                    print(f"{'':18}{_second_set(entry)}")
             return 0
         problems = args.problems or ("llm-invariant" if args.batch_invariant else args.suite)
         if args.list:

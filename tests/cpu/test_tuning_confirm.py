@@ -122,3 +122,19 @@ def test_the_second_operands_hold_other_values():
     assert len(first) == len(second) and first != second
     assert _tune_arrays.pattern(bf16, seed=1) == second  # the same every run: tunes stay comparable
     assert _tune_arrays._pattern_without_numpy(bf16, 1)[:64] != _tune_arrays._pattern_without_numpy(bf16, 0)[:64]
+
+
+def test_tune_show_says_what_the_second_set_of_operands_found(tmp_path, capsys):
+    from nvblaslt._tuning_db import TuningDatabase
+    from tests.cpu.test_tuning_cache import GPU
+
+    fingerprint = _tuning_db.fingerprint_of(GPU, [13, 1, 0], 13000)
+    kept = {**TUNED, "second_ratio": 0.962}
+    unconfirmed = {"kind": "default", "problem": "P2", "first_pick_ms": 0.04, "unconfirmed": TUNED["config"],
+                   "unconfirmed_ratio": 0.963, "second_ratio": 1.01, "stored": 2.0}
+    path = tmp_path / "db.jsonl"
+    TuningDatabase(fingerprint, {"a" * 40: kept, "b" * 40: unconfirmed}).write(path)
+    assert _tune.main(["show", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert "on a second set of operands: 0.962×" in shown
+    assert "not kept: a kernel at 0.963× the first pick read 1.010× on a second set of operands" in shown
