@@ -141,7 +141,7 @@ def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResu
     faster = [(result, ms) for result, ms in ranked if result is not first and ms < first_ms][:RUNNERS_UP]
     if not faster:
         return ranked, 1.0
-    minimum_s = settle_s + 2.5 * (MIN_ROUNDS + 1) * (1 + len(faster)) * first_ms / 1000
+    minimum_s = _duel_minimum_s(1 + len(faster), first_ms, settle_s)
     outcome = duel(timer, _algorithm(plan, first, stream), [_algorithm(plan, r, stream) for r, _ in faster],
                    deadline=max(deadline, time.perf_counter() + minimum_s), max_rounds=3 * MIN_ROUNDS,
                    what="autotune", settle_s=settle_s)
@@ -155,6 +155,12 @@ def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResu
     return [next(p for p in ranked if p[0] is kept), *sorted((p for p in ranked if p[0] is not kept),
                                                              key=lambda pair: pair[1])], \
         (winner.ratio if winner is not None else 1.0)
+
+
+def _duel_minimum_s(contestants: int, call_ms: float, settle_s: float) -> float:
+    """Seconds a duel of ``contestants`` (the incumbent among them) needs for its minimum rounds after settling,
+    at 2.5× a call's time for each run (its L2 flush and the host's share): a decision on fewer rounds is noise."""
+    return settle_s + 2.5 * (MIN_ROUNDS + 1) * contestants * call_ms / 1000
 
 
 # ---- deciding on noisy paired samples ------------------------------------------------------------------
@@ -535,7 +541,7 @@ def confirm(plan: TunablePlan, first: HeuristicResult, chosen: HeuristicResult, 
     that wins on one set only is not kept. The duel settles on ``first`` for ``settle_s`` and gets its minimum
     rounds even past ``budget_s``."""
     stream_h = stream_handle(stream) if stream is not None else plan.stream
-    minimum_s = settle_s + 2.5 * (MIN_ROUNDS + 1) * 2 * first_ms / 1000
+    minimum_s = _duel_minimum_s(2, first_ms, settle_s)
     with Timer(plan.device, stream_h) as timer:
         plan._launch.ensure_workspace(max(first.workspace_size or 0, chosen.workspace_size or 0), stream_h)
         outcome = duel(timer, _algorithm(plan, first, stream_h), [_algorithm(plan, chosen, stream_h)],
