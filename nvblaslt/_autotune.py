@@ -7,12 +7,13 @@ its operands from device memory, as in a real workload), runs interleaved in shu
 
 The search keeps an incumbent, autotune's pick, and switches only to a challenger that is faster
 beyond the measured noise. Candidates are screened cheaply first (one run each, next to a run of
-the incumbent, most promising first, until the screening budget is spent). Then the few closest
-challengers duel the incumbent in interleaved rounds: each round gives one paired ratio per
-challenger (its time over the incumbent's in the same round), so drift cancels. A challenger wins
-when the distribution-free upper bound on its median ratio (the sign test inverted, Bonferroni
-over the challengers) is below 1 and its median gains at least ``MIN_GAIN``. Otherwise the
-incumbent stays. For the bias-gradient epilogs the fused kernel then duels the split form (the
+the incumbent; the heuristics' other picks, then the most promising, until the screening budget is
+spent). Then the few closest challengers duel the incumbent in interleaved rounds: each round gives
+one paired ratio per challenger (its time over the incumbent's in the same round), so drift cancels.
+A challenger wins when the distribution-free upper bound on its median ratio (the sign test
+inverted, Bonferroni over the challengers) is below 1 and its median gains at least ``MIN_GAIN``; of
+winners within ``TIE`` of the best, the one first in a fixed order. Otherwise the incumbent stays.
+For the bias-gradient epilogs the fused kernel then duels the split form (the
 masking epilog or plain GEMM, then the bias gradient as a GEMV; ``_split_bgrad``) the same way.
 The search's screening and duels start with the incumbent run back to back for ``_timing.SETTLE_S``:
 whether the GPU sits at its power limit decides some duels, and large GEMMs run at it in real use.
@@ -22,6 +23,7 @@ Everything is budgeted: ``SEARCH_BUDGET_S`` per search.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import operator
@@ -57,6 +59,7 @@ RESCREEN_MAX = 16
 RESCREEN_ROUNDS = 5  # reruns of each close one, as the rescreen's share of the budget allows
 RUNNERS_UP = 2  # heuristic picks within RUNNER_UP_RATIO of autotune's also duel (its pick was one sample)
 RUNNER_UP_RATIO = 1.01
+TIE = 0.01  # winners of a duel within this of the best one's median ratio are equal: the canonical one wins
 MIN_ROUNDS = 10  # with 10 rounds a challenger must win all of them to pass at ALPHA
 MAX_ROUNDS = 60
 BLOCK = 5  # rounds between decisions
@@ -227,13 +230,26 @@ class Duel:
     rounds: int
 
     def winner(self) -> Standing | None:
+        """The fastest challenger judged faster; of those within ``TIE`` of it, the one first in a fixed
+        order (``_canonical``). Near-equal kernels swap places from one tune to the next (the order of a
+        few kernels 1-3 % apart moves with the operands and what ran before), and two tunes of one problem
+        should write the same kernel where they can."""
         faster = [s for s in self.standings if s.verdict == "faster"]
-        return min(faster, key=lambda s: s.ratio) if faster else None
+        if not faster:
+            return None
+        fastest = min(s.ratio for s in faster)
+        return min((s for s in faster if s.ratio <= fastest * (1 + TIE)), key=_canonical)
 
     def best(self) -> Standing | None:
         """The challenger with the lowest median ratio, winner or not."""
         measured = [s for s in self.standings if s.log_ratios]
         return min(measured, key=lambda s: s.ratio) if measured else None
+
+
+def _canonical(standing: Standing) -> tuple:
+    """A fixed order over contestants: algorithms by their configuration, then anything else by name."""
+    result = standing.contestant.result
+    return (0, _search.config_key(result), "") if result is not None else (1, (), standing.contestant.name)
 
 
 def duel(timer, incumbent: Contestant, challengers: list[Contestant], *, deadline: float,
@@ -378,18 +394,30 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     logger.info("search: incumbent %s at %.4f ms (autotune's pick of %d); screening until %.1f s", incumbent.name,
                 incumbent_ms, len(heuristic), screen_deadline - started)
     enumeration_started = time.perf_counter()
-    pool = _search.candidates(plan._launch, workspace_limit=plan._launch.workspace_limit, incumbent=incumbent_result)
+    # the heuristics' other picks are screened first, settled like the rest: autotune timed them unsettled,
+    # in a few rounds, and one it misread never dueled (H200, a 12288x8192 GELU_AUX_BIAS: a heuristic pick
+    # 4 % faster than the kernel a tune kept, which the other tune found; bench.tuning, 2026-11-29)
+    incumbent_key = _search.config_key(incumbent_result)
+    others = [r for r in plan._launch.algorithms if _search.config_key(r) != incumbent_key]
+    heuristic_keys = {_search.config_key(r) for r in others}
+    pool = itertools.chain(others, _search.candidates(plan._launch, workspace_limit=plan._launch.workspace_limit,
+                                                      incumbent=incumbent_result))
     screened, failed, exhausted = _screen(plan, timer, incumbent, pool, stream, screen_deadline)
-    logger.info("search: screened %d candidates (%d failed to run) in %.1f s%s", len(screened), failed,
+    logger.info("search: screened %d candidates (%d failed to run; %d of them heuristic picks) in %.1f s%s",
+                len(screened), failed, sum(_search.config_key(c) in heuristic_keys for c, _ in screened),
                 time.perf_counter() - enumeration_started,
                 "" if exhausted else "; the budget ended before the candidates did")
     duel_deadline = deadline
     screened = _rescreen(timer, incumbent, screened, plan, stream,
                          time.perf_counter() + 0.25 * (duel_deadline - time.perf_counter()))
-    challengers = [_algorithm(plan, c, stream) for c, ratio in screened[:SHORTLIST] if ratio < SHORTLIST_RATIO]
-    challengers += [_algorithm(plan, r, stream, _tuning_cache.describe_algorithm(r) + " (heuristic)")
-                    for r, ms in heuristic[1:1 + RUNNERS_UP] if ms < incumbent_ms * RUNNER_UP_RATIO]
-    facts = {"screened": len(screened), "estimates": [(c, ratio * incumbent_ms) for c, ratio in screened]}
+    shortlist = [c for c, ratio in screened[:SHORTLIST] if ratio < SHORTLIST_RATIO]
+    shortlist += [r for r, ms in heuristic[1:1 + RUNNERS_UP]
+                  if ms < incumbent_ms * RUNNER_UP_RATIO and _search.config_key(r) not in map(_search.config_key,
+                                                                                               shortlist)]
+    challengers = [_algorithm(plan, c, stream, _tuning_cache.describe_algorithm(c) + " (heuristic)"
+                              if _search.config_key(c) in heuristic_keys else None) for c in shortlist]
+    facts = {"screened": sum(_search.config_key(c) not in heuristic_keys for c, _ in screened),
+             "estimates": [(c, ratio * incumbent_ms) for c, ratio in screened]}
     if not challengers:
         facts["note"] = "no challenger within 2% in screening"
         return incumbent_result, incumbent_ms, facts
@@ -401,6 +429,9 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     if winner is None:
         return incumbent_result, statistics.median(outcome.incumbent), facts
     facts["winner"] = winner
+    if best is not None and best is not winner and best.verdict == "faster":
+        logger.info("search: %s at %.4f× and %s at %.4f× are within %.0f %%: the first in the fixed order wins",
+                    winner.contestant.name, winner.ratio, best.contestant.name, best.ratio, 100 * TIE)
     chosen = winner.contestant.result
     assert chosen is not None  # every challenger here is an algorithm
     return chosen, statistics.median(winner.samples), facts
