@@ -55,8 +55,10 @@ MIN_GAIN = 0.015  # a switch must gain at least this much (median). Below it, wh
 SHORTLIST = 4  # challengers that duel the incumbent
 SHORTLIST_RATIO = 1.02  # screened within this of the incumbent to be a challenger
 RESCREEN_RATIO = 1.08  # screened within this of the incumbent: run again (one run is noise at a few %)
-RESCREEN_MAX = 16
-RESCREEN_ROUNDS = 5  # reruns of each close one, as the rescreen's share of the budget allows
+RESCREEN_MAX = 32
+RESCREEN_ROUNDS = 15  # reruns of each close one, as the rescreen's share of the budget allows: with 16 and 5,
+#                      two tunes of a 0.02-0.2 ms GEMM shortlisted different near-equal kernels from one
+#                      run's noise and kept kernels 2 % apart (bench.tuning, H200, 2026-11-29)
 RUNNERS_UP = 2  # heuristic picks within RUNNER_UP_RATIO of autotune's also duel (its pick was one sample)
 RUNNER_UP_RATIO = 1.01
 TIE = 0.01  # winners of a duel within this of the best one's median ratio are equal: the canonical one wins

@@ -597,7 +597,8 @@ def test_the_rescreen_ranks_close_candidates_by_the_median_of_their_reruns(monke
     launch = StandInLaunch([1])
     plan = StandInPlan([1], {})
     plan._launch = launch
-    readings = {2: iter([1.05, 0.93, 0.93, 0.94, 0.93]), 3: iter([0.95, 1.04, 1.05, 1.04, 1.05])}
+    reruns = _autotune.RESCREEN_ROUNDS - 1
+    readings = {2: iter([1.05, *[0.93] * reruns]), 3: iter([0.95, *[1.04] * reruns])}
 
     def timer(run, prepare):
         prepare()
