@@ -38,8 +38,14 @@ def _l2_bytes(device: int) -> int:
 SETTLE_S = 0.3
 SETTLE_CHUNK = 8  # calls queued between synchronizations while settling
 
+START_COVER = 8  # L2 flushes queued ahead of each sample at first: about 0.2 ms of GPU work on an H200, more
+#                  than the host's usual time to issue a trial run. Starting at 1 and doubling, one tune
+#                  of a problem timed behind 2 flushes and the next behind 32, and a 1.1 ms GELU_AUX_BIAS
+#                  kernel read 0.91x the first pick behind 2-16 and 0.99x behind 32: the memsets ahead
+#                  move the GPU's power state (bench.tuning's tune logs, H200, 2026-11-29)
 MAX_COVER = 32  # L2 flushes queued ahead of a sample at most (about 1 ms of GPU work on an H200)
-ATTEMPTS = 4  # samples taken of one call at most, the cover doubled after each that the host outran
+ATTEMPTS = 4  # samples taken of one call at most: a one-off outrun is retaken behind the same cover; the
+#              cover doubles only when the host outruns the retake too
 
 
 class Timer:
@@ -50,14 +56,17 @@ class Timer:
     before the host has queued the call, the host's time to issue it is timed as well: on an H200 the
     search's screening read a 22 µs decode GEMM at 46–93 µs that way (the host's first launch of a kernel
     and the plan's Python), and ranked its candidates by that. So the flush is queued ``cover`` times ahead
-    of each sample, a sample counts only if the start event was still pending once the stop event was
-    queued (``cudaEventQuery``), and one that the host outran is taken again with the cover doubled (up to
-    ``MAX_COVER`` flushes, ``ATTEMPTS`` tries; the cover stays for the Timer's life: one tune). ``retaken``
-    counts the samples taken again, ``outran`` those returned with host time in them all the same."""
+    of each sample (``START_COVER`` at first), a sample counts only if the start event was still pending
+    once the stop event was queued (``cudaEventQuery``), and one that the host outran is taken again: behind
+    the same cover the first time (a pause of the host's is no reason to time everything after it behind
+    more work), then with the cover doubled (up to ``MAX_COVER`` flushes, ``ATTEMPTS`` tries; the cover stays
+    for the Timer's life: one tune). ``retaken`` counts the samples taken again, ``outran`` those returned
+    with host time in them all the same."""
 
     def __init__(self, device: int, stream: int):
         self.stream = stream
-        self.cover = 1  # flushes queued ahead of each sample: GPU work that outlasts the host's issue time
+        self.cover = min(START_COVER, MAX_COVER)  # flushes queued ahead of each sample: GPU work that outlasts
+        #                                            the host's time to issue the call
         self.retaken = 0
         self.outran = 0
         self._flush = DeviceBuffer(max(2 * _l2_bytes(device), 1 << 20), stream)
@@ -85,8 +94,8 @@ class Timer:
             ms = _cuda.check(cudart.cudaEventElapsedTime(self._start, self._stop), "cudaEventElapsedTime")
             if pending:
                 return ms
-            grown = min(2 * self.cover, MAX_COVER)
-            if grown == self.cover or attempt == ATTEMPTS - 1:
+            grown = min(2 * self.cover, MAX_COVER) if attempt > 0 else self.cover  # outrun again: more cover
+            if attempt == ATTEMPTS - 1 or (attempt > 0 and grown == self.cover):
                 self.cover = grown
                 self.outran += 1
                 return ms

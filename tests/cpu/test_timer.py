@@ -1,6 +1,7 @@
 """``_timing.Timer`` without a GPU (cuda-bindings' runtime replaced by a clock of its own): a sample counts
 only if the GPU was still on the work queued ahead of it once the whole sample was queued; one the host
-outran is taken again with more work queued ahead, so the host's time to issue a call is not timed."""
+outran is taken again (behind more work queued ahead once it is outrun again), so the host's time to issue a
+call is not timed."""
 
 from __future__ import annotations
 
@@ -86,17 +87,31 @@ def fake(monkeypatch):
     return make
 
 
-def test_a_sample_the_host_outran_is_taken_again_behind_more_work(fake):
-    runtime = fake(host_ms=0.05)
+def test_a_sample_the_host_outran_twice_is_taken_again_behind_more_work(fake):
+    runtime = fake(host_ms=_timing.START_COVER * COVER_MS + 0.01)  # just beyond the first cover
     timer = _timing.Timer(0, 0)
+    assert timer.cover == _timing.START_COVER
     prepared = []
     ms = timer(lambda: runtime.calls.append("run"), lambda: prepared.append(1))
     assert ms == KERNEL_MS  # not the host's time to issue it
-    assert timer.cover == 2 and timer.retaken == 1 and timer.outran == 0
-    assert runtime.calls.count("run") == 2 and len(prepared) == 2  # the sample taken again, set up again
+    assert timer.cover == 2 * _timing.START_COVER and timer.retaken == 2 and timer.outran == 0
+    assert runtime.calls.count("run") == 3 and len(prepared) == 3  # each sample taken again, set up again
     # each attempt: the flushes, start, the call, stop, and only then the query, before waiting on stop
     assert runtime.calls[-6:] == ["flush", "flush", "record", "run", "record", "query", "sync"][-6:]
-    assert timer(lambda: runtime.calls.append("run")) == KERNEL_MS and timer.retaken == 1  # the cover stays
+    assert timer(lambda: runtime.calls.append("run")) == KERNEL_MS and timer.retaken == 2  # the cover stays
+
+
+def test_a_one_off_pause_of_the_host_is_retaken_behind_the_same_cover(fake):
+    runtime = fake(host_ms=0.05)
+    pauses = iter([5.0])  # the first attempt only: a pause of the host's (a collection, a page fault)
+
+    def prepare():
+        runtime.host_ms = next(pauses, 0.05)
+    timer = _timing.Timer(0, 0)
+    assert timer(lambda: runtime.calls.append("run"), prepare) == KERNEL_MS
+    assert timer.cover == _timing.START_COVER and timer.retaken == 1 and timer.outran == 0
+    assert [timer(lambda: runtime.calls.append("run")) for _ in range(3)] == [KERNEL_MS] * 3
+    assert timer.cover == _timing.START_COVER and timer.retaken == 1
 
 
 def test_a_host_the_cover_never_outlasts_gives_up_after_its_attempts_and_says_so(fake):
@@ -105,15 +120,16 @@ def test_a_host_the_cover_never_outlasts_gives_up_after_its_attempts_and_says_so
     ms = timer(lambda: runtime.calls.append("run"))
     assert ms == 100.0 + KERNEL_MS and runtime.calls.count("run") == _timing.ATTEMPTS
     assert timer.retaken == _timing.ATTEMPTS - 1 and timer.outran == 1
-    assert timer.cover == 2 ** _timing.ATTEMPTS  # grown after the last attempt too, for the next sample
+    assert timer.cover == _timing.MAX_COVER  # 8, 8, 16, 32: grown as far as it goes, for the next sample
 
 
 def test_the_cover_stops_growing_at_its_cap(fake, monkeypatch):
     fake(host_ms=0.05)
     monkeypatch.setattr(_timing, "MAX_COVER", 1)
     timer = _timing.Timer(0, 0)
-    assert timer(lambda: None) == 0.05 + KERNEL_MS  # no more cover allowed: the sample is what it is
-    assert timer.cover == 1 and timer.retaken == 0 and timer.outran == 1
+    assert timer.cover == 1
+    assert timer(lambda: None) == 0.05 + KERNEL_MS  # retaken once, then no more cover allowed: it is what it is
+    assert timer.cover == 1 and timer.retaken == 1 and timer.outran == 1
 
 
 def test_a_failing_query_raises_instead_of_counting_as_pending(fake, monkeypatch):
