@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ._autotune import Contestant
+from ._duel import Contestant
 from ._descriptors import Algorithm
 from ._errors import CublasLtError
 from ._timing import shuffled_rounds

@@ -26,7 +26,7 @@ import hashlib
 import time
 
 from . import _batch_invariant, _invariant_choice, _invariant_ladder, _memory, _search, _tuning_db
-from ._autotune import Contestant
+from ._duel import Contestant
 from ._cuda import check, cudart, on_device
 from ._descriptors import Algorithm, HeuristicResult
 from ._errors import NvblasltError

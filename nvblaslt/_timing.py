@@ -60,14 +60,16 @@ class Timer:
     once the stop event was queued (``cudaEventQuery``), and one that the host outran is taken again: behind
     the same cover the first time (a pause of the host's is no reason to time everything after it behind
     more work), then with the cover doubled (up to ``MAX_COVER`` flushes, ``ATTEMPTS`` tries; the cover stays
-    for the Timer's life: one tune). ``retaken`` counts the samples taken again, ``outran`` those returned
-    with host time in them all the same."""
+    for the Timer's life: one tune; after a sample outran even ``MAX_COVER``, the next one outrun there is not
+    retaken). ``retaken`` counts the samples taken again, ``outran`` those returned with host time in them
+    all the same."""
 
     def __init__(self, device: int, stream: int):
         self.stream = stream
         self.cover = min(START_COVER, MAX_COVER)  # flushes queued ahead of each sample: GPU work that outlasts
         #                                            the host's time to issue the call
         self.retaken = 0
+        self._hopeless = False  # the last sample outran even the most cover: retaking behind it again costs a run
         self.outran = 0
         self._flush = DeviceBuffer(max(2 * _l2_bytes(device), 1 << 20), stream)
         self._start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
@@ -93,9 +95,11 @@ class Timer:
             _cuda.check(cudart.cudaEventSynchronize(self._stop), "cudaEventSynchronize")
             ms = _cuda.check(cudart.cudaEventElapsedTime(self._start, self._stop), "cudaEventElapsedTime")
             if pending:
+                self._hopeless = False
                 return ms
             grown = min(2 * self.cover, MAX_COVER) if attempt > 0 else self.cover  # outrun again: more cover
-            if attempt == ATTEMPTS - 1 or (attempt > 0 and grown == self.cover):
+            if attempt == ATTEMPTS - 1 or (attempt > 0 or self._hopeless) and grown == self.cover:
+                self._hopeless = grown == MAX_COVER
                 self.cover = grown
                 self.outran += 1
                 return ms
@@ -108,8 +112,8 @@ class Timer:
 
     def close(self) -> None:
         if self.retaken or self.outran:
-            logger.info("timing: %d samples taken again behind more L2 flushes (%d queued ahead at the end), %d "
-                        "kept with the host's time to issue the call in them", self.retaken, self.cover, self.outran)
+            logger.info("timing: %d samples taken again (%d L2 flushes queued ahead at the end), %d kept with the "
+                        "host's time to issue the call in them", self.retaken, self.cover, self.outran)
         cudart.cudaEventDestroy(self._start)
         cudart.cudaEventDestroy(self._stop)
         self._flush.release()

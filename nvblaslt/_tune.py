@@ -6,7 +6,7 @@ recalled), then searched by ``_autotune``'s engine within its share of the budge
 in shuffled rounds, where the first pick stays unless another beats it in an interleaved duel, then
 ``_search``'s candidates (the heuristics' deeper ranking, other epilogs' picks, cluster and swizzle
 variants, every algorithm id and tile ``cublasLtMatmulAlgoCheck`` accepts), a challenger kept only when
-it beats that incumbent in a duel by ``_autotune.MIN_GAIN`` beyond the noise, and then beats the first pick
+it beats that incumbent in a duel by ``_duel.MIN_GAIN`` beyond the noise, and then beats the first pick
 again on a second set of operands (``_confirmed``). The database records the winner (``tuned``, with its time
 over the first pick's), or that the first pick stays (``default``). A
 ``batch_invariant`` problem records the algorithms pinned for it (``pinned``: a ladder, one kernel per

@@ -1,8 +1,8 @@
 """Probe (GPU): does the way a kernel is timed change which of two kernels is faster?
 
 ``nvblaslt tune`` keeps a pick when it beats the heuristics' first pick in ``_autotune``'s duel: one call per
-sample, the L2 flushed before it, no work queued ahead (``_timing.Timer``: the GPU idles between samples
-while the host waits). ``bench.tuning`` re-times the pair in its own duel: each sample behind a spin kernel
+sample, the L2 flushed before it (``_timing.Timer``; when this probe was written no other work was queued
+ahead, and the GPU idled between samples while the host waited; now 8 flushes are). ``bench.tuning`` re-times the pair in its own duel: each sample behind a spin kernel
 (the GPU busy, as in a training step), the L2 flushed, two plans. On an H200 both runs of 2026-11-28 kept
 qwen3-8b's BGRADB pick at 0.972–0.979× the first pick's time and both bench duels read it 1.011–1.012×
 slower. For each tuned problem of a database, this times the first pick and the database's pick three ways

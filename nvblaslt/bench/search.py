@@ -41,7 +41,7 @@ def section(args, torch, results: dict) -> None:
 
 def _rows(args, torch, results: dict, cache_dir: Path) -> None:
     import nvblaslt
-    from nvblaslt._autotune import median_bounds
+    from nvblaslt._duel import median_bounds
 
     a, b, bias = seed.operands(torch, args)
     inputs = seed.epilog_inputs(nvblaslt, a, b, bias)

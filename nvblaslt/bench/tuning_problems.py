@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from nvblaslt import _tune_suite
-from nvblaslt._autotune import median_bounds
+from nvblaslt._duel import median_bounds
 from nvblaslt._timing import SETTLE_S
 from .timing import event_rounds
 

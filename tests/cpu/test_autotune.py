@@ -13,8 +13,8 @@ import types
 
 import pytest
 
-from nvblaslt import _autotune, _search, _timing, _tuning_cache
-from nvblaslt._autotune import Contestant, duel, faster_confidence, median_bounds
+from nvblaslt import _autotune, _duel, _search, _timing, _tuning_cache
+from nvblaslt._duel import Contestant, duel, faster_confidence, median_bounds
 from nvblaslt._epilogs import SPLIT_FORMS, MatmulEpilog
 from tests.fakes import simulated_timer
 
@@ -104,7 +104,7 @@ def test_slower_challengers_never_win_and_leave_early():
     for seed in range(100):
         outcome = run_duel(seed, [26.3, 26.5, 27.0])  # 1-4 % slower
         assert outcome.winner() is None
-    assert outcome.rounds < _autotune.MAX_ROUNDS
+    assert outcome.rounds < _duel.MAX_ROUNDS
 
 
 def test_a_challenger_faster_beyond_noise_wins():
@@ -324,8 +324,35 @@ def test_a_heuristic_pick_autotune_misread_is_screened_and_can_win(simulated, mo
     assert report.best_challenger.endswith("(heuristic)") and report.screened == 20  # beyond the 3 picks
 
 
-def _standing(algo_id: int, ratio: float, verdict: str = "faster") -> _autotune.Standing:
-    standing = _autotune.Standing(Contestant(f"id {algo_id}", lambda: None, None, FakeResult(algo_id)))
+def test_each_kernel_is_screened_once_and_duels_once_never_against_itself(simulated, monkeypatch):
+    """The plan's list may hold one configuration twice (a recalled pick and the heuristics' own), and
+    autotune's runners-up are also on it: two duel slots for one kernel widen every bound for nothing."""
+    make, _ = simulated
+    screened_ids, dueled_ids = [], []
+    screen, run_duel_ = _autotune._screen, _autotune.duel
+
+    def recording_screen(plan, timer, incumbent, pool, *args):
+        pool = list(pool)
+        screened_ids.extend(r.algorithm.id for r in pool)
+        return screen(plan, timer, incumbent, iter(pool), *args)
+
+    def recording_duel(timer, incumbent, challengers, **kwargs):
+        if kwargs.get("what", "search") == "search":
+            dueled_ids.append([c.result.algorithm.id for c in [incumbent, *challengers]])
+        return run_duel_(timer, incumbent, challengers, **kwargs)
+    monkeypatch.setattr(_autotune, "_screen", recording_screen)
+    monkeypatch.setattr(_autotune, "duel", recording_duel)
+    plan = make([1, 2, 3, 2], {1: 26.0, 2: 26.05, 3: 26.1, **{i: 30.0 for i in range(100, 104)}},
+                pool_ids=range(100, 104), noise=0.002)
+    _autotune.autotune(plan, iterations=5, search=True, remember=False, stream=None)
+    incumbent = dueled_ids[0][0]
+    assert sorted(screened_ids[:2]) == sorted({1, 2, 3} - {incumbent}) and screened_ids[2:] == [100, 101, 102, 103]
+    assert len(dueled_ids) == 1 and len(set(dueled_ids[0])) == len(dueled_ids[0])  # no kernel twice
+    assert set(dueled_ids[0][1:]) == {1, 2, 3} - {incumbent}  # the close ones all duel, the incumbent never
+
+
+def _standing(algo_id: int, ratio: float, verdict: str = "faster") -> _duel.Standing:
+    standing = _duel.Standing(Contestant(f"id {algo_id}", lambda: None, None, FakeResult(algo_id)))
     standing.log_ratios, standing.verdict = [math.log(ratio)] * 11, verdict
     return standing
 
@@ -337,13 +364,13 @@ def _standing(algo_id: int, ratio: float, verdict: str = "faster") -> _autotune.
     ({5: 0.955}, 5),
 ])
 def test_a_duels_winner_is_the_fastest_or_of_near_equal_winners_the_canonical_one(ratios, expected):
-    outcome = _autotune.Duel([1.0], [_standing(i, r) for i, r in ratios.items()], 11)
+    outcome = _duel.Duel([1.0], [_standing(i, r) for i, r in ratios.items()], 11)
     assert outcome.winner().contestant.result.algorithm.id == expected
     assert outcome.best().contestant.result.algorithm.id == min(ratios, key=ratios.get)
 
 
 def test_a_challenger_not_judged_faster_never_wins_the_tie():
-    outcome = _autotune.Duel([1.0], [_standing(5, 0.955), _standing(3, 0.958, "undecided")], 11)
+    outcome = _duel.Duel([1.0], [_standing(5, 0.955), _standing(3, 0.958, "undecided")], 11)
     assert outcome.winner().contestant.result.algorithm.id == 5
 
 

@@ -135,7 +135,7 @@ ALLOWED_WRITES: dict[str, dict[str, str]] = {
 _LAYER_NEEDS = "the layer plans and launches below the public API (issue 36 names these imports for review)"
 # {(consumer package, private module it imports): why}.
 ALLOWED_PRIVATE_MODULE_IMPORTS: dict[tuple[str, str], str] = {
-    ("nvblaslt.bench", "nvblaslt._autotune"): "median_bounds, the sign-test bounds the search bench reports",
+    ("nvblaslt.bench", "nvblaslt._duel"): "median_bounds, the sign-test bounds the search bench reports",
     ("nvblaslt.bench", "nvblaslt._frameworks"): "framework_of: the bench's baselines read arrays as matmul() does",
     ("nvblaslt.bench", "nvblaslt._launch"): "raw_function: the bare cublasLtMatmul the per-call bench times",
     ("nvblaslt.bench", "nvblaslt._timing"): "shuffled_rounds: the bench's rounds interleaved as autotune's are",

@@ -121,6 +121,9 @@ def test_a_host_the_cover_never_outlasts_gives_up_after_its_attempts_and_says_so
     assert ms == 100.0 + KERNEL_MS and runtime.calls.count("run") == _timing.ATTEMPTS
     assert timer.retaken == _timing.ATTEMPTS - 1 and timer.outran == 1
     assert timer.cover == _timing.MAX_COVER  # 8, 8, 16, 32: grown as far as it goes, for the next sample
+    runs = runtime.calls.count("run")
+    timer(lambda: runtime.calls.append("run"))  # outrun behind the most cover again: not retaken
+    assert runtime.calls.count("run") == runs + 1 and timer.outran == 2 and timer.retaken == _timing.ATTEMPTS - 1
 
 
 def test_the_cover_stops_growing_at_its_cap(fake, monkeypatch):

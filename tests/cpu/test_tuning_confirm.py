@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from nvblaslt import _autotune, _dtypes, _tune, _tune_arrays, _tuning_db
+from nvblaslt import _autotune, _dtypes, _duel, _tune, _tune_arrays, _tuning_db
 from nvblaslt._errors import CublasLtError, CudaError
 from tests.cpu.test_autotune import simulated  # noqa: F401 - the fixture
 
@@ -42,7 +42,7 @@ class Recorder:
     """What ``_confirmed`` uses of a plan (the operands it is pointed at), and the stood-in ``confirm``."""
 
     def __init__(self, verdict: str, ratio: float, raises: Exception | None = None):
-        self.standing = _autotune.Standing(contestant=None, log_ratios=[math.log(ratio)] * 12, verdict=verdict)
+        self.standing = _duel.Standing(contestant=None, log_ratios=[math.log(ratio)] * 12, verdict=verdict)
         self.reset, self.confirm_args, self.raises = None, None, raises
 
     def reset_operands(self, a, b, c, *, epilog_inputs=None):

@@ -13,7 +13,7 @@ import pytest
 
 import nvblaslt
 from nvblaslt import _batch_invariant, _invariant_choice, _invariant_ladder, _tune, _tuning_db
-from nvblaslt._autotune import Contestant
+from nvblaslt._duel import Contestant
 from nvblaslt._launch import Launch
 from nvblaslt._tuning_db import TuningDatabase
 from tests.cpu.test_tuning_batch_invariant import DRIVER, algo_with, isolated, launch_for, result_of  # noqa: F401
