@@ -56,8 +56,6 @@ SETTLE_SHARE = 30  # a search settles for at most its budget / this, four times 
 
 
 # ---- timing ---------------------------------------------------------------------------------------
-
-
 def _algorithm(plan: TunablePlan, result: HeuristicResult, stream: int, name: str | None = None) -> Contestant:
     return Contestant(name or _tuning_cache.describe_algorithm(result), lambda: plan._trial_run(stream),
                       lambda: plan._launch.select(result), result)
@@ -91,9 +89,6 @@ def settle_time(budget_s: float) -> float:
     """Seconds a search settles before its screening and each duel: ``_timing.SETTLE_S``, less for a small
     budget, so that its (up to four) settles take at most 4/30 of it."""
     return min(_timing.SETTLE_S, budget_s / SETTLE_SHARE)
-
-
-
 
 
 def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> list[list[float]]:
@@ -138,8 +133,6 @@ def _duel_minimum_s(contestants: int, call_ms: float, settle_s: float) -> float:
     """Seconds a duel of ``contestants`` (the incumbent among them) needs for its minimum rounds after settling,
     at 2.5× a call's time for each run (its L2 flush and the host's share): a decision on fewer rounds is noise."""
     return settle_s + 2.5 * (MIN_ROUNDS + 1) * contestants * call_ms / 1000
-
-
 
 
 # ---- the search -----------------------------------------------------------------------------------------
