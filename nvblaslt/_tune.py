@@ -419,6 +419,8 @@ def main(argv: list[str]) -> int:
         parser.add_argument("--epilogs", type=_csv(str), help="with --batch-invariant: epilogs (default "
                             "BIAS,RELU_BIAS,GELU_BIAS)")
         parser.add_argument("--device", type=int, default=0)
+        parser.add_argument("--log", help="write the search's log to this file: for each problem what it screened, "
+                            "which kernels dueled, what won and by how much")
         parser.add_argument("--list", action="store_true", help="print the problems and stop (no GPU needed)")
     args = parser.parse_args(argv[1:] if command else argv)
     try:
@@ -449,14 +451,43 @@ def main(argv: list[str]) -> int:
             for spec in _problems(problems, args.models, args.tokens, args.dtypes, args.pairs, args.epilogs):
                 print(_name(spec))
             return 0
-        tune(problems, args.output, budget_s=args.budget, models=args.models, tokens=args.tokens,
-             dtypes=args.dtypes, pairs=args.pairs, epilogs=args.epilogs, device=args.device)
+        with _search_log(args.log):
+            tune(problems, args.output, budget_s=args.budget, models=args.models, tokens=args.tokens,
+                 dtypes=args.dtypes, pairs=args.pairs, epilogs=args.epilogs, device=args.device)
         if args.output:
             print(f"written: {args.output}")
         return 0
     except NvblasltError as error:
         print(f"nvblaslt tune: {error}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def _search_log(path: str | None):
+    """The ``nvblaslt`` logger at INFO into ``path`` (milliseconds since the start on each line) while
+    tuning; nothing where ``path`` is None. Two tunes' logs side by side say why they chose differently."""
+    if path is None:
+        yield
+        return
+    import logging
+
+    try:
+        handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    except OSError as error:
+        raise NvblasltValueError(f"--log: cannot write {path!r} ({error.strerror or error})") from None
+    handler.setFormatter(logging.Formatter("%(relativeCreated)9.0f %(message)s"))
+    handler.setLevel(logging.INFO)
+    package_logger = logging.getLogger("nvblaslt")
+    level = package_logger.level
+    package_logger.addHandler(handler)
+    if package_logger.getEffectiveLevel() > logging.INFO:
+        package_logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package_logger.removeHandler(handler)
+        package_logger.setLevel(level)
+        handler.close()
 
 
 def _counts(database: _tuning_db.TuningDatabase) -> str:

@@ -78,7 +78,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)} "
                         "(duels and recall measure the tunes' databases)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/tuning"),
-                        help="where the problems, the two databases and the tuning caches go")
+                        help="where the problems, the two databases, their tunes' logs and the tuning caches go")
     parser.add_argument("--json", type=Path, help="every figure, written after each part")
     parser.add_argument("--recall-check", help=argparse.SUPPRESS)  # the recall part's fresh process
     given = parser.parse_args(argv)
@@ -113,7 +113,7 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 # ---- part 1: two fresh tunes ----------------------------------------------------------------------------------
 def run_tune(index: int, problem_file: Path, database: Path, budget: float, out: Path) -> dict:
     command = [sys.executable, "-m", "nvblaslt", "tune", "--problems", str(problem_file), "-o", str(database),
-               "--budget", f"{budget:g}"]
+               "--budget", f"{budget:g}", "--log", str(out / f"tune-{index}.log")]  # why the tunes differ
     progress(f"tune {index}: nvblaslt tune --problems {problem_file.name} -o {database.name} --budget {budget:g}")
     started, lines = time.perf_counter(), []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -245,3 +245,31 @@ def test_invariance_report_judges_the_two_ends_and_shows_the_m_between(capsys):
     assert "M=1536: id 1 tile 7 split 1 (member);" in shown and "M=12: id 1 tile 1 split 1 (rung), default splits K;" \
         in shown and f"BIAS (a member at 1 of {len(invariance.SPEED_M)} M): " in shown
     assert {1, 300, 511, 512, 513, 8191} <= set(invariance.BITWISE_M) and 301 not in invariance.BITWISE_M
+
+
+def test_each_tune_writes_its_search_log_into_out(tmp_path, monkeypatch):
+    """Two tunes that chose differently are read side by side from their logs: the bench asks each for one."""
+    commands = []
+
+    class Child:
+        def __init__(self, command, **kwargs):
+            commands.append(command)
+            self.stdout = iter(["[1/1] a problem: default (0.5 s, 1 s left)\n"])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait(self):
+            return 0
+
+        def kill(self):
+            pass
+    monkeypatch.setattr(tuning.subprocess, "Popen", Child)
+    found = tuning.run_tune(2, tmp_path / "problems.jsonl", tmp_path / "tuning-2.jsonl", 10.0, tmp_path)
+    assert found["returncode"] == 0 and found["lines"] == ["[1/1] a problem: default (0.5 s, 1 s left)"]
+    command = commands[0]
+    assert command[command.index("--log") + 1] == str(tmp_path / "tune-2.log")
+    assert command[command.index("-o") + 1] == str(tmp_path / "tuning-2.jsonl")
