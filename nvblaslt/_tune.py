@@ -343,6 +343,7 @@ def tune(problems="llm", database=None, *, budget_s: float = 600.0, models=None,
             say(f"budget spent: {len(specs) - index} of {len(specs)} problems left for another run")
             break
         begun = time.perf_counter()
+        logger.info("tune: [%d/%d] %s, %.1f s", index + 1, len(specs), _name(spec), share)  # heads its search's log
         try:
             tune_one = _tune_grouped if spec["kind"] == "grouped" else _tune_matmul
             found = tune_one(spec, share, device, patterns,
@@ -448,12 +449,14 @@ def main(argv: list[str]) -> int:
             return 0
         problems = args.problems or ("llm-invariant" if args.batch_invariant else args.suite)
         if args.list:
+            if args.log:
+                parser.error("--log: --list runs no search to log")
             for spec in _problems(problems, args.models, args.tokens, args.dtypes, args.pairs, args.epilogs):
                 print(_name(spec))
             return 0
-        with _search_log(args.log):
+        with _search_log(args.log) as progress:
             tune(problems, args.output, budget_s=args.budget, models=args.models, tokens=args.tokens,
-                 dtypes=args.dtypes, pairs=args.pairs, epilogs=args.epilogs, device=args.device)
+                 dtypes=args.dtypes, pairs=args.pairs, epilogs=args.epilogs, device=args.device, progress=progress)
         if args.output:
             print(f"written: {args.output}")
         return 0
@@ -464,10 +467,13 @@ def main(argv: list[str]) -> int:
 
 @contextlib.contextmanager
 def _search_log(path: str | None):
-    """The ``nvblaslt`` logger at INFO into ``path`` (milliseconds since the start on each line) while
-    tuning; nothing where ``path`` is None. Two tunes' logs side by side say why they chose differently."""
+    """The ``nvblaslt`` logger at INFO into ``path`` while tuning, each line stamped with the milliseconds
+    since ``logging`` was imported (about the process's start); yields the progress function for ``tune``,
+    which prints each problem's line and logs it there too. Warnings still reach stderr where no one has
+    set up logging, and an error that ends the run is logged before it propagates. Two tunes' logs side by
+    side say why they chose differently. Nothing of this where ``path`` is None."""
     if path is None:
-        yield
+        yield _print_progress
         return
     import logging
 
@@ -478,14 +484,28 @@ def _search_log(path: str | None):
     handler.setFormatter(logging.Formatter("%(relativeCreated)9.0f %(message)s"))
     handler.setLevel(logging.INFO)
     package_logger = logging.getLogger("nvblaslt")
+    added: list[logging.Handler] = [handler]
+    if not package_logger.handlers and not logging.getLogger().handlers:  # the file would take lastResort's place
+        warnings = logging.StreamHandler(sys.stderr)
+        warnings.setLevel(logging.WARNING)
+        added.append(warnings)
     level = package_logger.level
-    package_logger.addHandler(handler)
+    for each in added:
+        package_logger.addHandler(each)
     if package_logger.getEffectiveLevel() > logging.INFO:
         package_logger.setLevel(logging.INFO)
+
+    def progress(line: str) -> None:
+        _print_progress(line)
+        package_logger.info("%s", line)
     try:
-        yield
+        yield progress
+    except Exception as error:
+        package_logger.error("nvblaslt tune stopped: %s", error)
+        raise
     finally:
-        package_logger.removeHandler(handler)
+        for each in added:
+            package_logger.removeHandler(each)
         package_logger.setLevel(level)
         handler.close()
 
