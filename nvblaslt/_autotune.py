@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from . import _search, _timing, _tuning_cache
 from ._descriptors import HeuristicResult
-from ._duel import MIN_ROUNDS, PROGRESS_S, TIE, Contestant, Standing, duel, settle_on
+from ._duel import MAX_ROUNDS, MIN_ROUNDS, PROGRESS_S, TIE, Contestant, Standing, duel, settle_on
 from ._errors import CublasLtError, NvblasltTypeError, NvblasltValueError
 from ._protocols import TunablePlan, TunedPlan
 from ._tuning_result import TuningReport, TuningResult
@@ -43,7 +43,10 @@ logger = logging.getLogger("nvblaslt")
 
 SEARCH_BUDGET_S = 9.5  # a whole search, its autotune and the split form included; the last duel round and
 #                       the pick's setup may run past it, and 10 s is what README promises
-SHORTLIST = 4  # challengers that duel the incumbent
+SHORTLIST = 4  # challengers that duel the incumbent, at least
+SHORTLIST_MAX = 8  # ... and up to this many where the time left pays for all of them over MAX_ROUNDS: two
+#                    tunes whose rescreens put near-equal kernels in another order shortlisted different
+#                    ones, and kept kernels 2 % apart (bench.tuning's tune logs, H200, 2026-11-29)
 SHORTLIST_RATIO = 1.02  # screened within this of the incumbent to be a challenger
 RESCREEN_RATIO = 1.08  # screened within this of the incumbent: run again (one run is noise at a few %)
 RESCREEN_MAX = 32
@@ -52,6 +55,9 @@ RESCREEN_ROUNDS = 15  # reruns of each close one, as the rescreen's share of the
 #                      run's noise and kept kernels 2 % apart (bench.tuning, H200, 2026-11-29)
 RUNNERS_UP = 2  # heuristic picks within RUNNER_UP_RATIO of autotune's also duel (its pick was one sample)
 RUNNER_UP_RATIO = 1.01
+NEAR_FIRST = 1.03  # autotune's picks read within this of the first pick duel it, not only those read faster:
+#                    its few unsettled rounds read a split form's GEMM kernel 3.5 % faster than the first pick
+#                    as slower, and two tunes of one BGRADB problem kept forms 4 % apart (H200, 2026-11-29)
 SETTLE_SHARE = 30  # a search settles for at most its budget / this, four times at most (settle_time)
 
 
@@ -107,13 +113,15 @@ def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResu
     """([(algorithm, ms)], fastest first, but the heuristics' first pick stays first unless another beats it
     in a duel: a median over a few rounds is noise at a 1-3 % difference (issue 35 saw autotune keep a
     kernel 4.6 % slower than the first pick), and autotune() must never keep a slower one; the kept one's
-    paired ratio to the first pick in that duel, 1.0 where the first pick stays)."""
+    paired ratio to the first pick in that duel, 1.0 where the first pick stays). The duel takes the
+    fastest picks read faster than the first pick or within ``NEAR_FIRST`` of it."""
     ranked = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
     first, first_ms = candidates[0], statistics.median(samples[0])
-    faster = [(result, ms) for result, ms in ranked if result is not first and ms < first_ms][:RUNNERS_UP]
+    faster = [(result, ms) for result, ms in ranked
+              if result is not first and ms < first_ms * NEAR_FIRST][:RUNNERS_UP]
     if not faster:
         return ranked, 1.0
-    minimum_s = _duel_minimum_s(1 + len(faster), first_ms, settle_s)
+    minimum_s = _duel_minimum_s(1 + len(faster), first_ms, settle_s, timer.sample_s)
     outcome = duel(timer, _algorithm(plan, first, stream), [_algorithm(plan, r, stream) for r, _ in faster],
                    deadline=max(deadline, time.perf_counter() + minimum_s), max_rounds=3 * MIN_ROUNDS,
                    what="autotune", settle_s=settle_s)
@@ -129,10 +137,23 @@ def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResu
         (winner.ratio if winner is not None else 1.0)
 
 
-def _duel_minimum_s(contestants: int, call_ms: float, settle_s: float) -> float:
-    """Seconds a duel of ``contestants`` (the incumbent among them) needs for its minimum rounds after settling,
-    at 2.5× a call's time for each run (its L2 flush and the host's share): a decision on fewer rounds is noise."""
-    return settle_s + 2.5 * (MIN_ROUNDS + 1) * contestants * call_ms / 1000
+def _duel_minimum_s(contestants: int, call_ms: float, settle_s: float, sample_s: float = 0.0,
+                    rounds: int = MIN_ROUNDS + 1) -> float:
+    """Seconds a duel of ``contestants`` (the incumbent among them) needs for ``rounds`` after settling (by
+    default its minimum and the warm-up: a decision on fewer is noise), each run at 2.5× a call's time (its
+    L2 flush and the host's share) or at ``sample_s``, what the timer's samples have taken, if more (the
+    flushes ahead of each sample: about 0.25 ms, 10× a decode GEMM)."""
+    return settle_s + rounds * contestants * max(2.5 * call_ms / 1000, sample_s)
+
+
+def _shortlist_width(close: int, call_ms: float, sample_s: float, remaining: float, settle_s: float) -> int:
+    """How many of the ``close`` candidates duel: ``SHORTLIST``, up to ``SHORTLIST_MAX`` while a duel of
+    them all through ``MAX_ROUNDS`` fits in three quarters of the ``remaining`` seconds."""
+    width = min(close, SHORTLIST)
+    while width < min(close, SHORTLIST_MAX) and _duel_minimum_s(
+            2 + width + RUNNERS_UP, call_ms, settle_s, sample_s, MAX_ROUNDS) <= 0.75 * remaining:
+        width += 1
+    return width
 
 
 # ---- the search -----------------------------------------------------------------------------------------
@@ -217,7 +238,8 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     settle_on(timer, incumbent, settle_s)  # the screening ranks as the duel will: settled
     remaining = deadline - time.perf_counter()
     # the duel's share: at least its minimum rounds with a full shortlist
-    duel_minimum = 1.2 * (1 + SHORTLIST + RUNNERS_UP) * (MIN_ROUNDS + 1) * incumbent_ms / 1000 + settle_s
+    duel_minimum = settle_s + (1 + SHORTLIST + RUNNERS_UP) * (MIN_ROUNDS + 1) * max(1.2 * incumbent_ms / 1000,
+                                                                                     timer.sample_s)
     screen_deadline = time.perf_counter() + max(0.0, min(0.55 * remaining, remaining - duel_minimum))
     logger.info("search: incumbent %s at %.4f ms (autotune's pick of %d); screening until %.1f s", incumbent.name,
                 incumbent_ms, len(heuristic), screen_deadline - started)
@@ -239,7 +261,9 @@ def _choose_algorithm(plan, timer: Timer, heuristic: list[tuple[HeuristicResult,
     duel_deadline = deadline
     screened = _rescreen(timer, incumbent, screened, plan, stream,
                          time.perf_counter() + 0.25 * (duel_deadline - time.perf_counter()))
-    shortlist = [c for c, ratio in screened[:SHORTLIST] if ratio < SHORTLIST_RATIO]
+    close = [c for c, ratio in screened[:SHORTLIST_MAX] if ratio < SHORTLIST_RATIO]
+    shortlist = close[:_shortlist_width(len(close), incumbent_ms, timer.sample_s, duel_deadline - time.perf_counter(),
+                                        settle_s)]
     dueling = {_search.config_key(c) for c in [incumbent_result, *shortlist]}
     for runner_up, ms in heuristic[1:1 + RUNNERS_UP]:  # each kernel duels once, never against itself
         if ms < incumbent_ms * RUNNER_UP_RATIO and _search.config_key(runner_up) not in dueling:
@@ -282,7 +306,7 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
     two_calls = Contestant("split", lambda: split.trial_run(stream))
     incumbent, challenger = (two_calls, fused) if recalled_split is not None else (fused, two_calls)
     # the duel gets its minimum rounds even past the budget: a decision on fewer would be noise
-    deadline = max(deadline, time.perf_counter() + settle_s + 2.5 * (MIN_ROUNDS + 1) * call_ms / 1000)
+    deadline = max(deadline, time.perf_counter() + _duel_minimum_s(2, call_ms, settle_s, timer.sample_s))
     outcome = duel(timer, incumbent, [challenger], deadline=deadline, max_rounds=3 * MIN_ROUNDS,
                    what="bias-gradient form", settle_s=settle_s)
     standing = outcome.standings[0]
@@ -299,12 +323,14 @@ def _choose_bias_gradient_form(plan: TunablePlan, timer: Timer, iterations: int,
     return (chosen, measured[chosen], measured[other]), split
 
 
-def _form_reserve(plan, iterations: int, call_ms: float, remaining: float, settle_s: float) -> float:
-    """Seconds to keep for the bias-gradient form: autotuning its first plan and a short duel."""
+def _form_reserve(plan, iterations: int, call_ms: float, remaining: float, settle_s: float,
+                  sample_s: float = 0.0) -> float:
+    """Seconds to keep for the bias-gradient form: autotuning its first plan (its rounds, then a duel of the
+    picks near its first) and a short duel of the two forms."""
     if not plan._splittable():
         return 0.0
-    calls = len(plan.algorithms) * (iterations + 1) + 2 * (MIN_ROUNDS + 1)
-    return min(0.4 * remaining, 1.25 * calls * call_ms / 1000 + settle_s)
+    calls = len(plan.algorithms) * (iterations + 1) + (1 + RUNNERS_UP + 2) * (MIN_ROUNDS + 1)
+    return min(0.4 * remaining, calls * max(1.25 * call_ms / 1000, sample_s) + settle_s)
 
 
 def tuning_iterations(value: object) -> int:
@@ -370,7 +396,8 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
             logger.info("%s", report)
             return TuningResult(heuristic, report)
         deadline = started + budget_s
-        form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter(), settle_s)
+        form_reserve = _form_reserve(plan, iterations, incumbent_ms, deadline - time.perf_counter(), settle_s,
+                                     timer.sample_s)
         chosen, chosen_ms, facts = _choose_algorithm(plan, timer, heuristic, stream_h, started,
                                                      deadline - form_reserve, settle_s)
         plan._launch.select(chosen)  # the fused form duels with the chosen algorithm

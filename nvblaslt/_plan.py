@@ -540,7 +540,8 @@ class Matmul(Generic[ResultT]):
 
         Each algorithm of ``algorithms`` runs once to warm up, then ``iterations`` times in
         shuffled interleaved rounds, timed with CUDA events with the L2 cache flushed before each
-        run; the one with the lowest median is selected. The timed launches write D and the
+        run. The heuristics' first pick stays selected unless one of the two fastest others (read
+        faster than it, or within 3 %) beats it beyond the noise in an interleaved duel. The timed launches write D and the
         epilog's outputs to the plan's own scratch memory, never to the caller's arrays (an
         in-place ``c`` is read, not written). The call waits for the GPU.
 

@@ -71,6 +71,7 @@ class Timer:
         self.retaken = 0
         self._hopeless = False  # the last sample outran even the most cover: retaking behind it again costs a run
         self.outran = 0
+        self._samples, self._seconds = 0, 0.0  # samples returned and the wall time they took: sample_s
         self._flush = DeviceBuffer(max(2 * _l2_bytes(device), 1 << 20), stream)
         self._start = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
         self._stop = _cuda.check(cudart.cudaEventCreate(), "cudaEventCreate")
@@ -78,7 +79,7 @@ class Timer:
     def __call__(self, run: Callable[[], object], prepare: Callable[[], object] | None = None) -> float:
         """Time ``run()``; ``prepare()`` (host-side set-up, such as selecting the algorithm) runs first, untimed.
         A sample the host outran runs ``prepare()`` and ``run()`` again."""
-        stream = self.stream
+        stream, started = self.stream, time.perf_counter()
         for attempt in range(ATTEMPTS):
             if prepare is not None:
                 prepare()
@@ -96,16 +97,29 @@ class Timer:
             ms = _cuda.check(cudart.cudaEventElapsedTime(self._start, self._stop), "cudaEventElapsedTime")
             if pending:
                 self._hopeless = False
+                self._count(started)
                 return ms
             grown = min(2 * self.cover, MAX_COVER) if attempt > 0 else self.cover  # outrun again: more cover
             if attempt == ATTEMPTS - 1 or (attempt > 0 or self._hopeless) and grown == self.cover:
                 self._hopeless = grown == MAX_COVER
                 self.cover = grown
                 self.outran += 1
+                self._count(started)
                 return ms
             self.cover = grown
             self.retaken += 1
         raise AssertionError("unreachable: the last attempt returns")
+
+    def _count(self, started: float) -> None:
+        self._samples += 1
+        self._seconds += time.perf_counter() - started
+
+    @property
+    def sample_s(self) -> float:
+        """Wall seconds one sample has taken on average (its cover, retakes and the host's share
+        included; 0.0 before the first): what a duel's round costs, which the call's own time
+        understates by far for a short GEMM behind ``START_COVER`` flushes."""
+        return self._seconds / self._samples if self._samples else 0.0
 
     def synchronize(self) -> None:
         _cuda.check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")

@@ -97,6 +97,7 @@ def simulated_timer(milliseconds, generator, *, noise: float = 0.01, drift: floa
 
     class Timer:
         calls = 0
+        sample_s = 0.0  # the real Timer's wall seconds a sample: none here
 
         def __init__(self, device, stream):
             pass

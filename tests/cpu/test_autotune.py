@@ -351,6 +351,49 @@ def test_each_kernel_is_screened_once_and_duels_once_never_against_itself(simula
     assert set(dueled_ids[0][1:]) == {1, 2, 3} - {incumbent}  # the close ones all duel, the incumbent never
 
 
+@pytest.mark.parametrize("widest", [_autotune.SHORTLIST_MAX, _autotune.SHORTLIST])
+def test_two_tunes_keep_the_same_of_several_near_equal_kernels_where_all_of_them_duel(simulated, monkeypatch, widest):
+    """Six kernels 4 % faster than the first pick and equal to each other: each tune's screening and rescreen
+    put them in another order. Where every one of them duels, the canonical one wins every tune; with room
+    for four only, the tunes shortlist different ones and keep different kernels (H200, 2026-11-29)."""
+    make, _ = simulated
+    monkeypatch.setattr(_autotune, "SHORTLIST_MAX", widest)
+    speeds = {1: 0.026, 2: 0.027, **{i: 0.0275 for i in range(100, 140)}, **{i: 0.025 for i in range(110, 116)}}
+    kept = set()  # (a decode GEMM's ms: a full duel of them all fits in the search's time)
+    for seed in range(8):
+        plan = make([1, 2], speeds, pool_ids=range(100, 140), seed=seed, noise=0.005)
+        _autotune.autotune(plan, iterations=5, search=True, remember=False, stream=None)
+        kept.add(plan.algorithm.algorithm.id)
+    assert kept <= set(range(110, 116))
+    assert (kept == {110}) == (widest > _autotune.SHORTLIST), kept
+
+
+def test_the_shortlist_widens_only_as_far_as_the_time_left_pays_for_a_full_duel():
+    width = _autotune._shortlist_width
+    assert width(8, 0.05, 0.0003, 5.0, 0.1) == _autotune.SHORTLIST_MAX  # a decode GEMM: cheap rounds
+    assert width(3, 0.05, 0.0003, 5.0, 0.1) == 3  # no more than were close
+    assert width(8, 2.0, 0.0, 1.0, 0.1) == _autotune.SHORTLIST  # a 2 ms GEMM, 1 s left: the floor
+    assert width(2, 2.0, 0.0, 1.0, 0.1) == 2
+    # behind 8 flushes a 20 µs GEMM's sample takes ~0.27 ms: that, not the call, sets the rounds' cost
+    assert width(8, 0.02, 0.0, 0.3, 0.1) == _autotune.SHORTLIST_MAX
+    assert width(8, 0.02, 0.00027, 0.3, 0.1) < _autotune.SHORTLIST_MAX
+
+
+def test_autotune_duels_a_pick_read_a_little_slower_than_the_first(simulated, monkeypatch):
+    """autotune's few unsettled rounds can read a faster pick as slower; within NEAR_FIRST it still duels the
+    first pick, and wins there (two tunes of a BGRADB problem kept split forms 4 % apart, H200)."""
+    make, _ = simulated
+    misread = _autotune._first_pick_unless_beaten
+
+    def unsettled(plan, timer, candidates, samples, *args, **kwargs):  # #2 read 2 % slower than #1
+        samples = [[ms * 1.06 for ms in times] if r.algorithm.id == 2 else times for r, times in zip(candidates, samples)]
+        return misread(plan, timer, candidates, samples, *args, **kwargs)
+    monkeypatch.setattr(_autotune, "_first_pick_unless_beaten", unsettled)
+    plan = make([1, 2, 3], {1: 26.0, 2: 25.0, 3: 30.0}, noise=0.003)
+    _autotune.autotune(plan, iterations=5, search=False, remember=False, stream=None)
+    assert plan.algorithm.algorithm.id == 2 and plan.tuning_report.first_pick_ratio < 0.98
+
+
 def _standing(algo_id: int, ratio: float, verdict: str = "faster") -> _duel.Standing:
     standing = _duel.Standing(Contestant(f"id {algo_id}", lambda: None, None, FakeResult(algo_id)))
     standing.log_ratios, standing.verdict = [math.log(ratio)] * 11, verdict

@@ -251,3 +251,21 @@ def test_the_screening_times_a_decode_gemm_without_the_hosts_time_to_issue_it():
         assert screened
         # each group of 8 candidates is timed after one run of the incumbent
         assert len(references) >= 5 and max(references) < 1.5 * clean, (clean, references)
+
+
+
+def test_a_timers_sample_costs_its_cover_and_the_call_in_wall_time():
+    """The duels' time estimates read ``Timer.sample_s``: for a decode GEMM (about 22 µs on an H200) the L2
+    flushes queued ahead of each sample take about ten times the call, and the estimates must see that."""
+    from nvblaslt import _timing
+
+    a = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(6144, 4096, device="cuda", dtype=torch.bfloat16).T
+    with Matmul(a, b) as mm:
+        mm.plan()
+        stream = torch.cuda.current_stream().cuda_stream
+        run = _autotune._algorithm(mm, mm._launch.algorithm, stream)
+        with _timing.Timer(mm.device, stream) as timer:
+            assert timer.sample_s == 0.0
+            call_ms = sorted(timer(run.run, run.prepare) for _ in range(21))[10]
+            assert 3 * call_ms / 1000 < timer.sample_s < 0.05, (call_ms, timer.sample_s, timer.cover)
