@@ -55,9 +55,10 @@ RESCREEN_ROUNDS = 15  # reruns of each close one, as the rescreen's share of the
 #                      run's noise and kept kernels 2 % apart (bench.tuning, H200, 2026-11-29)
 RUNNERS_UP = 2  # heuristic picks within RUNNER_UP_RATIO of autotune's also duel (its pick was one sample)
 RUNNER_UP_RATIO = 1.01
-NEAR_FIRST = 1.03  # autotune's picks read within this of the first pick duel it, not only those read faster:
+NEAR_FIRST = 1.03  # autotune()'s picks read within this of the first pick duel it, not only those read faster:
 #                    its few unsettled rounds read a split form's GEMM kernel 3.5 % faster than the first pick
-#                    as slower, and two tunes of one BGRADB problem kept forms 4 % apart (H200, 2026-11-29)
+#                    as slower, and two tunes of one BGRADB problem kept forms 4 % apart (H200, 2026-11-29).
+#                    A search screens every heuristic pick settled anyway: there only those read faster duel
 SETTLE_SHARE = 30  # a search settles for at most its budget / this, four times at most (settle_time)
 
 
@@ -108,17 +109,17 @@ def _round_robin(timer: Timer, contestants: list[Contestant], rounds: int) -> li
 
 
 def _first_pick_unless_beaten(plan, timer: Timer, candidates: list[HeuristicResult], samples: list[list[float]],
-                              stream: int, deadline: float,
-                              settle_s: float = 0.0) -> tuple[list[tuple[HeuristicResult, float]], float]:
+                              stream: int, deadline: float, settle_s: float = 0.0,
+                              near: float = NEAR_FIRST) -> tuple[list[tuple[HeuristicResult, float]], float]:
     """([(algorithm, ms)], fastest first, but the heuristics' first pick stays first unless another beats it
     in a duel: a median over a few rounds is noise at a 1-3 % difference (issue 35 saw autotune keep a
     kernel 4.6 % slower than the first pick), and autotune() must never keep a slower one; the kept one's
     paired ratio to the first pick in that duel, 1.0 where the first pick stays). The duel takes the
-    fastest picks read faster than the first pick or within ``NEAR_FIRST`` of it."""
+    ``RUNNERS_UP`` fastest picks read faster than the first pick or within ``near`` of it."""
     ranked = sorted(zip(candidates, map(statistics.median, samples)), key=lambda pair: pair[1])
     first, first_ms = candidates[0], statistics.median(samples[0])
     faster = [(result, ms) for result, ms in ranked
-              if result is not first and ms < first_ms * NEAR_FIRST][:RUNNERS_UP]
+              if result is not first and ms < first_ms * near][:RUNNERS_UP]
     if not faster:
         return ranked, 1.0
     minimum_s = _duel_minimum_s(1 + len(faster), first_ms, settle_s, timer.sample_s)
@@ -150,8 +151,9 @@ def _shortlist_width(close: int, call_ms: float, sample_s: float, remaining: flo
     """How many of the ``close`` candidates duel: ``SHORTLIST``, up to ``SHORTLIST_MAX`` while a duel of
     them all through ``MAX_ROUNDS`` fits in three quarters of the ``remaining`` seconds."""
     width = min(close, SHORTLIST)
+    # the duel with one more: the incumbent, width + 1 challengers and autotune's runners-up
     while width < min(close, SHORTLIST_MAX) and _duel_minimum_s(
-            2 + width + RUNNERS_UP, call_ms, settle_s, sample_s, MAX_ROUNDS) <= 0.75 * remaining:
+            2 + width + RUNNERS_UP, call_ms, settle_s, sample_s, MAX_ROUNDS + 1) <= 0.75 * remaining:
         width += 1
     return width
 
@@ -386,7 +388,8 @@ def tune(plan: TunablePlan, *, iterations: int, search: bool, remember: bool, st
             samples = _round_robin(timer, [_algorithm(plan, c, stream_h) for c in candidates], iterations)
             # a search's duels start settled; autotune() alone stays as quick as its rounds
             heuristic, first_ratio = _first_pick_unless_beaten(plan, timer, candidates, samples, stream_h,
-                                                               started + budget_s, settle_s if search else 0.0)
+                                                               started + budget_s, settle_s if search else 0.0,
+                                                               1.0 if search else NEAR_FIRST)
         incumbent, incumbent_ms = heuristic[0]
         if not search:
             report = TuningReport(False, _tuning_cache.describe_algorithm(incumbent), incumbent_ms,

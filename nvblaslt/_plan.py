@@ -540,10 +540,11 @@ class Matmul(Generic[ResultT]):
 
         Each algorithm of ``algorithms`` runs once to warm up, then ``iterations`` times in
         shuffled interleaved rounds, timed with CUDA events with the L2 cache flushed before each
-        run. The heuristics' first pick stays selected unless one of the two fastest others (read
-        faster than it, or within 3 %) beats it beyond the noise in an interleaved duel. The timed launches write D and the
-        epilog's outputs to the plan's own scratch memory, never to the caller's arrays (an
-        in-place ``c`` is read, not written). The call waits for the GPU.
+        run. The heuristics' first pick stays selected unless one of the two fastest others
+        (read faster than it, or within 3 %) beats it beyond the noise in an interleaved duel.
+        The timed launches write D and the epilog's outputs to the plan's own scratch memory,
+        never to the caller's arrays (an in-place ``c`` is read, not written). The call waits
+        for the GPU.
 
         With ``search=True`` it also times configurations the heuristics do not return (their
         ranking further down, their picks for other epilogs, cluster-shape and swizzle variants,

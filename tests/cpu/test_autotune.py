@@ -352,20 +352,56 @@ def test_each_kernel_is_screened_once_and_duels_once_never_against_itself(simula
 
 
 @pytest.mark.parametrize("widest", [_autotune.SHORTLIST_MAX, _autotune.SHORTLIST])
-def test_two_tunes_keep_the_same_of_several_near_equal_kernels_where_all_of_them_duel(simulated, monkeypatch, widest):
+def test_where_all_near_equal_kernels_duel_every_tune_keeps_the_same_one(simulated, monkeypatch, widest):
     """Six kernels 4 % faster than the first pick and equal to each other: each tune's screening and rescreen
-    put them in another order. Where every one of them duels, the canonical one wins every tune; with room
-    for four only, the tunes shortlist different ones and keep different kernels (H200, 2026-11-29)."""
+    put them in another order. Where the time allows, all six duel and the canonical one wins every tune; with
+    room for four only, which four duel is up to the screening's noise (H200, 2026-11-29: two tunes shortlisted
+    different near-equal kernels and kept kernels 2 % apart)."""
     make, _ = simulated
     monkeypatch.setattr(_autotune, "SHORTLIST_MAX", widest)
-    speeds = {1: 0.026, 2: 0.027, **{i: 0.0275 for i in range(100, 140)}, **{i: 0.025 for i in range(110, 116)}}
-    kept = set()  # (a decode GEMM's ms: a full duel of them all fits in the search's time)
-    for seed in range(8):
+    dueled, kept = [], set()
+    run_duel_ = _autotune.duel
+
+    def recording_duel(timer, incumbent, challengers, **kwargs):
+        if kwargs.get("what", "search") == "search":
+            dueled.append({c.result.algorithm.id for c in challengers})
+        return run_duel_(timer, incumbent, challengers, **kwargs)
+    monkeypatch.setattr(_autotune, "duel", recording_duel)
+    close = set(range(110, 116))
+    speeds = {1: 0.026, 2: 0.027, **{i: 0.0275 for i in range(100, 140)}, **{i: 0.025 for i in close}}
+    for seed in range(8):  # a decode GEMM's ms: a full duel of them all fits in the search's time
         plan = make([1, 2], speeds, pool_ids=range(100, 140), seed=seed, noise=0.005)
         _autotune.autotune(plan, iterations=5, search=True, remember=False, stream=None)
         kept.add(plan.algorithm.algorithm.id)
-    assert kept <= set(range(110, 116))
-    assert (kept == {110}) == (widest > _autotune.SHORTLIST), kept
+    assert len(dueled) == 8 and kept <= close
+    if widest > _autotune.SHORTLIST:
+        assert all(close <= ids for ids in dueled) and kept == {110}
+    else:
+        assert all(len(close & ids) == _autotune.SHORTLIST for ids in dueled)
+
+
+def test_the_widest_duel_can_still_decide_at_its_minimum_rounds():
+    """Bonferroni over SHORTLIST_MAX + RUNNERS_UP challengers: a challenger that wins all of MIN_ROUNDS rounds
+    must still pass, or the widest duels could never end early."""
+    each = _duel.ALPHA / (_autotune.SHORTLIST_MAX + _autotune.RUNNERS_UP)
+    assert median_bounds([-1.0] * _duel.MIN_ROUNDS, each)[1] < 0
+
+
+def test_a_search_duels_only_the_picks_autotune_read_faster_it_screens_the_rest(simulated, monkeypatch):
+    """autotune()'s near picks (within NEAR_FIRST) duel the first pick only outside a search: a search
+    screens every heuristic pick settled anyway, and that duel would only take its time."""
+    make, _ = simulated
+    near = []
+    misread = _autotune._first_pick_unless_beaten
+
+    def recording(*args, **kwargs):
+        near.append(args[7] if len(args) > 7 else kwargs.get("near", _autotune.NEAR_FIRST))
+        return misread(*args, **kwargs)
+    monkeypatch.setattr(_autotune, "_first_pick_unless_beaten", recording)
+    for search in (True, False):
+        plan = make([1, 2], {1: 26.0, 2: 26.3}, noise=0.003)
+        _autotune.autotune(plan, iterations=5, search=search, remember=False, stream=None)
+    assert near == [1.0, _autotune.NEAR_FIRST]
 
 
 def test_the_shortlist_widens_only_as_far_as_the_time_left_pays_for_a_full_duel():

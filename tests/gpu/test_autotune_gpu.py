@@ -253,7 +253,6 @@ def test_the_screening_times_a_decode_gemm_without_the_hosts_time_to_issue_it():
         assert len(references) >= 5 and max(references) < 1.5 * clean, (clean, references)
 
 
-
 def test_a_timers_sample_costs_its_cover_and_the_call_in_wall_time():
     """The duels' time estimates read ``Timer.sample_s``: for a decode GEMM (about 22 µs on an H200) the L2
     flushes queued ahead of each sample take about ten times the call, and the estimates must see that."""
