@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import sys
 import time
@@ -52,8 +53,11 @@ def _heuristics_only():
 def _entry(report, launch, timings, first, first_ms: float, summary: str) -> dict:
     chosen, chosen_ms = timings[0]
     if _search.config_key(chosen) == _search.config_key(first):
+        # how near a switch came: two tunes part where one challenger's gain sits near MIN_GAIN
+        near = ({"best_ratio": round(report.ratio, 4)} if report.best_challenger and not report.switched
+                and report.first_pick_ratio == 1.0 and math.isfinite(report.ratio) else {})
         return _tuning_db.entry_for(None, "default", problem=summary, first_pick_ms=round(first_ms, 5),
-                                   seconds=round(report.seconds, 1))
+                                   seconds=round(report.seconds, 1), **near)
     # paired ratios only (medians of separate runs drift apart by a few % on a small GEMM, and read a kept
     # pick as slower than the first): autotune's duel of its pick against the first pick, times the search's
     # duel of the chosen against that pick where the search switched
@@ -228,6 +232,8 @@ def _shown(entry: dict) -> str:
     if "unconfirmed" in entry:
         return (f"default (a kernel at {entry['unconfirmed_ratio']:.3f}× the first pick read "
                 f"{entry['second_ratio']:.3f}× on other operands: not kept)")
+    if "best_ratio" in entry:
+        return f"default (the best challenger read {entry['best_ratio']:.3f}×)"
     if "speed" in entry:  # a measured pin: its (ladder's) speed × the default per M, and the others'
         def speeds(found: dict) -> str:
             return " ".join(f"{m}:{r:.2f}" for m, r in found.items())

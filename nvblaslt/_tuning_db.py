@@ -12,7 +12,8 @@ Every other line is one entry, keyed like the tuning cache (``_tuning_cache.prob
   since 2026-11-29 confirms the fused kernels it keeps; not a split form's, nor grouped GEMM's);
 - ``"kind": "default"``: nothing beat the first pick: it stays, and nothing is searched again; with
   ``unconfirmed`` (a config), ``unconfirmed_ratio`` and ``second_ratio``, a kernel beat it on the tune's
-  operands by that ratio but not on the second set (there it read ``second_ratio``);
+  operands by that ratio but not on the second set (there it read ``second_ratio``); with ``best_ratio``,
+  what the search's best challenger read against the first pick, short of the gain a switch needs;
 - on a ``tuned`` or ``default`` entry of a bias-gradient epilog, ``"bias_gradient_form": "split"``: the
   two-call form (``_split_bgrad``: D without the bias gradient, then a GEMV) beat the fused kernel; the
   first call's own kernel is the entry of its own problem, where the tune found one to keep;
@@ -199,7 +200,8 @@ def _entry_fault(entry) -> str | None:
     if form not in BIAS_GRADIENT_FORMS or (form != "fused" and kind == "pinned"):
         return (f"bias_gradient_form: expected one of {BIAS_GRADIENT_FORMS} on a 'tuned' or 'default' entry, got "
                 f"{form!r} on a {kind!r} one")
-    for name in ("ms", "first_pick_ms", "ratio", "form_ratio", "second_ratio", "unconfirmed_ratio", "stored"):
+    for name in ("ms", "first_pick_ms", "ratio", "form_ratio", "second_ratio", "unconfirmed_ratio", "best_ratio",
+                 "stored"):
         if name in entry and not _positive(entry[name]):
             return f"{name}: expected a positive number, got {entry[name]!r}"
     if "ladder" in entry:
@@ -382,7 +384,8 @@ def _choice(entry: dict) -> str:
     if entry["kind"] == "default":
         unconfirmed = (f"; a kernel at {entry['unconfirmed_ratio']:.3f}× it read {entry['second_ratio']:.3f}× on other "
                        "operands" if "unconfirmed_ratio" in entry and "second_ratio" in entry else "")
-        return f"default (the heuristics' first pick{form}{unconfirmed})"
+        near = f"; the best challenger read {entry['best_ratio']:.3f}×" if "best_ratio" in entry else ""
+        return f"default (the heuristics' first pick{form}{unconfirmed}{near})"
     ratio = f" at {entry['ratio']:.3f}× the first pick" if "ratio" in entry else ""
     ladder = f" (ladder {describe_ladder(entry)})" if entry.get("ladder") else ""
     return f"{entry['kind']} {describe_config(entry)}{ratio}{form}{ladder}"

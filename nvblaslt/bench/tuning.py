@@ -160,6 +160,21 @@ def entry_label(entry: dict) -> str:
             + ("+unconfirmed" if "unconfirmed" in entry else ""))
 
 
+def entry_said(entry: dict | None) -> str:
+    """What a tune wrote for a problem, with its own reading: where two tunes differ, whether one kept a kernel
+    near the gain a switch needs and the other's best fell just short of it."""
+    if entry is None:
+        return "no entry"
+    label = entry_label(entry)
+    if "ratio" in entry:
+        return f"{label} at {entry['ratio']:.3f}×"
+    if "unconfirmed_ratio" in entry:
+        return f"{label} ({entry['unconfirmed_ratio']:.3f}×, then {entry['second_ratio']:.3f}× on other operands)"
+    if "best_ratio" in entry:
+        return f"{label}, its best challenger {entry['best_ratio']:.3f}×"
+    return label
+
+
 def split_first_call(plan) -> bytes:
     """The kernel of the first call of ``plan``'s two-call form; refused where the plan runs fused (its
     database's split form was not recalled, which the recall part would report too)."""
@@ -222,7 +237,7 @@ def duel_problem(spec: dict, databases: list, rounds: int, flush, queue: str = "
     timed = dict(zip(kernels, samples))
     first_samples, torch_samples = samples[0], samples[-1]
     kinds = [None if e is None else entry_label(e) for e in entries]
-    row: dict[str, Any] = {"name": spec["name"], "key": key, "kinds": kinds,
+    row: dict[str, Any] = {"name": spec["name"], "key": key, "kinds": kinds, "said": [entry_said(e) for e in entries],
                            "tune_ratios": [e.get("ratio") if e else None for e in entries], "calls": calls,
                            "torch": torch_baseline(spec), "first_ms": statistics.median(first_samples),
                            "torch_ms": statistics.median(torch_samples)}
@@ -275,7 +290,8 @@ def agreement(rows: list[dict]) -> dict:
     return {"both": len(both), "same": sum(r["same_pick"] for r in both), "agree": len(agree),
             "fraction": len(agree) / len(both) if both else None,
             "disagree": [{"name": r["name"], "db1_over_db2": r["db1_over_db2"]["ratio"],
-                          "bounds": r["db1_over_db2"].get("bounds"), "beyond_bounds": apart_beyond_bounds(r)}
+                          "bounds": r["db1_over_db2"].get("bounds"), "beyond_bounds": apart_beyond_bounds(r),
+                          "said": r.get("said")}
                          for r in both if r not in agree]}
 
 
@@ -318,7 +334,9 @@ def report_duels(rows: list[dict], summary: dict, agreed: dict) -> None:
               f"duel's 95 % bounds, the rest within its noise of {AGREE_WITHIN:.0%}")
     for miss in agreed["disagree"]:
         bounds = "" if miss["bounds"] is None else f" (bounds {miss['bounds'][0]:.3f}–{miss['bounds'][1]:.3f})"
-        print(f"  differ: {miss['name']}: database 1's pick at {miss['db1_over_db2']:.3f}× database 2's{bounds}")
+        said = "; ".join(f"tune {i}: {what}" for i, what in enumerate(miss.get("said") or (), 1))
+        print(f"  differ: {miss['name']}: database 1's pick at {miss['db1_over_db2']:.3f}× database 2's{bounds}"
+              + (f" ({said})" if said else ""))
 
 
 # ---- the run -------------------------------------------------------------------------------------------------------

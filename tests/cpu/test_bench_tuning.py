@@ -159,6 +159,12 @@ def test_a_disagreement_is_far_apart_only_beyond_the_duels_bounds(capsys):
     shown = capsys.readouterr().out
     assert "of the 2 that differ, 1 more than 1% apart beyond the duel's 95 % bounds" in shown
     assert "differ: noisy: database 1's pick at 1.020× database 2's (bounds 1.005–1.030)" in shown
+    noisy["said"] = ["default, its best challenger 0.986×", "tuned at 0.982×"]
+    tuning.report_duels([], {"slower_than_torch": [], "slower_than_torch_by_median": [], "with_entry": 0,
+                             "slower_by_median_same_kernels": [], "same_kernels_as_torch": 0},
+                        tuning.agreement([noisy]))
+    assert ("differ: noisy: database 1's pick at 1.020× database 2's (bounds 1.005–1.030) (tune 1: default, its "
+            "best challenger 0.986×; tune 2: tuned at 0.982×)") in capsys.readouterr().out
 
 
 def test_an_entry_runs_its_algorithm_or_the_first_pick():

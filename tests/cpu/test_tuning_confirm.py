@@ -138,3 +138,28 @@ def test_tune_show_says_what_the_second_set_of_operands_found(tmp_path, capsys):
     shown = capsys.readouterr().out
     assert "on a second set of operands: 0.962×" in shown
     assert "not kept: a kernel at 0.963× the first pick read 1.010× on a second set of operands" in shown
+
+
+def test_a_default_entry_says_how_near_its_best_challenger_came():
+    """Where two tunes differ, one often kept a kernel near the gain a switch needs and the other's best fell
+    just short of it (H200: 0.9819× kept, 0.9855× not): a default entry records its best challenger's ratio."""
+    from nvblaslt._tuning_result import TuningReport
+    from nvblaslt.bench.tuning import entry_said
+    from tests.cpu.test_autotune import FakeResult
+
+    first, other = FakeResult(1), FakeResult(2)
+
+    def report(**facts) -> TuningReport:
+        return TuningReport(True, "first", 0.04, "first", 0.04, False, **facts)
+    near = _tune._entry(report(ratio=0.9855, best_challenger="id 2"), None, [(first, 0.04)], first, 0.04, "p")
+    assert near["kind"] == "default" and near["best_ratio"] == 0.9855
+    assert _tune._shown(near) == "default (the best challenger read 0.986×)"
+    assert entry_said(near) == "default, its best challenger 0.986×"
+    assert "the best challenger read 0.986×" in _tuning_db._choice(near)
+    assert _tuning_db._entry_fault({**near, "key": "ab" * 20}) is None
+    assert "best_ratio" in _tuning_db._entry_fault({**near, "key": "ab" * 20, "best_ratio": 0})
+    lone = _tune._entry(report(), None, [(first, 0.04)], first, 0.04, "p")  # no challenger within 2 %
+    assert "best_ratio" not in lone and _tune._shown(lone) == "default"
+    kept = _tune._entry(report(ratio=0.97, best_challenger="id 2", first_pick_ratio=0.97), None,
+                        [(other, 0.039), (first, 0.04)], first, 0.04, "p")
+    assert kept["kind"] == "tuned" and entry_said(kept) == "tuned at 0.970×" and "best_ratio" not in kept
