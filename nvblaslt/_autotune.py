@@ -456,9 +456,14 @@ def _report(chosen, chosen_ms, heuristic, facts: dict, form, seconds: float, fir
         ratio=shown.ratio if shown else 1.0, confidence=shown.confidence if shown else 0.0,
         interval=(shown.lower, shown.upper) if shown else (math.nan, math.nan),
         best_challenger=shown.contestant.name if shown else None,
+        best_challenger_config=_config_of(shown.contestant.result) if shown else None,
         rounds=facts["duel"].rounds if "duel" in facts else 0, heuristics=len(heuristic),
         screened=facts.get("screened", 0), seconds=seconds, bias_gradient_form=form, note=facts.get("note", ""),
         first_pick_ratio=first_ratio)
+
+
+def _config_of(result: HeuristicResult | None) -> dict | None:
+    return None if result is None else dict(_search.config_key(result))
 
 
 def _timings(chosen, chosen_ms, heuristic, facts: dict) -> list[tuple[HeuristicResult, float]]:

@@ -53,8 +53,10 @@ def _heuristics_only():
 def _entry(report, launch, timings, first, first_ms: float, summary: str) -> dict:
     chosen, chosen_ms = timings[0]
     if _search.config_key(chosen) == _search.config_key(first):
-        # how near a switch came: two tunes part where one challenger's gain sits near MIN_GAIN
-        near = ({"best_ratio": round(report.ratio, 4)} if report.best_challenger and not report.switched
+        # how near a switch came (two tunes part where one challenger's gain sits near MIN_GAIN): the search's
+        # best challenger against its incumbent, the first pick here unless autotune had switched from it
+        best = report.best_challenger_config
+        near = ({"best_ratio": round(report.ratio, 4), "best_config": best} if best and not report.switched
                 and report.first_pick_ratio == 1.0 and math.isfinite(report.ratio) else {})
         return _tuning_db.entry_for(None, "default", problem=summary, first_pick_ms=round(first_ms, 5),
                                    seconds=round(report.seconds, 1), **near)
@@ -120,6 +122,8 @@ def _tune_matmul(spec: dict, budget_s: float, device: int, patterns: dict, skip)
                 return key, entry
             try:  # the two-call form won: the entry says so, and the first call's kernel goes beside it
                 split_ms, fused_ms = tuned.bias_gradient_form[1:]
+                for fused_only in ("best_ratio", "best_config"):  # the fused kernel's search: not what runs
+                    entry.pop(fused_only, None)
                 entry.update(bias_gradient_form="split", form_ratio=round(split_ms / fused_ms, 4))
                 return (key, entry, *_first_call_entry(tuned.split_form.main))
             finally:
@@ -229,7 +233,7 @@ def _shown(entry: dict) -> str:
         return f"{kernel}, in the split bias-gradient form at {entry['form_ratio']:.3f}× the fused kernel"
     if "ratio" in entry:
         return f"{entry['ratio']:.3f}× the first pick"
-    if "unconfirmed" in entry:
+    if "unconfirmed_ratio" in entry and "second_ratio" in entry:
         return (f"default (a kernel at {entry['unconfirmed_ratio']:.3f}× the first pick read "
                 f"{entry['second_ratio']:.3f}× on other operands: not kept)")
     if "best_ratio" in entry:
@@ -452,6 +456,9 @@ def main(argv: list[str]) -> int:
                     print(f"{'':18}ladder: {_tuning_db.describe_ladder(entry)}")
                 if "second_ratio" in entry:
                     print(f"{'':18}{_second_set(entry)}")
+                if "best_ratio" in entry:
+                    print(f"{'':18}the best challenger read {entry['best_ratio']:.3f}×: "
+                          f"{_tuning_db.describe_config({'config': entry.get('best_config'), 'algo': '?'})}")
             return 0
         problems = args.problems or ("llm-invariant" if args.batch_invariant else args.suite)
         if args.list:

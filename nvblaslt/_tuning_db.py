@@ -12,8 +12,9 @@ Every other line is one entry, keyed like the tuning cache (``_tuning_cache.prob
   since 2026-11-29 confirms the fused kernels it keeps; not a split form's, nor grouped GEMM's);
 - ``"kind": "default"``: nothing beat the first pick: it stays, and nothing is searched again; with
   ``unconfirmed`` (a config), ``unconfirmed_ratio`` and ``second_ratio``, a kernel beat it on the tune's
-  operands by that ratio but not on the second set (there it read ``second_ratio``); with ``best_ratio``,
-  what the search's best challenger read against the first pick, short of the gain a switch needs;
+  operands by that ratio but not on the second set (there it read ``second_ratio``); with ``best_ratio``
+  and ``best_config``, the search's best challenger and its median paired ratio to the first pick, which
+  did not win (short of ``MIN_GAIN``, or not faster beyond the noise); not on a split-form entry;
 - on a ``tuned`` or ``default`` entry of a bias-gradient epilog, ``"bias_gradient_form": "split"``: the
   two-call form (``_split_bgrad``: D without the bias gradient, then a GEMV) beat the fused kernel; the
   first call's own kernel is the entry of its own problem, where the tune found one to keep;
@@ -204,6 +205,10 @@ def _entry_fault(entry) -> str | None:
                  "stored"):
         if name in entry and not _positive(entry[name]):
             return f"{name}: expected a positive number, got {entry[name]!r}"
+    if "best_config" in entry:
+        fault = _config_fault(entry["best_config"], "best_config")
+        if fault:
+            return fault
     if "ladder" in entry:
         fault = _ladder_fault(entry) if kind == "pinned" else f"ladder: only a 'pinned' entry has one, not {kind!r}"
         if fault:
@@ -239,12 +244,18 @@ def _members_fault(members) -> str | None:
     for index, member in enumerate(members):
         if not isinstance(member, dict) or not _hex(member.get("algo"), 128):
             return f"members[{index}]: expected an object with algo (an algorithm's 64 bytes as 128 hex digits)"
-        config = member.get("config")
-        if not isinstance(config, dict) or not config or not all(
-                isinstance(name, str) and isinstance(value, int) and not isinstance(value, bool)
-                for name, value in config.items()):
-            return (f"members[{index}].config: expected an object of config attributes (name: int), got "
-                    f"{config!r:.60}")
+        fault = _config_fault(member.get("config"), f"members[{index}].config")
+        if fault:
+            return fault
+    return None
+
+
+def _config_fault(config, name: str) -> str | None:
+    """What is wrong with an algorithm's config (``{attribute name: int}``), or None."""
+    if not isinstance(config, dict) or not config or not all(
+            isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
+            for key, value in config.items()):
+        return f"{name}: expected an object of config attributes (name: int), got {config!r:.60}"
     return None
 
 
@@ -384,7 +395,7 @@ def _choice(entry: dict) -> str:
     if entry["kind"] == "default":
         unconfirmed = (f"; a kernel at {entry['unconfirmed_ratio']:.3f}× it read {entry['second_ratio']:.3f}× on other "
                        "operands" if "unconfirmed_ratio" in entry and "second_ratio" in entry else "")
-        near = f"; the best challenger read {entry['best_ratio']:.3f}×" if "best_ratio" in entry else ""
+        near = f"; its best challenger read {entry['best_ratio']:.3f}×" if "best_ratio" in entry else ""
         return f"default (the heuristics' first pick{form}{unconfirmed}{near})"
     ratio = f" at {entry['ratio']:.3f}× the first pick" if "ratio" in entry else ""
     ladder = f" (ladder {describe_ladder(entry)})" if entry.get("ladder") else ""

@@ -25,6 +25,7 @@ class TuningReport:
     confidence: float = 0.0  # that the switch is faster (sign test); when kept, that the best challenger was
     interval: tuple[float, float] = (math.nan, math.nan)  # bounds on the best challenger's ratio
     best_challenger: str | None = None
+    best_challenger_config: dict | None = None  # its algorithm's config attributes ({name: int})
     rounds: int = 0
     heuristics: int = 0
     screened: int = 0

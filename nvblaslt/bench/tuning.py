@@ -161,18 +161,19 @@ def entry_label(entry: dict) -> str:
 
 
 def entry_said(entry: dict | None) -> str:
-    """What a tune wrote for a problem, with its own reading: where two tunes differ, whether one kept a kernel
-    near the gain a switch needs and the other's best fell just short of it."""
+    """What a tune wrote for a problem, with its own readings: where two tunes differ, whether one kept a kernel
+    near the gain a switch needs while the other's best challenger (maybe another kernel) fell just short."""
     if entry is None:
         return "no entry"
     label = entry_label(entry)
+    form = f", the split form at {entry['form_ratio']:.3f}× the fused kernel" if "form_ratio" in entry else ""
     if "ratio" in entry:
-        return f"{label} at {entry['ratio']:.3f}×"
-    if "unconfirmed_ratio" in entry:
+        return f"{label} at {entry['ratio']:.3f}×{form}"
+    if "unconfirmed_ratio" in entry and "second_ratio" in entry:
         return f"{label} ({entry['unconfirmed_ratio']:.3f}×, then {entry['second_ratio']:.3f}× on other operands)"
     if "best_ratio" in entry:
         return f"{label}, its best challenger {entry['best_ratio']:.3f}×"
-    return label
+    return label + form
 
 
 def split_first_call(plan) -> bytes:

@@ -140,9 +140,10 @@ def test_tune_show_says_what_the_second_set_of_operands_found(tmp_path, capsys):
     assert "not kept: a kernel at 0.963× the first pick read 1.010× on a second set of operands" in shown
 
 
-def test_a_default_entry_says_how_near_its_best_challenger_came():
+def test_a_default_entry_says_how_near_its_best_challenger_came(tmp_path, capsys):
     """Where two tunes differ, one often kept a kernel near the gain a switch needs and the other's best fell
-    just short of it (H200: 0.9819× kept, 0.9855× not): a default entry records its best challenger's ratio."""
+    just short of it (H200: 0.9819× kept, 0.9855× not): a default entry records its best challenger and its ratio
+    to the first pick, where the search's incumbent was the first pick."""
     from nvblaslt._tuning_result import TuningReport
     from nvblaslt.bench.tuning import entry_said
     from tests.cpu.test_autotune import FakeResult
@@ -151,15 +152,33 @@ def test_a_default_entry_says_how_near_its_best_challenger_came():
 
     def report(**facts) -> TuningReport:
         return TuningReport(True, "first", 0.04, "first", 0.04, False, **facts)
-    near = _tune._entry(report(ratio=0.9855, best_challenger="id 2"), None, [(first, 0.04)], first, 0.04, "p")
-    assert near["kind"] == "default" and near["best_ratio"] == 0.9855
+
+    def entry(chosen=first, **facts) -> dict:
+        return _tune._entry(report(**facts), None, [(chosen, 0.04)], first, 0.04, "p")
+    near = entry(ratio=0.9855, best_challenger="id 2", best_challenger_config={"ID": 2})
+    assert near["kind"] == "default" and (near["best_ratio"], near["best_config"]) == (0.9855, {"ID": 2})
     assert _tune._shown(near) == "default (the best challenger read 0.986×)"
     assert entry_said(near) == "default, its best challenger 0.986×"
-    assert "the best challenger read 0.986×" in _tuning_db._choice(near)
+    assert "its best challenger read 0.986×" in _tuning_db._choice(near)
     assert _tuning_db._entry_fault({**near, "key": "ab" * 20}) is None
     assert "best_ratio" in _tuning_db._entry_fault({**near, "key": "ab" * 20, "best_ratio": 0})
-    lone = _tune._entry(report(), None, [(first, 0.04)], first, 0.04, "p")  # no challenger within 2 %
-    assert "best_ratio" not in lone and _tune._shown(lone) == "default"
+    assert "best_config" in _tuning_db._entry_fault({**near, "key": "ab" * 20, "best_config": {"ID": "2"}})
+    # not a reading against the first pick: autotune had switched, and the search switched back to the first
+    # pick (its ratio is to autotune's pick); nor a ratio that is no number; nor no challenger within 2 %
+    for facts in ({"switched": True, "first_pick_ratio": 0.98}, {"first_pick_ratio": 0.98}, {"ratio": math.nan}, {}):
+        shown = {"ratio": 0.99, "best_challenger": "id 2", "best_challenger_config": {"ID": 2}} if facts else {}
+        written = _tune._entry(TuningReport(True, "first", 0.04, "first", 0.04, facts.pop("switched", False),
+                                            **{**shown, **facts}), None, [(first, 0.04)], first, 0.04, "p")
+        assert written["kind"] == "default" and "best_ratio" not in written, facts
     kept = _tune._entry(report(ratio=0.97, best_challenger="id 2", first_pick_ratio=0.97), None,
                         [(other, 0.039), (first, 0.04)], first, 0.04, "p")
     assert kept["kind"] == "tuned" and entry_said(kept) == "tuned at 0.970×" and "best_ratio" not in kept
+    split = {"kind": "default", "bias_gradient_form": "split", "form_ratio": 0.958}
+    assert entry_said(split) == "default+split, the split form at 0.958× the fused kernel"
+    from nvblaslt._tuning_db import TuningDatabase
+    from tests.cpu.test_tuning_cache import GPU
+
+    database = tmp_path / "db.jsonl"
+    TuningDatabase(_tuning_db.fingerprint_of(GPU, [13, 1, 0], 13000), {"ab" * 20: near}).write(database)
+    assert _tune.main(["show", str(database)]) == 0
+    assert "the best challenger read 0.986×: id 2" in capsys.readouterr().out
