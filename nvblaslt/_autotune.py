@@ -50,9 +50,10 @@ SHORTLIST_MAX = 8  # ... and up to this many where the time left pays for all of
 SHORTLIST_RATIO = 1.02  # screened within this of the incumbent to be a challenger
 RESCREEN_RATIO = 1.08  # screened within this of the incumbent: run again (one run is noise at a few %)
 RESCREEN_MAX = 32
-RESCREEN_ROUNDS = 15  # reruns of each close one, as the rescreen's share of the budget allows: with 16 and 5,
-#                      two tunes of a 0.02-0.2 ms GEMM shortlisted different near-equal kernels from one
-#                      run's noise and kept kernels 2 % apart (bench.tuning, H200, 2026-11-29)
+RESCREEN_ROUNDS = 15  # pairs with the incumbent per close one at most, as the rescreen's share of the budget
+#                      allows: with 16 and 5 reruns, two tunes of a 0.02-0.2 ms GEMM shortlisted different
+#                      near-equal kernels from one run's noise and kept kernels 2 % apart (bench.tuning, H200)
+RESCREEN_MIN_PAIRS = 5  # ... and at least, while time is left: the least promising then keep their first ratio
 RUNNERS_UP = 2  # heuristic picks within RUNNER_UP_RATIO of autotune's also duel (its pick was one sample)
 RUNNER_UP_RATIO = 1.01
 NEAR_FIRST = 1.03  # autotune()'s picks read within this of the first pick duel it, not only those read faster:
@@ -209,26 +210,41 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
     return screened, failed, exhausted
 
 
+def _block_pairs(close: int, sample_s: float, remaining: float) -> int:
+    """Pairs with the incumbent for each of ``close`` candidates: as many as ``remaining`` seconds pay for at
+    ``sample_s`` a run (RESCREEN_ROUNDS where that is not known yet), within RESCREEN_MIN_PAIRS..RESCREEN_ROUNDS."""
+    if sample_s <= 0 or close == 0:
+        return RESCREEN_ROUNDS
+    return max(RESCREEN_MIN_PAIRS, min(RESCREEN_ROUNDS, int(remaining / (2 * sample_s * close))))
+
+
 def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
               deadline: float) -> list[tuple[HeuristicResult, float]]:
-    """The close ones run again, each next to a run of the incumbent, in up to RESCREEN_ROUNDS
-    rounds until ``deadline``; the median of a candidate's reruns replaces its first ratio (kept where it
-    got none): one run of a short GEMM reads a few % off, either way, and a single rerun decided which
-    near-equal kernels reached the duel."""
+    """The close ones run again, the most promising first, each in a block of consecutive pairs with the
+    incumbent (which of the two runs first drawn per pair) until ``deadline``; the median of a candidate's
+    pairs replaces its first ratio (kept where it got none): one run of a short GEMM reads a few % off,
+    either way. A block runs the two kernels alone, as the duel does. Cycled over every close candidate
+    instead, the pairs read near-equal kernels by the mix around them: on one H200 start, a 64x256
+    GELU_AUX_BIAS kernel at 1.015x the incumbent and another at 1.041x, where pair duels read both
+    0.97x, and a 192x128 one at 1.008x, dueled at 1.05x; 15 consecutive pairs read what the duels read
+    (docs/bench-tuning-1129-seventh-h200.txt, call 3)."""
     screened = sorted(screened, key=lambda pair: pair[1])
     close = [pair for pair in screened[:RESCREEN_MAX] if pair[1] < RESCREEN_RATIO]
-    reruns: list[list[float]] = [[] for _ in close]
-    for _ in range(RESCREEN_ROUNDS):
-        for (candidate, _), ratios in zip(close, reruns):
-            if time.perf_counter() >= deadline:
-                break
-            reference = timer(incumbent.run, incumbent.prepare)
-            ms = timer(functools.partial(plan._trial_run, stream), functools.partial(plan._launch.select, candidate))
+    pairs = _block_pairs(len(close), getattr(timer, "sample_s", 0.0), deadline - time.perf_counter())
+    shuffler = _timing.new_shuffler()
+    again = []
+    for candidate, first in close:
+        contestant = _algorithm(plan, candidate, stream)
+        ratios: list[float] = []
+        while len(ratios) < pairs and time.perf_counter() < deadline:
+            if shuffler.random() < 0.5:
+                reference = timer(incumbent.run, incumbent.prepare)
+                ms = timer(contestant.run, contestant.prepare)
+            else:
+                ms = timer(contestant.run, contestant.prepare)
+                reference = timer(incumbent.run, incumbent.prepare)
             ratios.append(ms / reference)
-        if time.perf_counter() >= deadline:
-            break
-    again = [(candidate, statistics.median(ratios) if ratios else first)
-             for (candidate, first), ratios in zip(close, reruns)]
+        again.append((candidate, statistics.median(ratios) if ratios else first))
     return sorted(again + screened[len(close):], key=lambda pair: pair[1])
 
 

@@ -736,6 +736,42 @@ def test_the_rescreen_keeps_the_first_ratio_of_what_it_had_no_time_to_rerun(monk
     assert dict((r.algorithm.id, ratio) for r, ratio in again) == {3: 0.9, 2: 1.03}  # 3 ranked first: rerun once
 
 
+def test_the_rescreen_times_each_candidate_in_a_block_of_pairs_with_the_incumbent(monkeypatch):
+    """Cycled over every close candidate, one H200 start's rescreen read a kernel 1.5 % slower than the incumbent
+    that pair duels read 3 % faster: each candidate now runs its pairs back to back, alone with the incumbent, the
+    most promising first, and which of the two runs first is drawn per pair."""
+    launch = StandInLaunch([1])
+    plan = StandInPlan([1], {})
+    plan._launch = launch
+    ran: list[int] = []
+
+    def timer(run, prepare):
+        prepare()
+        run()
+        ran.append(plan.ran)
+        return 1.0
+    monkeypatch.setattr(_autotune.time, "perf_counter", lambda: 0.0)  # the deadline never comes
+    incumbent = _autotune._algorithm(plan, launch.algorithms[0], 0)
+    _autotune._rescreen(timer, incumbent, [(FakeResult(2), 1.03), (FakeResult(3), 1.01), (FakeResult(4), 1.02)], plan,
+                        0, deadline=1.0)
+    pairs = _autotune.RESCREEN_ROUNDS
+    assert len(ran) == 3 * 2 * pairs
+    blocks = [ran[i * 2 * pairs:(i + 1) * 2 * pairs] for i in range(3)]
+    assert [sorted(set(block) - {1}) for block in blocks] == [[3], [4], [2]]  # by the first ratio, one at a time
+    assert all(block.count(1) == pairs for block in blocks)
+    firsts = [ran[i] for i in range(0, len(ran), 2)]
+    assert 1 in firsts and set(firsts) - {1}  # the incumbent runs first in some pairs, second in others
+
+
+def test_the_rescreen_s_blocks_fit_its_time(monkeypatch):
+    # 15 pairs each where the time pays for them; fewer, down to 5, where it does not (then the least promising keep
+    # their first ratio); 15 where a run's time is not known yet
+    assert _autotune._block_pairs(10, 0.001, 1.0) == _autotune.RESCREEN_ROUNDS
+    assert _autotune._block_pairs(10, 0.001, 0.16) == 8
+    assert _autotune._block_pairs(32, 0.001, 0.05) == _autotune.RESCREEN_MIN_PAIRS
+    assert _autotune._block_pairs(10, 0.0, 0.05) == _autotune.RESCREEN_ROUNDS
+
+
 def test_screening_times_each_candidate_after_an_untimed_run_that_loads_its_kernel(monkeypatch):
     """With CUDA's lazy loading a kernel's first launch waits for its module (several ms on an H200): a
     screening that timed first launches ranked candidates by their loading, and missed faster kernels."""
