@@ -10,7 +10,13 @@ heuristics' picks at 16 and 64 rows with their split-K kept, each with either re
 its speed × the default plan's, whether D's first 8 token columns equal those at M = 8 bit for bit, and the
 workspace cuBLASLt asks for it.
 
+``--classes`` asks the ladder's question instead: a batch-invariant entry may run another kernel at each M, but
+all of them must give the same bits. For each split count (1, 2, 3, 4, 6, 8) and reduction scheme it forces
+that split onto every distinct kernel the heuristics offer at any M of ``--rows`` (their 24 best each), and
+prints at each M the fastest one whose first 8 token columns equal the class's own at M = 8, × the default.
+
     python -m tools.probe_invariant_splitk [--pairs 4096x14336,8192x28672] [--rows 1,16,64,256,1024,8192]
+    python -m tools.probe_invariant_splitk --classes --pairs 1024x8192
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 
 import nvblaslt
 from nvblaslt import Matmul, MatmulEpilog
+from nvblaslt import _search
 from nvblaslt._descriptors import Algorithm
 
 INPLACE, COMPUTE_TYPE = 1, 2  # CUBLASLT_REDUCTION_SCHEME_INPLACE (counters in the workspace), _COMPUTE_TYPE
@@ -44,6 +51,8 @@ def _with_split(raw: bytes, splits: int | None, scheme: int) -> bytes:
         config.set("SPLITK_NUM", splits)
     if config.get("SPLITK_NUM") > 1:
         config.set("REDUCTION_SCHEME", scheme)
+    elif splits == 1:
+        config.set("REDUCTION_SCHEME", 0)  # a kernel that does not split reduces nothing
     return bytes(algo)
 
 
@@ -115,16 +124,75 @@ def probe(n: int, k: int, rows: list[int]) -> None:
         print(f"  {name:58s} " + " ".join(f"{c:>20s}" for c in cells))
 
 
+def _kernels(w, x, bias, rows: list[int]) -> tuple[dict, dict]:
+    """(the default plan's ms at each M, {(id, tile, cluster, option, stages): algorithm bytes}): every
+    distinct kernel among the heuristics' 24 best at any M of ``rows``."""
+    lib = nvblaslt.library()
+    defaults, kernels = {}, {}
+    for m in rows:
+        with _plan(w, x[:m], bias) as plan:
+            defaults[m] = _ms(plan)
+            for result in _search._deeper_heuristics(plan._launch)[:24]:
+                config = result.algorithm.config()
+                key = tuple(config[name] for name in ("ID", "TILE_ID", "CLUSTER_SHAPE_ID", "CUSTOM_OPTION", "STAGES_ID"))
+                kernels.setdefault(key, bytes(lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(result.algorithm.algo)))
+    return defaults, kernels
+
+
+def classes(n: int, k: int, rows: list[int]) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+    x = torch.randn(max(rows), k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    defaults, kernels = _kernels(w, x, bias, rows)
+    print(f"\nN {n}, K {k}, bf16 RELU_BIAS: {len(kernels)} distinct kernels from the heuristics at M = {rows}; "
+          f"the default plan's ms: " + " ".join(f"M={m} {defaults[m]:.4f}" for m in rows))
+    print("  the fastest kernel of each class whose bits equal the class's own at M = 8, speed × the default plan:")
+    for splits in (1, 2, 3, 4, 6, 8):
+        for scheme in ([0] if splits == 1 else list(SCHEMES)):
+            reference, best, same, differ = None, {m: (0.0, "-") for m in rows}, 0, 0
+            for raw in kernels.values():
+                try:
+                    forced = _with_split(raw, splits, scheme)
+                except nvblaslt.NvblasltError:  # a kernel without split-K
+                    continue
+                for m in [8, *rows]:
+                    try:
+                        plan = _plan(w, x[:m], bias, algorithms=[forced])
+                    except nvblaslt.NvblasltError:  # refused for this M (workspace, shape)
+                        continue
+                    with plan:
+                        first = plan.execute()[:, :min(m, 8)].clone()
+                        if reference is None:
+                            if m == 8:
+                                reference = first
+                            continue
+                        if not torch.equal(first, reference[:, :first.shape[1]]):
+                            differ += 1
+                            continue
+                        same += 1
+                        if m != 8:
+                            speed = defaults[m] / _ms(plan)
+                            if speed > best[m][0]:
+                                best[m] = (speed, _described(forced))
+            name = f"split-K {splits}" + (f", {SCHEMES[scheme]}" if splits > 1 else "")
+            print(f"  {name:22s} {same} runs with the class's bits, {differ} without")
+            for m in rows:
+                print(f"    M={m:<6d} {best[m][0]:.3f}×  {best[m][1]}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default="4096x14336,14336x4096,8192x28672")
     parser.add_argument("--rows", default="1,16,64,256,1024,8192")
+    parser.add_argument("--classes", action="store_true",
+                        help="per split-K class, the fastest kernel with the class's bits at each M")
     options = parser.parse_args(argv)
     rows = [int(r) for r in options.rows.split(",")]
     print(f"{torch.cuda.get_device_name()}, cuBLASLt {nvblaslt.library().version}")
     for pair in options.pairs.split(","):
         n, k = (int(v) for v in pair.split("x"))
-        probe(n, k, rows)
+        (classes if options.classes else probe)(n, k, rows)
 
 
 if __name__ == "__main__":
