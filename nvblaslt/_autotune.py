@@ -210,12 +210,13 @@ def _screen(plan, timer: Timer, incumbent: Contestant, pool: Iterator[HeuristicR
     return screened, failed, exhausted
 
 
-def _block_pairs(close: int, sample_s: float, remaining: float) -> int:
-    """Pairs with the incumbent for each of ``close`` candidates: as many as ``remaining`` seconds pay for at
-    ``sample_s`` a run (RESCREEN_ROUNDS where that is not known yet), within RESCREEN_MIN_PAIRS..RESCREEN_ROUNDS."""
-    if sample_s <= 0 or close == 0:
+def _block_pairs(candidates: int, pair_s: float, remaining: float) -> int:
+    """Pairs with the incumbent for the next of ``candidates`` still to rescreen: as many as ``remaining`` seconds
+    pay for at ``pair_s`` a pair (RESCREEN_ROUNDS where that is not known yet), within
+    RESCREEN_MIN_PAIRS..RESCREEN_ROUNDS."""
+    if pair_s <= 0 or candidates <= 0:
         return RESCREEN_ROUNDS
-    return max(RESCREEN_MIN_PAIRS, min(RESCREEN_ROUNDS, int(remaining / (2 * sample_s * close))))
+    return max(RESCREEN_MIN_PAIRS, min(RESCREEN_ROUNDS, int(remaining / (pair_s * candidates))))
 
 
 def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
@@ -223,17 +224,24 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
     """The close ones run again, the most promising first, each in a block of consecutive pairs with the
     incumbent (which of the two runs first drawn per pair) until ``deadline``; the median of a candidate's
     pairs replaces its first ratio (kept where it got none): one run of a short GEMM reads a few % off,
-    either way. A block runs the two kernels alone, as the duel does. Cycled over every close candidate
-    instead, the pairs read near-equal kernels by the mix around them: on one H200 start, a 64x256
-    GELU_AUX_BIAS kernel at 1.015x the incumbent and another at 1.041x, where pair duels read both
-    0.97x, and a 192x128 one at 1.008x, dueled at 1.05x; 15 consecutive pairs read what the duels read
-    (docs/bench-tuning-1129-seventh-h200.txt, call 3)."""
+    either way. Each block's size is what the time left pays for, over the candidates left, at the pairs'
+    measured time (before the first pair, the Timer's mean sample time).
+
+    In a block the two kernels run back to back, alone. Cycled over every close candidate instead, the
+    pairs read near-equal kernels by the mix around them: on one H200 start, a 64x256 GELU_AUX_BIAS kernel
+    at 1.015x the incumbent and another at 1.041x, where 15 consecutive pairs and pair duels read both at
+    0.97x (and the search's duels of 3-5 challengers, the first at 0.973-0.975x), and a 192x128 one at
+    1.008x that pairs read at 1.05x (docs/bench-tuning-1129-seventh-h200.txt, call 3). On another start the
+    two ways agreed within about 1 % (call 4)."""
     screened = sorted(screened, key=lambda pair: pair[1])
     close = [pair for pair in screened[:RESCREEN_MAX] if pair[1] < RESCREEN_RATIO]
-    pairs = _block_pairs(len(close), getattr(timer, "sample_s", 0.0), deadline - time.perf_counter())
     shuffler = _timing.new_shuffler()
+    pair_s, pairs_run, started = 2 * getattr(timer, "sample_s", 0.0), 0, time.perf_counter()
     again = []
-    for candidate, first in close:
+    for index, (candidate, first) in enumerate(close):
+        if pairs_run:
+            pair_s = (time.perf_counter() - started) / pairs_run
+        pairs = _block_pairs(len(close) - index, pair_s, deadline - time.perf_counter())
         contestant = _algorithm(plan, candidate, stream)
         ratios: list[float] = []
         while len(ratios) < pairs and time.perf_counter() < deadline:
@@ -244,6 +252,7 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
                 ms = timer(contestant.run, contestant.prepare)
                 reference = timer(incumbent.run, incumbent.prepare)
             ratios.append(ms / reference)
+        pairs_run += len(ratios)
         again.append((candidate, statistics.median(ratios) if ratios else first))
     return sorted(again + screened[len(close):], key=lambda pair: pair[1])
 

@@ -738,8 +738,8 @@ def test_the_rescreen_keeps_the_first_ratio_of_what_it_had_no_time_to_rerun(monk
 
 def test_the_rescreen_times_each_candidate_in_a_block_of_pairs_with_the_incumbent(monkeypatch):
     """Cycled over every close candidate, one H200 start's rescreen read a kernel 1.5 % slower than the incumbent
-    that pair duels read 3 % faster: each candidate now runs its pairs back to back, alone with the incumbent, the
-    most promising first, and which of the two runs first is drawn per pair."""
+    that pairs and duels read 3 % faster: each candidate now runs its pairs back to back, alone with the incumbent,
+    the most promising first, and which of the two runs first is drawn per pair."""
     launch = StandInLaunch([1])
     plan = StandInPlan([1], {})
     plan._launch = launch
@@ -751,10 +751,11 @@ def test_the_rescreen_times_each_candidate_in_a_block_of_pairs_with_the_incumben
         ran.append(plan.ran)
         return 1.0
     monkeypatch.setattr(_autotune.time, "perf_counter", lambda: 0.0)  # the deadline never comes
+    monkeypatch.setattr(_autotune._timing, "new_shuffler", lambda: random.Random(0))
     incumbent = _autotune._algorithm(plan, launch.algorithms[0], 0)
     _autotune._rescreen(timer, incumbent, [(FakeResult(2), 1.03), (FakeResult(3), 1.01), (FakeResult(4), 1.02)], plan,
                         0, deadline=1.0)
-    pairs = _autotune.RESCREEN_ROUNDS
+    pairs = _autotune.RESCREEN_ROUNDS  # no time known per run: the most pairs
     assert len(ran) == 3 * 2 * pairs
     blocks = [ran[i * 2 * pairs:(i + 1) * 2 * pairs] for i in range(3)]
     assert [sorted(set(block) - {1}) for block in blocks] == [[3], [4], [2]]  # by the first ratio, one at a time
@@ -763,13 +764,55 @@ def test_the_rescreen_times_each_candidate_in_a_block_of_pairs_with_the_incumben
     assert 1 in firsts and set(firsts) - {1}  # the incumbent runs first in some pairs, second in others
 
 
-def test_the_rescreen_s_blocks_fit_its_time(monkeypatch):
-    # 15 pairs each where the time pays for them; fewer, down to 5, where it does not (then the least promising keep
-    # their first ratio); 15 where a run's time is not known yet
-    assert _autotune._block_pairs(10, 0.001, 1.0) == _autotune.RESCREEN_ROUNDS
-    assert _autotune._block_pairs(10, 0.001, 0.16) == 8
-    assert _autotune._block_pairs(32, 0.001, 0.05) == _autotune.RESCREEN_MIN_PAIRS
+class _ClockedTimer:
+    """A Timer whose every run takes ``sample_s`` on a fake clock; a candidate reads ``readings[id]`` in turn."""
+
+    def __init__(self, plan, clock: list, sample_s: float, readings: dict | None = None):
+        self.plan, self.clock, self.sample_s, self.readings = plan, clock, sample_s, readings or {}
+        self.runs: list[int] = []
+
+    def __call__(self, run, prepare):
+        prepare()
+        run()
+        self.clock[0] += self.sample_s
+        self.runs.append(self.plan.ran)
+        return 1.0 if self.plan.ran == 1 else next(self.readings.get(self.plan.ran, iter(())), 1.0)
+
+
+def _rescreened(monkeypatch, timer, first: list, deadline: float) -> dict:
+    monkeypatch.setattr(_autotune.time, "perf_counter", lambda: timer.clock[0])
+    incumbent = _autotune._algorithm(timer.plan, timer.plan._launch.algorithms[0], 0)
+    again = _autotune._rescreen(timer, incumbent, first, timer.plan, 0, deadline=deadline)
+    return {r.algorithm.id: ratio for r, ratio in again}
+
+
+def test_the_rescreen_sizes_each_block_by_the_time_left_over_the_candidates_left(monkeypatch):
+    # a run takes 0.25 s, a pair 0.5 s: 8.75 s pay for 5 pairs of each of 3 (the Timer's sample time), then, at the
+    # pairs' measured time, 6 of each of the 2 left and 6 of the last
+    plan = StandInPlan([1], {})
+    timer = _ClockedTimer(plan, [0.0], 0.25)
+    _rescreened(monkeypatch, timer, [(FakeResult(2), 1.01), (FakeResult(3), 1.02), (FakeResult(4), 1.03)], 8.75)
+    assert [timer.runs.count(i) for i in (2, 3, 4)] == [5, 6, 6]
+
+
+def test_the_rescreen_stops_mid_block_at_its_deadline_and_the_rest_keep_their_first_ratio(monkeypatch):
+    # 4 s: the first gets the least block (5 pairs), the second 3 pairs before the deadline (the median of its 3
+    # readings), the third none
+    plan = StandInPlan([1], {})
+    timer = _ClockedTimer(plan, [0.0], 0.25, {3: iter([0.9, 1.2, 0.95])})
+    found = _rescreened(monkeypatch, timer, [(FakeResult(2), 1.01), (FakeResult(3), 1.02), (FakeResult(4), 1.03)],
+                        4.0)
+    assert [timer.runs.count(i) for i in (2, 3, 4)] == [5, 3, 0]
+    assert found == {2: 1.0, 3: 0.95, 4: 1.03}
+
+
+def test_the_rescreen_s_blocks_fit_its_time():
+    # 15 pairs where the time pays for them; fewer, down to 5, where it does not; 15 where a pair's time is not known
+    assert _autotune._block_pairs(10, 0.002, 1.0) == _autotune.RESCREEN_ROUNDS
+    assert _autotune._block_pairs(10, 0.002, 0.16) == 8
+    assert _autotune._block_pairs(32, 0.002, 0.05) == _autotune.RESCREEN_MIN_PAIRS
     assert _autotune._block_pairs(10, 0.0, 0.05) == _autotune.RESCREEN_ROUNDS
+    assert _autotune._block_pairs(0, 0.002, 0.05) == _autotune.RESCREEN_ROUNDS
 
 
 def test_screening_times_each_candidate_after_an_untimed_run_that_loads_its_kernel(monkeypatch):
