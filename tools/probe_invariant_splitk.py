@@ -13,7 +13,10 @@ workspace cuBLASLt asks for it.
 ``--classes`` asks the ladder's question instead: a batch-invariant entry may run another kernel at each M, but
 all of them must give the same bits. For each split count (1, 2, 3, 4, 6, 8) and reduction scheme it forces
 that split onto every distinct kernel the heuristics offer at any M of ``--rows`` (their 24 best each), and
-prints at each M the fastest one whose first 8 token columns equal the class's own at M = 8, × the default.
+prints at each M the fastest one whose first 8 token columns equal the class's reference, × the default. The
+reference is the first kernel's D at M = 8 (the first, in the heuristics' order, that plans at M = 8; those
+before it are left out); every later run, the reference kernel's own at other M included, is compared with it
+and counted.
 
     python -m tools.probe_invariant_splitk [--pairs 4096x14336,8192x28672] [--rows 1,16,64,256,1024,8192]
     python -m tools.probe_invariant_splitk --classes --pairs 1024x8192
@@ -43,7 +46,8 @@ def _plan(w, x, bias, algorithms=None, invariant=False):
 
 
 def _with_split(raw: bytes, splits: int | None, scheme: int) -> bytes:
-    """``raw`` with split-K ``splits`` (None: its own) and, where it splits, the reduction ``scheme``."""
+    """``raw`` with split-K ``splits`` (None: its own) and, where it splits, the reduction ``scheme``; with
+    ``splits`` 1, no reduction scheme."""
     lib = nvblaslt.library()
     algo = lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(raw)
     config = Algorithm(algo, lib)
@@ -134,7 +138,8 @@ def _kernels(w, x, bias, rows: list[int]) -> tuple[dict, dict]:
             defaults[m] = _ms(plan)
             for result in _search._deeper_heuristics(plan._launch)[:24]:
                 config = result.algorithm.config()
-                key = tuple(config[name] for name in ("ID", "TILE_ID", "CLUSTER_SHAPE_ID", "CUSTOM_OPTION", "STAGES_ID"))
+                key = tuple(config[name] for name in ("ID", "TILE_ID", "STAGES_ID", "CLUSTER_SHAPE_ID", "CUSTOM_OPTION",
+                                                      "CTA_SWIZZLING", "INNER_SHAPE_ID"))
                 kernels.setdefault(key, bytes(lib.api.cublasLtMatmulAlgo_t.from_buffer_copy(result.algorithm.algo)))
     return defaults, kernels
 
@@ -154,9 +159,9 @@ def classes(n: int, k: int, rows: list[int]) -> None:
             for raw in kernels.values():
                 try:
                     forced = _with_split(raw, splits, scheme)
-                except nvblaslt.NvblasltError:  # a kernel without split-K
+                except nvblaslt.NvblasltError:  # an attribute value this library refuses to set
                     continue
-                for m in [8, *rows]:
+                for m in [8, *(m for m in rows if m != 8)]:
                     try:
                         plan = _plan(w, x[:m], bias, algorithms=[forced])
                     except nvblaslt.NvblasltError:  # refused for this M (workspace, shape)
@@ -171,7 +176,7 @@ def classes(n: int, k: int, rows: list[int]) -> None:
                             differ += 1
                             continue
                         same += 1
-                        if m != 8:
+                        if m in defaults:
                             speed = defaults[m] / _ms(plan)
                             if speed > best[m][0]:
                                 best[m] = (speed, _described(forced))

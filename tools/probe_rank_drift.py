@@ -25,9 +25,8 @@ import time
 import torch
 
 from nvblaslt import _autotune, _search, _tune
-from nvblaslt._plan import Matmul
 from nvblaslt._timing import Timer
-from nvblaslt._tune_arrays import device_array
+from nvblaslt.bench.tuning_problems import operands, planned
 
 
 def _gpu_state() -> str:
@@ -42,7 +41,8 @@ def _gpu_state() -> str:
 
 def _short(result) -> str:
     config = result.algorithm.config()
-    return " ".join(f"{name}={config[name]}" for name in ("TILE_ID", "CLUSTER_SHAPE_ID", "CUSTOM_OPTION", "SPLITK_NUM"))
+    return " ".join(f"{name}={config[name]}" for name in ("TILE_ID", "STAGES_ID", "CLUSTER_SHAPE_ID", "CUSTOM_OPTION",
+                                                          "CTA_SWIZZLING", "SPLITK_NUM", "REDUCTION_SCHEME"))
 
 
 def _ratio(samples: list[list[float]]) -> float:
@@ -50,13 +50,12 @@ def _ratio(samples: list[list[float]]) -> float:
     return math.exp(statistics.median(math.log(b / a) for a, b in zip(*samples)))
 
 
-def _contenders(spec: dict, patterns: dict, candidates: int):
-    """(plan, timer, incumbent, [first pick, candidates…]) for one problem; the plan and timer stay open."""
-    arrays = {name: device_array(spec[name], 0, 0, patterns) for name in ("a", "b")}
-    inputs = {key: device_array(value, 0, 0, patterns) for key, value in spec.get("inputs", {}).items()}
-    plan = Matmul(arrays["a"], arrays["b"], options=spec.get("options"), stream=0)
+def _contenders(spec: dict, candidates: int):
+    """(plan, timer, incumbent, [first pick, candidates…]) for one problem, planned as ``bench.tuning`` plans it;
+    the plan and timer stay open. Where autotune keeps the first pick, its line is the incumbent against itself:
+    the duels' noise."""
     with _tune._heuristics_only():
-        plan.plan(epilog=spec.get("epilog", "DEFAULT"), epilog_inputs=inputs or None)
+        plan = planned(spec, operands(spec))
     first = plan.algorithm
     picked = _autotune.tune(plan, iterations=5, search=False, remember=False, stream=0).timings[0][0]
     timer = Timer(plan.device, plan.stream).__enter__()
@@ -67,7 +66,9 @@ def _contenders(spec: dict, patterns: dict, candidates: int):
                                                    incumbent=picked))
     screened, _, _ = _autotune._screen(plan, timer, incumbent, pool, 0, time.perf_counter() + 2.0)
     ranked = _autotune._rescreen(timer, incumbent, screened, plan, 0, time.perf_counter() + 1.0)
-    others = [_autotune._algorithm(plan, first, 0, "the first pick " + _short(first))]
+    same = _search.config_key(first) == _search.config_key(picked)
+    others = [_autotune._algorithm(plan, first, 0, ("the first pick, autotune's pick itself " if same else
+                                                    "the first pick ") + _short(first))]
     others += [_autotune._algorithm(plan, c, 0, _short(c)) for c, _ in ranked[:candidates]
                if _search.config_key(c) != _search.config_key(first)]
     return plan, timer, incumbent, others
@@ -84,9 +85,8 @@ def main(argv=None) -> None:
     parser.add_argument("--idle", type=float, default=30.0)
     options = parser.parse_args(argv)
     specs = {spec["name"]: spec for spec in map(json.loads, open(options.problems))}
-    patterns: dict = {}
     print(f"{torch.cuda.get_device_name()}; duels of {options.rounds} shuffled rounds, candidate / incumbent")
-    setups = [(name, *_contenders(specs[name], patterns, options.candidates)) for name in options.names]
+    setups = [(name, *_contenders(specs[name], options.candidates)) for name in options.names]
 
     def duels(when: str) -> None:
         print(f"== {when} (°C, MHz, W: {_gpu_state()})", flush=True)
