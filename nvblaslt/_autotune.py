@@ -230,7 +230,7 @@ def _rescreen(timer: Timer, incumbent: Contestant, screened, plan, stream: int,
     In a block the two kernels run back to back, alone. Cycled over every close candidate instead, the
     pairs read near-equal kernels by the mix around them: on one H200 start, a 64x256 GELU_AUX_BIAS kernel
     at 1.015x the incumbent and another at 1.041x, where 15 consecutive pairs and pair duels read both at
-    0.97x (and the search's duels of 3-5 challengers, the first at 0.973-0.975x), and a 192x128 one at
+    0.97x (and the search's duels of 5 challengers the first at 0.973-0.975x), and a 192x128 one at
     1.008x that pairs read at 1.05x (docs/bench-tuning-1129-seventh-h200.txt, call 3). On another start the
     two ways agreed within about 1 % (call 4)."""
     screened = sorted(screened, key=lambda pair: pair[1])
