@@ -7,7 +7,7 @@ search's closest candidates (its screening and rescreen, as a search runs them),
 against each candidate in its own duel of ``--rounds`` shuffled rounds (settled first, L2 flushed before
 each sample), on the GPU as it is, after each of ``--heats`` spells of ``--heat`` seconds of 8192³ bf16 GEMMs
 at the power limit, and after ``--idle`` seconds idle. Each line is one duel's median ratio (candidate /
-incumbent; below 1 the candidate is faster), with the GPU's temperature, SM clock and power before the duels.
+incumbent; below 1 the candidate is faster), with the GPU's SM clock, power and temperature before the duels.
 
     PYTHONPATH=. python -m tools.probe_rank_drift PROBLEMS.jsonl "llama3-8b.mlp_up GELU_AUX_BIAS forward bf16 T=1024"
 """
@@ -19,7 +19,6 @@ import itertools
 import json
 import math
 import statistics
-import subprocess
 import time
 
 import torch
@@ -27,16 +26,7 @@ import torch
 from nvblaslt import _autotune, _search, _tune
 from nvblaslt._timing import Timer
 from nvblaslt.bench.tuning_problems import operands, planned
-
-
-def _gpu_state() -> str:
-    """Temperature (°C), SM clock (MHz), power (W), as nvidia-smi reads them."""
-    try:
-        found = subprocess.run(["nvidia-smi", "--query-gpu=temperature.gpu,clocks.sm,power.draw",
-                                "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "-"
-    return found.stdout.strip() or "-"
+from tools.probe_pick_stability import _gpu_state
 
 
 def _short(result) -> str:
@@ -89,7 +79,7 @@ def main(argv=None) -> None:
     setups = [(name, *_contenders(specs[name], options.candidates)) for name in options.names]
 
     def duels(when: str) -> None:
-        print(f"== {when} (°C, MHz, W: {_gpu_state()})", flush=True)
+        print(f"== {when} (SM MHz, W, °C: {_gpu_state()})", flush=True)
         for name, _plan, timer, incumbent, others in setups:
             print(f"  {name}: incumbent {incumbent.name}")
             for other in others:
